@@ -1,0 +1,126 @@
+"""Batch contracts: frozen dataclasses whose field names carry their shapes.
+
+Suffix letters: ``B`` rows (sequences), ``P`` prompt positions, ``T`` completion positions,
+``V`` vocabulary. ``to()`` and ``select()`` are generic over ``dataclasses.fields``, so adding a
+field is one line: tensors whose first dimension is ``B`` are indexed by ``select``; everything
+else is carried unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+_T = TypeVar("_T")
+
+
+def _map_tensors(obj: _T, fn: Any, batched_only: bool) -> _T:
+    changes: dict[str, Any] = {}
+    batch = getattr(obj, "batch_size", None)
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if isinstance(value, torch.Tensor) and (
+            not batched_only or (value.dim() > 0 and value.shape[0] == batch)
+        ):
+            changes[f.name] = fn(value)
+    return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """Prompts of one step, as the task made them.
+
+    ``tokens_BP`` are left-padded; ``attention_mask_BP`` is None when no row is padded.
+    ``targets_BT`` is the ground-truth completion where the task defines one (the ``ce`` oracle
+    and dense per-token rewards read it); ``score_mask_BT`` marks scored completion positions.
+    """
+
+    tokens_BP: torch.Tensor
+    attention_mask_BP: torch.Tensor | None = None
+    targets_BT: torch.Tensor | None = None
+    score_mask_BT: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens_BP.shape[0])
+
+    def to(self, device: torch.device | str) -> PromptBatch:
+        return _map_tensors(self, lambda t: t.to(device), batched_only=False)
+
+    def select(self, index_B: torch.Tensor) -> PromptBatch:
+        return _map_tensors(self, lambda t: t[index_B], batched_only=True)
+
+    def repeat_interleave(self, k: int) -> PromptBatch:
+        """Each prompt ``k`` times in a row (the layout of grouped sampling)."""
+        return _map_tensors(self, lambda t: t.repeat_interleave(k, dim=0), batched_only=True)
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """One batch of sampled completions with everything the learner needs.
+
+    Shapes: ``B`` rows, ``P`` prompt positions (left-padded), ``T`` completion positions.
+
+    - ``completion_mask_BT``: 1 on generated tokens that count (through the first stop token).
+    - ``logp_sampler_BT``: log-prob of each sampled token under the distribution it was drawn
+      from (temperature, top-k, top-p applied) — the behaviour log-prob ``ℓ_μ``.
+    - ``logp_raw_BT``: the same token under the raw policy at temperature 1.
+    - ``keep_mask_BTV``: the top-k/top-p kept set at each step (None when no filtering), so the
+      learner can replay the sampler's distribution exactly.
+    - ``finished_by_stop_B``: True when a stop token ended the row, False when ``max_new_tokens``
+      did (finish reason ``stop`` / ``length``).
+    - ``group_id_B``: the prompt index a row was drawn for (rows of a group are contiguous).
+    - ``rewards_B`` and the optional dense ``token_rewards_BT`` are filled by the task;
+      ``raw_rewards_B`` are the rewards before noise or shaping.
+    - ``expected_reward_B``: exact E[r | x] under the behaviour policy where the task exposes it.
+    - ``age_B``: how many optimizer steps ago the rows were sampled (staleness).
+    - ``entropy_BT``: the raw policy's entropy at each generated position (evaluation only).
+    """
+
+    prompt_tokens_BP: torch.Tensor
+    prompt_mask_BP: torch.Tensor | None
+    completion_tokens_BT: torch.Tensor
+    completion_mask_BT: torch.Tensor
+    logp_sampler_BT: torch.Tensor
+    logp_raw_BT: torch.Tensor
+    finished_by_stop_B: torch.Tensor
+    group_id_B: torch.Tensor
+    keep_mask_BTV: torch.Tensor | None = None
+    targets_BT: torch.Tensor | None = None
+    score_mask_BT: torch.Tensor | None = None
+    rewards_B: torch.Tensor | None = None
+    raw_rewards_B: torch.Tensor | None = None
+    token_rewards_BT: torch.Tensor | None = None
+    expected_reward_B: torch.Tensor | None = None
+    age_B: torch.Tensor | None = None
+    entropy_BT: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.completion_tokens_BT.shape[0])
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prompt_tokens_BP.shape[1])
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return _map_tensors(self, lambda t: t.to(device), batched_only=False)
+
+    def select(self, index_B: torch.Tensor) -> RolloutBatch:
+        """Rows ``index_B`` (a long index or a boolean mask) of every batched tensor."""
+        return _map_tensors(self, lambda t: t[index_B], batched_only=True)
+
+    def full_tokens(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Prompt and completion side by side, ``[B, P + T]``, with the attention mask or None.
+
+        Completion positions after a stop stay attendable: causality keeps them from affecting
+        any counted position, and the loss mask drops them.
+        """
+        tokens = torch.cat([self.prompt_tokens_BP, self.completion_tokens_BT], dim=1)
+        if self.prompt_mask_BP is None:
+            return tokens, None
+        ones = torch.ones_like(self.completion_tokens_BT, dtype=self.prompt_mask_BP.dtype)
+        return tokens, torch.cat([self.prompt_mask_BP, ones], dim=1)

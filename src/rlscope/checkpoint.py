@@ -1,0 +1,82 @@
+"""Run directories and resumable checkpoints.
+
+A checkpoint holds the policy, value head and reference weights, the optimizer state, the
+run's generator state, and the loop state (step, KL coefficient, fallback streak and the
+staleness queue), so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlscope.batch import RolloutBatch
+
+LATEST = "latest.pt"
+
+
+def new_run_dir(cfg: Any, runs_dir: str) -> Path:
+    """``runs/<name>``; the default name is ``<method>_<task>_s<seed>_<YYYYmmdd-HHMMSS>``."""
+    name = cfg.run.name or (f"{cfg.method}_{cfg.task}_s{cfg.run.seed}_"
+                            f"{time.strftime('%Y%m%d-%H%M%S')}")
+    path = Path(runs_dir) / name
+    suffix = 1
+    while path.exists() and any(path.iterdir()):
+        path = Path(runs_dir) / f"{name}-{suffix}"
+        suffix += 1
+    (path / "checkpoints").mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _state(module: torch.nn.Module | None) -> dict[str, Any] | None:
+    return None if module is None else module.state_dict()
+
+
+def save(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | None,
+         ref: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
+         generator: torch.Generator, state: Any) -> Path:
+    """Write ``checkpoints/step_<N>.pt`` atomically and point ``latest.pt`` at it."""
+    folder = run_dir / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "policy": policy.state_dict(), "value_head": _state(value_head), "ref": _state(ref),
+        "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+        "step": state.step, "beta": state.beta, "fallback_streak": state.fallback_streak,
+        "queue": [{f.name: getattr(b, f.name) for f in dataclasses.fields(b)}
+                  for b in state.queue],
+    }
+    path = folder / f"step_{state.step}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+    latest = folder / LATEST
+    tmp_latest = folder / "latest.tmp"
+    tmp_latest.write_text(path.name)
+    tmp_latest.replace(latest)
+    return path
+
+
+def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | None,
+         ref: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
+         generator: torch.Generator, state: Any, device: torch.device) -> Any:
+    """Restore everything `save` wrote; returns the restored loop state."""
+    latest = run_dir / "checkpoints" / LATEST
+    if not latest.exists():
+        raise FileNotFoundError(f"no checkpoint to resume in {run_dir} (missing {latest})")
+    payload = torch.load(run_dir / "checkpoints" / latest.read_text().strip(),
+                         map_location=device, weights_only=False)
+    policy.load_state_dict(payload["policy"])
+    for module, key in ((value_head, "value_head"), (ref, "ref")):
+        if module is not None:
+            module.load_state_dict(payload[key])
+    optimizer.load_state_dict(payload["optimizer"])
+    generator.set_state(payload["generator"])
+    return dataclasses.replace(
+        state, step=payload["step"], beta=payload["beta"],
+        fallback_streak=payload["fallback_streak"],
+        queue=deque(RolloutBatch(**b) for b in payload["queue"]))

@@ -1,0 +1,146 @@
+"""The `rlscope` command line: train, demo, bench, methods, tasks.
+
+Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+COMMANDS_HELP = """usage: rlscope COMMAND [OPTIONS]
+
+Observable RL post-training for language-model policies.
+
+commands:
+  train     train one method on one task (`rlscope train --help` lists every option)
+  demo      train reinforce, grpo and dg on token_reversal on CPU and compare them (~1 min)
+  bench     sampler / learner / loop throughput as JSON (`rlscope bench --help`)
+  methods   list the update-rule presets and their components
+  tasks     list the tasks and their options
+"""
+
+
+def _tyro_parse(cls: type, args: list[str], prog: str) -> object:
+    import tyro
+
+    return tyro.cli(cls, args=args, prog=prog, config=(tyro.conf.OmitArgPrefixes,),
+                    use_underscores=True)
+
+
+def cmd_train(args: list[str]) -> int:
+    from rlscope.config import ConfigError, TrainConfig, validate
+    from rlscope.train import train
+
+    cfg = _tyro_parse(TrainConfig, args, "rlscope train")
+    assert isinstance(cfg, TrainConfig)
+    console = Console(stderr=True)
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+    table = Table(title=f"{cfg.method} on {cfg.task}")
+    for col in ("seed", "status", "test_error", "entropy", "wall s", "run dir"):
+        table.add_column(col)
+    for i in range(cfg.run.num_seeds):
+        seed_cfg = dataclasses.replace(
+            cfg, run=dataclasses.replace(cfg.run, seed=cfg.run.seed + i,
+                                         name=cfg.run.name and f"{cfg.run.name}_s{cfg.run.seed + i}"
+                                         if cfg.run.num_seeds > 1 else cfg.run.name))
+        result = train(seed_cfg)
+        final = result.final_eval
+        table.add_row(str(seed_cfg.run.seed), result.status,
+                      f"{final.get('eval/test_error', float('nan')):.4f}",
+                      f"{final.get('eval/entropy', float('nan')):.4f}",
+                      f"{result.wall_time_s:.1f}", str(result.run_dir))
+    Console().print(table)
+    return 0
+
+
+def cmd_demo(args: list[str]) -> int:
+    from rlscope.demo import DemoConfig, run_demo
+
+    cfg = _tyro_parse(DemoConfig, args, "rlscope demo")
+    assert isinstance(cfg, DemoConfig)
+    run_demo(cfg, Console())
+    return 0
+
+
+def cmd_bench(args: list[str]) -> int:
+    from rlscope.bench import BenchConfig, run_bench
+
+    cfg = _tyro_parse(BenchConfig, args, "rlscope bench")
+    assert isinstance(cfg, BenchConfig)
+    run_bench(cfg)
+    return 0
+
+
+def cmd_methods(args: list[str]) -> int:
+    from rlscope.methods import METHODS, canonical_method_name
+
+    console = Console()
+    if args and args[0] not in ("-h", "--help"):
+        try:
+            name = canonical_method_name(args[0])
+        except ValueError as e:
+            console.print(f"[red]error:[/red] {e}")
+            return 2
+        spec = METHODS[name]
+        console.print(f"[bold]{name}[/bold]: {spec.description}\n  source: {spec.source}\n"
+                      f"  valid regime: {spec.regime}")
+        for f in dataclasses.fields(spec):
+            if f.name not in ("description", "source", "regime"):
+                console.print(f"  {f.name}: {getattr(spec, f.name)}")
+        return 0
+    table = Table(title="update-rule presets (rlscope methods NAME for details)")
+    for col in ("preset", "advantage", "gate", "objective", "agg", "KL", "selection",
+                "description"):
+        table.add_column(col)
+    for name, spec in METHODS.items():
+        kl = (f"{spec.kl.estimator} {spec.kl.target} {spec.kl.place} β={spec.kl.coef:g}"
+              if spec.kl.coef > 0 else "—")
+        table.add_row(name, spec.advantage.name, spec.gate.name, spec.objective.name, spec.agg,
+                      kl, spec.selection, spec.description)
+    console.print(table)
+    return 0
+
+
+def cmd_tasks(args: list[str]) -> int:
+    from rlscope.tasks import TASKS, TaskConfig, make_task
+
+    table = Table(title="tasks (options: rlscope train --help, 'task_options')")
+    table.add_column("task")
+    table.add_column("description")
+    table.add_column("doc")
+    for name in TASKS:
+        task = make_task(name, TaskConfig())
+        doc = (type(task).__doc__ or "").strip().splitlines()[0]
+        table.add_row(name, task.describe(), doc)
+    Console().print(table)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "methods": cmd_methods,
+    "tasks": cmd_tasks,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(COMMANDS_HELP)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        sys.stderr.write(f"rlscope: unknown command {argv[0]!r}\n\n{COMMANDS_HELP}")
+        return 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

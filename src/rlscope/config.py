@@ -1,0 +1,170 @@
+"""The training configuration: frozen dataclasses nested per concern.
+
+``TrainConfig`` is what `rlscope train` parses (every field's docstring is its ``--help``).
+Derived values (the effective group size, completion length, micro-batch size) are computed by
+`derive` and logged in ``config.json``; the config itself is never mutated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
+from rlscope.methods import validate_method as _validate_method
+from rlscope.policy import ModelConfig
+from rlscope.sampling import SamplingConfig
+from rlscope.tasks import TASKS, Task, TaskConfig, make_task
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser (Adam, the sandbox default of METHODS.md)."""
+
+    lr: float = 1e-3
+    """Learning rate."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 = off)."""
+    adam_beta1: float = 0.9
+    """Adam β1."""
+    adam_beta2: float = 0.999
+    """Adam β2."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW when > 0)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Run length, batch layout, evaluation, logging and checkpoints."""
+
+    seed: int = 0
+    """Run seed: model init, prompts, sampling and evaluation sets all derive from it."""
+    num_seeds: int = 1
+    """Run seeds seed, seed+1, ..., seed+num_seeds-1 one after another."""
+    num_steps: int = 300
+    """Optimizer steps (sampling rounds)."""
+    batch_size: int = 96
+    """Rollouts per step (prompts × group_size)."""
+    group_size: int = 0
+    """Rollouts per prompt; 0 = 8 for grouped methods and 1 otherwise."""
+    inner_epochs: int = 1
+    """Passes over each batch."""
+    num_minibatches: int = 1
+    """Optimizer steps per pass (the batch is split into this many minibatches)."""
+    micro_batch_size: int = 0
+    """Rows per forward/backward (gradient accumulation; never changes the update). 0 = whole
+    minibatch."""
+    delay: int = 0
+    """Staleness: train on the batch sampled this many steps ago."""
+    eval_every: int = 20
+    """Evaluate every this many steps (before the update) and after the last step; 0 = only
+    at the end."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto (cuda when available)."""
+    threads: int = 0
+    """CPU threads for torch (0 = leave torch's default)."""
+    runs_dir: str = "runs"
+    """Parent folder of run directories."""
+    name: str = ""
+    """Run directory name (default: <method>_<task>_s<seed>_<time>)."""
+    output: str = ""
+    """Append one tidy CSV row per evaluation per seed to this file."""
+    log_samples: int = 4
+    """Decoded rollouts written to samples.jsonl per logged step."""
+    samples_every: int = 20
+    """Write samples every this many steps."""
+    checkpoint_every: int = 0
+    """Save a resumable checkpoint every this many steps (0 = only at the end)."""
+    resume: str = ""
+    """Resume the run in this run directory from its latest checkpoint."""
+    progress: bool = True
+    """Show the live progress bar and metrics line."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One RL training run: a method on a task."""
+
+    method: str = "grpo"
+    """Update rule preset (see `rlscope methods`); case-insensitive, CamelCase aliases work."""
+    task: str = "token_reversal"
+    """Task (see `rlscope tasks`)."""
+    run: RunConfig = field(default_factory=RunConfig)
+    task_options: TaskConfig = field(default_factory=TaskConfig)
+    components: MethodConfig = field(default_factory=MethodConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed from a `TrainConfig` (logged, never written back)."""
+
+    group_size: int
+    num_prompts: int
+    max_new_tokens: int
+    micro_batch_size: int
+    minibatch_size: int
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message lists every problem and what to change."""
+
+
+def derive(cfg: TrainConfig, spec: MethodSpec, task: Task) -> Derived:
+    group = cfg.run.group_size or (8 if spec.grouped else 1)
+    minibatch = max(cfg.run.batch_size // max(cfg.run.num_minibatches, 1), 1)
+    return Derived(
+        group_size=group,
+        num_prompts=cfg.run.batch_size // max(group, 1),
+        max_new_tokens=cfg.sampling.max_new_tokens or task.completion_len,
+        micro_batch_size=cfg.run.micro_batch_size or minibatch,
+        minibatch_size=minibatch,
+    )
+
+
+def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
+    """Resolve and check everything before training; raise `ConfigError` listing all problems."""
+    errors: list[str] = []
+    try:
+        canonical_method_name(cfg.method)
+    except ValueError as e:
+        raise ConfigError(f"--method: {e}") from None
+    if cfg.task not in TASKS:
+        raise ConfigError(f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}")
+    spec = resolve_method(cfg.method, cfg.components)
+    task = make_task(cfg.task, cfg.task_options)
+    d = derive(cfg, spec, task)
+    r = cfg.run
+    if r.batch_size < 1:
+        errors.append(f"run.batch_size={r.batch_size} must be >= 1")
+    if r.group_size < 0:
+        errors.append(f"run.group_size={r.group_size} must be >= 0")
+    errors += _validate_method(spec, d.group_size, r.batch_size)
+    if r.num_steps < 0 or r.inner_epochs < 1 or r.num_minibatches < 1:
+        errors.append("run.num_steps must be >= 0, run.inner_epochs and run.num_minibatches "
+                      ">= 1")
+    if r.num_minibatches >= 1 and r.batch_size % r.num_minibatches:
+        errors.append(f"run.batch_size={r.batch_size} is not divisible by "
+                      f"run.num_minibatches={r.num_minibatches}")
+    if spec.grouped and r.num_minibatches > 1 and d.minibatch_size % d.group_size:
+        errors.append(f"minibatch size {d.minibatch_size} must hold whole groups of "
+                      f"{d.group_size}")
+    if r.micro_batch_size < 0:
+        errors.append(f"run.micro_batch_size={r.micro_batch_size} must be >= 0")
+    if r.delay < 0 or r.eval_every < 0 or r.num_seeds < 1:
+        errors.append("run.delay and run.eval_every must be >= 0, run.num_seeds >= 1")
+    if spec.needs_labels and not task.has_labels:
+        errors.append(f"method {cfg.method!r} trains on ground-truth labels, which task "
+                      f"{cfg.task!r} does not provide")
+    if cfg.optim.lr <= 0 or cfg.optim.grad_clip < 0:
+        errors.append("optim.lr must be > 0 and optim.grad_clip >= 0")
+    errors += task.validate() + cfg.sampling.validate() + cfg.model.validate()
+    if errors:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
+    return spec, task, d
+
+
+def to_dict(cfg: object) -> dict[str, object]:
+    return dataclasses.asdict(cfg)  # type: ignore[call-overload]

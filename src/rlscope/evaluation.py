@@ -1,0 +1,42 @@
+"""Held-out evaluation: greedy decoding on the task's fixed evaluation set.
+
+``eval/test_error`` and the task's own metrics are means over prompts; ``eval/entropy`` is the
+mean per-step entropy of the raw policy along the greedy rollouts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlscope.batch import PromptBatch
+from rlscope.policy.base import Policy
+from rlscope.sampling.sampler import SamplingConfig, generate
+from rlscope.tasks.base import Task
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@torch.no_grad()
+def evaluate(policy: Policy, task: Task, prompt_sets: list[PromptBatch],
+             max_new_tokens: int, stop_token_ids: tuple[int, ...] = ()
+             ) -> dict[str, torch.Tensor]:
+    """``{"eval/<name>": 0-d tensor}`` over every prompt of ``prompt_sets``."""
+    cfg = SamplingConfig(temperature=0.0, stop_token_ids=stop_token_ids)
+    sums: dict[str, torch.Tensor] = {}
+    n_rows = 0
+    ent_sum = ent_count = None
+    for prompts in prompt_sets:
+        seeds_B = torch.zeros(prompts.batch_size, dtype=torch.long,
+                              device=prompts.tokens_BP.device)
+        rollout = generate(policy, prompts, cfg, seeds_B, max_new_tokens, with_entropy=True)
+        for name, value_B in task.eval_metrics(rollout).items():
+            sums[name] = sums.get(name, 0.0) + value_B.sum()
+        n_rows += prompts.batch_size
+        assert rollout.entropy_BT is not None
+        e, c = rollout.entropy_BT.sum(), rollout.completion_mask_BT.sum()
+        ent_sum = e if ent_sum is None else ent_sum + e
+        ent_count = c if ent_count is None else ent_count + c
+    out = {f"eval/{k}": v / n_rows for k, v in sums.items()}
+    assert ent_sum is not None and ent_count is not None
+    out["eval/entropy"] = ent_sum / ent_count.clamp_min(1.0)
+    return out

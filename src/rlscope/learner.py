@@ -1,0 +1,206 @@
+"""The learner side of a step: teacher-forced log-probs and the loss of one micro-batch.
+
+``prepare`` runs the no-grad forwards a method declares it needs (critic values, reference
+log-probs, the Σπ² baseline) and computes advantages for the whole batch. ``micro_batch_loss``
+composes the method's components for one micro-batch; its result summed over micro-batches is
+the minibatch loss (denominators are global, see `methods.aggregation`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from rlscope.batch import RolloutBatch, _map_tensors
+from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
+from rlscope.methods.aggregation import aggregate
+from rlscope.methods.gates import GATES
+from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
+from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, value_loss
+from rlscope.methods.spec import MethodSpec
+from rlscope.metrics.estimators import masked_mean, value_metrics
+from rlscope.policy.base import Policy
+from rlscope.policy.value_head import ValueHead
+from rlscope.sampling.processors import processed_logprobs
+
+# Advantage estimators whose baseline reads the current learner's distribution.
+NEEDS_LEARNER_PROBS = frozenset({"expected"})
+
+
+@dataclass(frozen=True)
+class LearnerInputs:
+    """Per-row tensors fixed for the whole update (computed once by `prepare`).
+
+    ``adv_BT``: advantages. ``mask_BT``: the loss mask the objective uses (the score mask for
+    label-trained methods). ``tokens_BT``: the completion the learner is teacher-forced on.
+    ``logp_old_BT``: behaviour log-probs. ``ref_logp_BT``, ``old_values_BT`` and
+    ``returns_BT`` are present when the method needs them.
+    """
+
+    adv_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    tokens_BT: torch.Tensor
+    logp_old_BT: torch.Tensor
+    ref_logp_BT: torch.Tensor | None = None
+    old_values_BT: torch.Tensor | None = None
+    returns_BT: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.adv_BT.shape[0])
+
+    def select(self, index_B: torch.Tensor | slice) -> LearnerInputs:
+        return _map_tensors(self, lambda t: t[index_B], batched_only=True)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One teacher-forced forward: log-probs of the completion under the sampling distribution."""
+
+    logp_BT: torch.Tensor
+    logp_BTV: torch.Tensor
+    hidden_BTD: torch.Tensor
+
+
+def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Tensor,
+                       temperature: float, replay_keep: bool) -> Forward:
+    """Teacher-forced forward over prompt + ``tokens_BT``; log-probs at completion positions.
+
+    The distribution is the one the sampler drew from: logits / temperature, and the top-k/top-p
+    kept set of the rollout when ``replay_keep``.
+    """
+    P, T = batch.prompt_len, tokens_BT.shape[1]
+    full_BL = torch.cat([batch.prompt_tokens_BP, tokens_BT], 1)
+    mask_BL = None
+    if batch.prompt_mask_BP is not None:
+        mask_BL = torch.cat([batch.prompt_mask_BP, torch.ones_like(tokens_BT)], 1)
+    logits_BLV, hidden_BLD = policy.forward(full_BL, mask_BL)
+    logits_BTV = logits_BLV[:, P - 1:P - 1 + T]
+    keep_BTV = batch.keep_mask_BTV if replay_keep else None
+    logp_BTV = processed_logprobs(logits_BTV, temperature if temperature > 0 else 1.0, keep_BTV)
+    logp_BT = logp_BTV.gather(-1, tokens_BT[..., None]).squeeze(-1)
+    return Forward(logp_BT, logp_BTV, hidden_BLD[:, P - 1:P - 1 + T])
+
+
+@torch.no_grad()
+def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: ValueHead | None,
+            ref: Policy | None, beta: float, group_size: int, temperature: float,
+            replay_keep: bool) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
+    """Advantages and every fixed per-row quantity of the update, plus rollout metrics."""
+    assert batch.rewards_B is not None
+    metrics: dict[str, torch.Tensor] = {}
+    if spec.needs_labels:
+        assert batch.targets_BT is not None and batch.score_mask_BT is not None
+        tokens_BT, mask_BT = batch.targets_BT, batch.score_mask_BT.to(batch.logp_raw_BT.dtype)
+    else:
+        tokens_BT, mask_BT = batch.completion_tokens_BT, batch.completion_mask_BT
+    needs_probs = spec.advantage.name in NEEDS_LEARNER_PROBS and batch.expected_reward_B is None
+    sum_p2_BT = values_BT = ref_logp_BT = token_rewards_BT = None
+    if needs_probs or spec.needs_value:
+        fwd = forward_completion(policy, batch, tokens_BT, temperature, replay_keep)
+        sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
+        if value_head is not None:
+            values_BT = value_head(fwd.hidden_BTD) * mask_BT
+    if ref is not None:
+        ref_logp_BT = forward_completion(ref, batch, tokens_BT, temperature, replay_keep).logp_BT
+        kl1_BT = (batch.logp_sampler_BT - ref_logp_BT) * mask_BT
+        metrics["policy/kl_ref_k1"] = masked_mean(kl1_BT, mask_BT)
+        metrics["policy/kl_ref_k3"] = masked_mean(torch.expm1(-kl1_BT) + kl1_BT, mask_BT)
+        metrics["policy/kl_ref_seq_k1"] = kl1_BT.sum(-1).mean()
+        if spec.kl.place == "reward":
+            token_rewards_BT = -beta * kl_estimate(batch.logp_sampler_BT, ref_logp_BT,
+                                                   spec.kl.estimator) * mask_BT
+    x = AdvantageInputs(rewards_B=batch.rewards_B, mask_BT=mask_BT, group_size=group_size,
+                        expected_reward_B=batch.expected_reward_B, sum_p2_BT=sum_p2_BT,
+                        score_mask_BT=batch.score_mask_BT, values_BT=values_BT,
+                        token_rewards_BT=token_rewards_BT)
+    returns_BT = None
+    if spec.needs_value:
+        adv_BT, returns_BT = gae_with_returns(x, spec.advantage)
+        assert values_BT is not None
+        metrics |= value_metrics(values_BT, returns_BT, mask_BT)
+    else:
+        adv_BT = compute_advantages(x, spec.advantage)
+    inputs = LearnerInputs(adv_BT=adv_BT, mask_BT=mask_BT, tokens_BT=tokens_BT,
+                           logp_old_BT=batch.logp_sampler_BT, ref_logp_BT=ref_logp_BT,
+                           old_values_BT=values_BT, returns_BT=returns_BT)
+    return inputs, metrics
+
+
+@dataclass(frozen=True)
+class Denominators:
+    """Global counts of the optimizer batch (so micro-batching never changes the update)."""
+
+    n_tokens: torch.Tensor
+    n_seqs: float
+    max_len: int
+
+
+@dataclass(frozen=True)
+class MicroResult:
+    loss: torch.Tensor
+    logp_BT: torch.Tensor
+    entropy_BT: torch.Tensor
+    stats: dict[str, torch.Tensor]
+    """Per-token detached statistics of the objective, value loss and gate."""
+    parts: dict[str, torch.Tensor]
+    """This micro-batch's share of ``loss/policy``, ``loss/kl``, ``loss/entropy``,
+    ``loss/value`` (before coefficients), detached."""
+
+
+def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | None,
+                     batch: RolloutBatch, inputs: LearnerInputs, den: Denominators,
+                     beta: float, temperature: float, replay_keep: bool) -> MicroResult:
+    """The method's loss on one micro-batch: objective + KL + entropy + value terms."""
+    fwd = forward_completion(policy, batch, inputs.tokens_BT, temperature, replay_keep)
+    mask_BT = inputs.mask_BT
+
+    def agg(x_BT: torch.Tensor) -> torch.Tensor:
+        return aggregate(x_BT, mask_BT, spec.agg, den.n_tokens, den.n_seqs, den.max_len)
+
+    logp_d_BT = fwd.logp_BT.detach()
+    weight_BT, stats = GATES[spec.gate.name](inputs.adv_BT, logp_d_BT, spec.gate)
+    terms = PolicyTerms(fwd.logp_BT, inputs.logp_old_BT, weight_BT, mask_BT)
+    obj_BT, obj_stats = OBJECTIVES[spec.objective.name](terms, spec.objective)
+    stats = stats | obj_stats
+    policy_loss = agg(obj_BT)
+    loss = policy_loss
+    parts = {"loss/policy": policy_loss.detach()}
+    entropy_BT = entropy_from_logp(fwd.logp_BTV)
+    if spec.entropy_coef > 0:
+        entropy_term = agg(entropy_BT)
+        loss = loss - spec.entropy_coef * entropy_term
+        parts["loss/entropy"] = entropy_term.detach()
+    if spec.kl.coef > 0 and spec.kl.place == "loss":
+        target_BT = inputs.ref_logp_BT if spec.kl.target == "ref" else inputs.logp_old_BT
+        assert target_BT is not None
+        kl_term = agg(kl_estimate(fwd.logp_BT, target_BT, spec.kl.estimator))
+        loss = loss + beta * kl_term
+        parts["loss/kl"] = kl_term.detach()
+    if value_head is not None:
+        assert inputs.old_values_BT is not None and inputs.returns_BT is not None
+        values_BT = value_head(fwd.hidden_BTD)
+        v_loss_BT, v_stats = value_loss(values_BT, inputs.old_values_BT, inputs.returns_BT,
+                                        spec.value)
+        v_term = aggregate(v_loss_BT, mask_BT, "token_mean", den.n_tokens, den.n_seqs,
+                           den.max_len)
+        loss = loss + spec.value.coef * v_term
+        parts["loss/value"] = v_term.detach()
+        stats = stats | v_stats
+    return MicroResult(loss=loss, logp_BT=logp_d_BT, entropy_BT=entropy_BT.detach(),
+                       stats=stats, parts=parts)
+
+
+def concat_results(results: list[MicroResult]) -> MicroResult:
+    """Stitch micro-batch results of one pass back into full-batch tensors (loss summed)."""
+    first = results[0]
+    return dataclasses.replace(
+        first,
+        loss=torch.stack([r.loss.detach() for r in results]).sum(),
+        logp_BT=torch.cat([r.logp_BT for r in results]),
+        entropy_BT=torch.cat([r.entropy_BT for r in results]),
+        stats={k: torch.cat([r.stats[k] for r in results]) for k in first.stats},
+        parts={k: torch.stack([r.parts[k] for r in results]).sum() for k in first.parts},
+    )

@@ -1,0 +1,241 @@
+"""Update rules as data: the literal preset registry `METHODS` and component overrides.
+
+A preset is a `MethodSpec` (one component per axis). ``resolve_method(name, MethodConfig)`` looks a
+preset up (case-insensitive; CamelCase aliases such as ``DrGRPO`` work) and applies the
+command-line overrides (``--method grpo --advantage group_center`` is the Dr. GRPO ablation). ``validate_method`` rejects configurations outside a method's valid regime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from rlscope.methods.advantages import ADVANTAGES, GROUPED_ADVANTAGES
+from rlscope.methods.aggregation import AGGREGATIONS
+from rlscope.methods.gates import GATES
+from rlscope.methods.objectives import OBJECTIVES
+from rlscope.methods.regularizers import KL_ESTIMATORS
+from rlscope.methods.selection import SELECTIONS
+from rlscope.methods.spec import (
+    AdvantageConfig,
+    GateConfig,
+    KLConfig,
+    MethodSpec,
+    ObjectiveConfig,
+    ValueConfig,
+)
+
+_GRPO_KL = KLConfig(coef=0.04, estimator="k3", target="behaviour", place="loss")
+
+METHODS: dict[str, MethodSpec] = {
+    "ce": MethodSpec(
+        description="Cross-entropy on the ground truth: a supervised upper bound.",
+        source="supervised learning", regime="tasks with ground-truth labels",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("ce_oracle")),
+    "reinforce": MethodSpec(
+        description="REINFORCE with the expected-reward baseline.",
+        source="Williams 1992", regime="on-policy",
+        advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("score")),
+    "pg": MethodSpec(
+        description="Policy gradient with a capped per-token importance weight.",
+        source="importance-weighted PG", regime="on- or slightly off-policy",
+        advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("is_capped", cap=10.0)),
+    "ppo": MethodSpec(
+        description="PPO with a value head, GAE, value clipping, adaptive KL in the reward.",
+        source="Schulman et al. 1707.06347; Ziegler et al. 1909.08593",
+        regime="any task; needs a critic",
+        advantage=AdvantageConfig("gae", gamma=1.0, lam=0.95),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2),
+        kl=KLConfig(coef=0.2, estimator="k1", target="ref", place="reward", control="adaptive"),
+        value=ValueConfig(coef=0.1, clip=0.2)),
+    "grpo": MethodSpec(
+        description="Group z-scored advantages, PPO clip, k3 KL to the behaviour policy.",
+        source="Shao et al. 2402.03300", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("ppo_clip"),
+        kl=_GRPO_KL, selection="mixed_groups", grouped=True),
+    "dr_grpo": MethodSpec(
+        description="GRPO without std normalisation, sequence-mean of token sums.",
+        source="Liu et al. 2503.20783", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_center"), objective=ObjectiveConfig("ppo_clip"),
+        agg="seq_mean_token_sum", kl=_GRPO_KL, selection="mixed_groups", grouped=True),
+    "dapo": MethodSpec(
+        description="Clip-higher, token-mean loss, dynamic sampling of mixed groups, no KL.",
+        source="Yu et al. 2503.14476", regime="grouped sampling; no KL term",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.28),
+        selection="mixed_groups", grouped=True),
+    "rloo": MethodSpec(
+        description="Leave-one-out baseline with the PPO clip.",
+        source="Ahmadian et al. 2402.14740", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("rloo"), objective=ObjectiveConfig("ppo_clip"),
+        selection="mixed_groups", grouped=True),
+    "dg": MethodSpec(
+        description="Delightful policy gradient: advantage × sigmoid(advantage × surprisal).",
+        source="delight-gradient sandbox", regime="on-policy; any task",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
+        objective=ObjectiveConfig("score")),
+}
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "").replace("-", "").lower()
+
+
+_LOOKUP = {_key(name): name for name in METHODS}
+
+
+def canonical_method_name(name: str) -> str:
+    """The registry key for ``name`` (case-insensitive, CamelCase aliases), or ValueError."""
+    try:
+        return _LOOKUP[_key(name)]
+    except KeyError:
+        raise ValueError(
+            f"unknown method {name!r}; valid methods: {', '.join(METHODS)}") from None
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Per-component overrides of the chosen preset (unset = the preset's value)."""
+
+    advantage: str | None = None
+    """Override the advantage estimator (e.g. group_center, rloo, expected, gae)."""
+    gate: str | None = None
+    """Override the influence gate (none, delight)."""
+    objective: str | None = None
+    """Override the objective (score, is_capped, ppo_clip, ce_oracle)."""
+    agg: str | None = None
+    """Override the token aggregation (token_mean, seq_mean_token_mean, seq_mean_token_sum,
+    seq_mean_token_sum_norm, sum)."""
+    selection: str | None = None
+    """Override sample selection (none, mixed_groups)."""
+    eta: float | None = None
+    """Delight gate temperature η (> 0)."""
+    clip_low: float | None = None
+    """PPO ε_low (>= 0)."""
+    clip_high: float | None = None
+    """PPO ε_high (>= 0)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 (0 = off)."""
+    is_cap: float | None = None
+    """Importance-weight cap of is_capped (> 0)."""
+    kl_coef: float | None = None
+    """KL coefficient β (>= 0; 0 turns KL off)."""
+    kl_estimator: str | None = None
+    """KL estimator: k1, k2, k3, abs."""
+    kl_target: str | None = None
+    """KL target: ref (frozen initial policy) or behaviour (sampling policy)."""
+    kl_place: str | None = None
+    """Where KL acts: loss or reward."""
+    kl_control: str | None = None
+    """KL coefficient control: fixed or adaptive."""
+    kl_target_value: float | None = None
+    """Adaptive KL controller target (nats per sequence)."""
+    kl_horizon: float | None = None
+    """Adaptive KL controller horizon (samples)."""
+    entropy_coef: float | None = None
+    """Entropy bonus coefficient c (loss −c·agg(H))."""
+    vf_coef: float | None = None
+    """Value-loss weight (value-based methods)."""
+    value_clip: float | None = None
+    """Value clip range (0 = off)."""
+    gamma: float | None = None
+    """Discount γ for token-level advantages."""
+    lam: float | None = None
+    """GAE λ."""
+    adv_std_floor: float | None = None
+    """Clamp the group std from below before dividing (0 = off)."""
+    adv_clip: float | None = None
+    """Clamp |A| to this value (0 = off)."""
+
+
+def _override(obj: object, **changes: object) -> object:
+    set_changes = {k: v for k, v in changes.items() if v is not None}
+    return dataclasses.replace(obj, **set_changes) if set_changes else obj  # type: ignore
+
+
+def resolve_method(name: str, cfg: MethodConfig | None = None) -> MethodSpec:
+    """The preset ``name`` with every set override of ``cfg`` applied."""
+    spec = METHODS[canonical_method_name(name)]
+    if cfg is None:
+        return spec
+    return dataclasses.replace(
+        spec,
+        advantage=_override(spec.advantage, name=cfg.advantage, gamma=cfg.gamma, lam=cfg.lam,
+                            std_floor=cfg.adv_std_floor, clip=cfg.adv_clip),
+        gate=_override(spec.gate, name=cfg.gate, eta=cfg.eta),
+        objective=_override(spec.objective, name=cfg.objective, clip_low=cfg.clip_low,
+                            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, cap=cfg.is_cap),
+        agg=cfg.agg or spec.agg,
+        kl=_override(spec.kl, coef=cfg.kl_coef, estimator=cfg.kl_estimator,
+                     target=cfg.kl_target, place=cfg.kl_place, control=cfg.kl_control,
+                     target_value=cfg.kl_target_value, horizon=cfg.kl_horizon),
+        entropy_coef=spec.entropy_coef if cfg.entropy_coef is None else cfg.entropy_coef,
+        value=_override(spec.value, coef=cfg.vf_coef, clip=cfg.value_clip),
+        selection=cfg.selection or spec.selection,
+    )
+
+
+def _choice(errors: list[str], field: str, value: str, valid: object) -> None:
+    names = list(valid)  # type: ignore[call-overload]
+    if value not in names:
+        errors.append(f"method.{field}={value!r} is unknown; valid: {', '.join(names)}")
+
+
+def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[str]:
+    """Every reason this method cannot run as configured (empty when it can)."""
+    errors: list[str] = []
+    _choice(errors, "advantage", spec.advantage.name, ADVANTAGES)
+    _choice(errors, "gate", spec.gate.name, GATES)
+    _choice(errors, "objective", spec.objective.name, OBJECTIVES)
+    _choice(errors, "agg", spec.agg, AGGREGATIONS)
+    _choice(errors, "selection", spec.selection, SELECTIONS)
+    _choice(errors, "kl_estimator", spec.kl.estimator, KL_ESTIMATORS)
+    _choice(errors, "kl_target", spec.kl.target, ("ref", "behaviour"))
+    _choice(errors, "kl_place", spec.kl.place, ("loss", "reward"))
+    _choice(errors, "kl_control", spec.kl.control, ("fixed", "adaptive"))
+    grouped = (spec.grouped or spec.advantage.name in GROUPED_ADVANTAGES
+               or spec.selection == "mixed_groups")
+    if grouped and group_size < 2:
+        errors.append(f"run.group_size={group_size}: this method compares samples within a "
+                      "group, so group_size must be > 1")
+    if group_size > 0 and batch_size % group_size:
+        errors.append(f"run.batch_size={batch_size} is not divisible by "
+                      f"run.group_size={group_size}")
+    o = spec.objective
+    for name, value in (("clip_low", o.clip_low), ("clip_high", o.clip_high),
+                        ("dual_clip", o.dual_clip)):
+        if value < 0:
+            errors.append(f"method.{name}={value} must be >= 0 (a negative clip bound inverts "
+                          "the trust region)")
+    if 0 < o.dual_clip <= 1:
+        errors.append(f"method.dual_clip={o.dual_clip} must be > 1 (or 0 to turn it off)")
+    if o.cap <= 0:
+        errors.append(f"method.is_cap={o.cap} must be > 0")
+    if spec.gate.eta <= 0:
+        errors.append(f"method.eta={spec.gate.eta} must be > 0")
+    if spec.kl.coef < 0:
+        errors.append(f"method.kl_coef={spec.kl.coef} must be >= 0")
+    if spec.kl.place == "reward" and not spec.needs_value and spec.kl.coef > 0:
+        errors.append("method.kl_place='reward' needs a token-level advantage (gae); "
+                      "use kl_place='loss' with this advantage")
+    if spec.kl.target_value <= 0 or spec.kl.horizon <= 0:
+        errors.append("method.kl_target_value and method.kl_horizon must be > 0")
+    if spec.entropy_coef < 0:
+        errors.append(f"method.entropy_coef={spec.entropy_coef} must be >= 0")
+    if spec.value.coef < 0 or spec.value.clip < 0:
+        errors.append("method.vf_coef and method.value_clip must be >= 0")
+    if not 0 <= spec.advantage.lam <= 1 or not 0 <= spec.advantage.gamma <= 1:
+        errors.append("method.gamma and method.lam must lie in [0, 1]")
+    if spec.advantage.std_floor < 0 or spec.advantage.clip < 0:
+        errors.append("method.adv_std_floor and method.adv_clip must be >= 0")
+    return errors
+
+
+__all__ = [
+    "METHODS",
+    "MethodConfig",
+    "MethodSpec",
+    "canonical_method_name",
+    "resolve_method",
+    "validate_method",
+]

@@ -1,0 +1,38 @@
+"""Token aggregation: per-token losses to one scalar (METHODS.md, "Token aggregation").
+
+``aggregate`` is written for gradient accumulation: the denominators are the *global* counts of
+the whole optimizer batch (``n_tokens``, ``n_seqs``), so summing the results over micro-batches
+gives exactly the loss of the full batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
+                "seq_mean_token_sum_norm", "sum")
+
+
+def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, agg: str, n_tokens: float,
+              n_seqs: float, max_len: int) -> torch.Tensor:
+    """This micro-batch's share of the aggregated loss.
+
+    - ``token_mean``: Σ m·ℓ / N_tokens (DAPO's token-level loss).
+    - ``seq_mean_token_mean``: Σ_i (Σ_t m·ℓ / Σ_t m) / N_seqs (original GRPO).
+    - ``seq_mean_token_sum``: Σ m·ℓ / N_seqs.
+    - ``seq_mean_token_sum_norm``: Σ m·ℓ / (N_seqs · L), L the max completion length (Dr. GRPO).
+    - ``sum``: Σ m·ℓ (Tinker semantics).
+    """
+    masked_BT = loss_BT * mask_BT
+    if agg == "token_mean":
+        return masked_BT.sum() / max(n_tokens, 1.0)
+    if agg == "seq_mean_token_mean":
+        per_seq_B = masked_BT.sum(-1) / mask_BT.sum(-1).clamp_min(1.0)
+        return per_seq_B.sum() / max(n_seqs, 1.0)
+    if agg == "seq_mean_token_sum":
+        return masked_BT.sum() / max(n_seqs, 1.0)
+    if agg == "seq_mean_token_sum_norm":
+        return masked_BT.sum() / max(n_seqs * max_len, 1.0)
+    if agg == "sum":
+        return masked_BT.sum()
+    raise ValueError(f"unknown aggregation {agg!r}; valid: {', '.join(AGGREGATIONS)}")

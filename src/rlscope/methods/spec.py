@@ -1,0 +1,111 @@
+"""`MethodSpec`: a method preset as data — one component per axis, plus what it needs.
+
+A preset picks an advantage estimator, a gate, an objective, a token aggregation, KL and entropy
+regularisers, an optional critic and a selection rule. The loop reads the derived ``needs_*``
+properties and never compares method names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Advantage estimator (METHODS.md, "Advantage estimators")."""
+
+    name: str = "expected"
+    gamma: float = 1.0
+    """Discount for token-level estimators (gae)."""
+    lam: float = 0.95
+    """GAE λ."""
+    std_floor: float = 0.0
+    """Clamp the group std from below before dividing (0 = off)."""
+    clip: float = 0.0
+    """Clamp |A| to this value after estimation (0 = off)."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Influence gate multiplied into the advantage (METHODS.md, "Gates and weights")."""
+
+    name: str = "none"
+    eta: float = 1.0
+    """Temperature η of the delight sigmoid."""
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Per-token policy objective (METHODS.md, "Objectives")."""
+
+    name: str = "score"
+    clip_low: float = 0.2
+    """PPO ε_low: ratios below 1 − ε_low are clipped when A < 0."""
+    clip_high: float = 0.2
+    """PPO ε_high: ratios above 1 + ε_high are clipped when A > 0."""
+    dual_clip: float = 0.0
+    """Dual-clip constant c > 1 caps the loss at −c·A for A < 0 (0 = off)."""
+    cap: float = 10.0
+    """Importance-weight cap of the is_capped objectives."""
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    """KL regulariser (METHODS.md, "KL and entropy regularisers")."""
+
+    coef: float = 0.0
+    """β; 0 turns the term off."""
+    estimator: str = "k3"
+    """k1, k2, k3 or abs."""
+    target: str = "behaviour"
+    """`ref` (frozen initial policy) or `behaviour` (the sampling policy)."""
+    place: str = "loss"
+    """`loss` adds β·agg(KL_t); `reward` subtracts β·KL_t from per-token rewards."""
+    control: str = "fixed"
+    """`fixed` or `adaptive` (Ziegler et al. proportional controller)."""
+    target_value: float = 6.0
+    """Adaptive controller: the KL it steers towards (nats per sequence)."""
+    horizon: float = 10000.0
+    """Adaptive controller: samples over which β moves by at most 20%."""
+
+
+@dataclass(frozen=True)
+class ValueConfig:
+    """Critic settings for value-based advantage estimators (gae)."""
+
+    coef: float = 0.1
+    """vf_coef: weight of the value loss in the total loss."""
+    clip: float = 0.2
+    """Clip range of the value prediction around the old value (0 = off)."""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method preset. Fields are components; properties say what the loop must provide."""
+
+    description: str
+    source: str
+    regime: str
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    agg: str = "token_mean"
+    kl: KLConfig = field(default_factory=KLConfig)
+    entropy_coef: float = 0.0
+    value: ValueConfig = field(default_factory=ValueConfig)
+    selection: str = "none"
+    grouped: bool = False
+    """Needs grouped sampling (group_size > 1, batch divisible by the group size)."""
+
+    @property
+    def needs_value(self) -> bool:
+        return self.advantage.name == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl.coef > 0 and self.kl.target == "ref"
+
+    @property
+    def needs_labels(self) -> bool:
+        """The learner is teacher-forced on the task's ground truth instead of the rollout."""
+        return self.objective.name == "ce_oracle"

@@ -1,0 +1,135 @@
+"""The metric schema: the single source of truth for every metric name rlscope writes.
+
+Each metric has a **population** (what it is computed over: tokens, sequences, groups, steps),
+a **reduction** (token-weighted mean, mean over sequences, max, min, std, sum, or a per-step
+value), and a **timing** (on the rollout batch before any update; during the update on the
+first or last pass; after the update; at evaluation). `docs/metrics.md` is rendered from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    population: str
+    """tokens | sequences | groups | steps | prompts"""
+    reduction: str
+    """token_mean | seq_mean | max | min | std | sum | value | frac"""
+    timing: str
+    """rollout | first_pass | last_pass | update | eval | step"""
+    description: str
+
+
+def _m(name: str, population: str, reduction: str, timing: str, description: str) -> MetricDef:
+    return MetricDef(name, population, reduction, timing, description)
+
+
+_PASS_METRICS = (
+    ("ratio_mean", "token_mean", "mean importance ratio ρ = π/μ over valid tokens"),
+    ("ratio_min", "min", "smallest ρ"),
+    ("ratio_max", "max", "largest ρ"),
+    ("kl_behaviour_k1", "token_mean", "k1 estimate of KL(π‖μ) to the behaviour policy"),
+    ("kl_behaviour_k2", "token_mean", "k2 estimate of KL(π‖μ)"),
+    ("kl_behaviour_k3", "token_mean", "k3 estimate of KL(π‖μ) (≥ 0 per token)"),
+    ("clipfrac_low", "frac", "tokens with ρ < 1 − ε_low and A < 0 (clipped from below)"),
+    ("clipfrac_high", "frac", "tokens with ρ > 1 + ε_high and A > 0 (clipped from above)"),
+    ("clipfrac_region", "frac", "tokens clipped on either side"),
+    ("clipfrac_dual", "frac", "tokens where the dual-clip cap binds"),
+)
+
+METRICS: tuple[MetricDef, ...] = (
+    _m("reward/mean", "sequences", "seq_mean", "rollout", "mean training reward"),
+    _m("reward/std", "sequences", "std", "rollout", "population std of training rewards"),
+    _m("reward/min", "sequences", "min", "rollout", "smallest training reward"),
+    _m("reward/max", "sequences", "max", "rollout", "largest training reward"),
+    _m("reward/raw_mean", "sequences", "seq_mean", "rollout",
+       "mean reward before noise or shaping"),
+    _m("adv/mean", "tokens", "token_mean", "rollout", "mean advantage over valid tokens"),
+    _m("adv/abs_mean", "tokens", "token_mean", "rollout", "mean |A|"),
+    _m("adv/std", "tokens", "std", "rollout", "std of A over valid tokens"),
+    _m("adv/min", "tokens", "min", "rollout", "smallest A"),
+    _m("adv/max", "tokens", "max", "rollout", "largest A"),
+    _m("adv/frac_zero", "tokens", "frac", "rollout", "tokens whose |A| < 1e-8"),
+    _m("adv/group_std_mean", "groups", "seq_mean", "rollout", "mean within-group reward std"),
+    _m("adv/group_std_min", "groups", "min", "rollout", "smallest within-group reward std"),
+    _m("adv/amplification", "sequences", "value", "rollout",
+       "mean |A| / mean |r − mean_g|: how much normalisation inflates reward gaps"),
+    _m("group/mixed_rate", "groups", "frac", "rollout", "groups with reward std > 1e-6"),
+    _m("group/retained_rate", "sequences", "frac", "rollout", "rows kept by selection"),
+    _m("group/fallback", "steps", "value", "rollout", "1 when no group was mixed"),
+    _m("policy/entropy", "tokens", "token_mean", "first_pass",
+       "categorical entropy of the learner's sampling distribution on action tokens, before "
+       "the update"),
+    _m("policy/entropy_sampled", "tokens", "token_mean", "rollout",
+       "−mean ℓ_μ: surprisal of the sampled tokens under the behaviour policy"),
+    *(_m(f"policy/{n}", "tokens", red, "last_pass", f"{d} (last pass)")
+      for n, red, d in _PASS_METRICS),
+    *(_m(f"policy/{n}_first", "tokens", red, "first_pass", f"{d} (first pass)")
+      for n, red, d in _PASS_METRICS),
+    _m("policy/approx_kl", "tokens", "token_mean", "last_pass",
+       "½·mean (ℓ − ℓ_μ)² on the last pass (the k2 estimate PPO codes report)"),
+    _m("policy/kl_ref_k1", "tokens", "token_mean", "rollout",
+       "k1 estimate of KL(π‖π_ref) before the update"),
+    _m("policy/kl_ref_k3", "tokens", "token_mean", "rollout",
+       "k3 estimate of KL(π‖π_ref) before the update"),
+    _m("policy/gate_mean", "tokens", "token_mean", "last_pass", "mean delight gate σ(A·(−ℓ)/η)"),
+    _m("policy/iw_mean", "tokens", "token_mean", "last_pass", "mean capped importance weight"),
+    _m("sampler/logp_diff_mean", "tokens", "token_mean", "first_pass",
+       "mean |ℓ_learner − ℓ_sampler| before the update: sampler/learner mismatch"),
+    _m("sampler/logp_diff_max", "tokens", "max", "first_pass", "largest |ℓ_learner − ℓ_sampler|"),
+    _m("sampler/frac_outside_band", "tokens", "frac", "first_pass",
+       "tokens whose first-pass ratio lies outside [0.9, 1.1]"),
+    _m("sampler/is_ess", "tokens", "value", "first_pass",
+       "normalised effective sample size (Σρ)²/(N·Σρ²) of first-pass ratios"),
+    _m("optim/grad_norm", "steps", "seq_mean", "update",
+       "global gradient norm before clipping (mean over the step's optimizer steps)"),
+    _m("optim/grad_norm_clipped", "steps", "seq_mean", "update", "gradient norm after clipping"),
+    _m("optim/clip_active", "steps", "frac", "update",
+       "fraction of optimizer steps where the gradient clip fired"),
+    _m("optim/lr", "steps", "value", "update", "learning rate"),
+    _m("loss/total", "steps", "seq_mean", "last_pass", "total loss"),
+    _m("loss/policy", "steps", "seq_mean", "last_pass", "aggregated policy objective"),
+    _m("loss/value", "steps", "seq_mean", "last_pass", "value loss (before vf_coef)"),
+    _m("loss/kl", "steps", "seq_mean", "last_pass", "aggregated KL term (before β)"),
+    _m("loss/entropy", "steps", "seq_mean", "last_pass", "aggregated entropy (before c)"),
+    _m("value/explained_var", "tokens", "value", "rollout",
+       "1 − Var(R − V) / Var(R) of the critic before the update"),
+    _m("value/pred_mean", "tokens", "token_mean", "rollout", "mean predicted value"),
+    _m("value/clipfrac", "tokens", "frac", "last_pass", "tokens where the value clip binds"),
+    _m("value/error", "tokens", "token_mean", "rollout", "mean squared error (R − V)²"),
+    _m("kl_ctrl/beta", "steps", "value", "step", "KL coefficient β in force this step"),
+    _m("length/mean", "sequences", "seq_mean", "rollout", "mean completion length"),
+    _m("length/min", "sequences", "min", "rollout", "shortest completion"),
+    _m("length/max", "sequences", "max", "rollout", "longest completion"),
+    _m("length/terminated_mean", "sequences", "frac", "rollout",
+       "rows ended by a stop token (finish reason stop)"),
+    _m("length/clip_ratio", "sequences", "frac", "rollout",
+       "rows ended by max_new_tokens (finish reason length)"),
+    _m("time/sample", "steps", "value", "step", "seconds sampling"),
+    _m("time/score", "steps", "value", "step", "seconds scoring"),
+    _m("time/ref", "steps", "value", "step",
+       "seconds in no-grad forwards before the update (values, reference, baselines)"),
+    _m("time/learn", "steps", "value", "step", "seconds in learner passes and optimizer steps"),
+    _m("time/eval", "steps", "value", "step", "seconds evaluating (eval steps only)"),
+    _m("time/step", "steps", "value", "step", "seconds for the whole step"),
+    _m("throughput/sample_tokens_per_s", "steps", "value", "step", "generated tokens / s"),
+    _m("throughput/learn_tokens_per_s", "steps", "value", "step",
+       "learner tokens (prompt + completion, all passes) / s"),
+    _m("perf/peak_memory_mb", "steps", "max", "step", "peak device memory (CUDA only)"),
+    _m("eval/test_error", "prompts", "seq_mean", "eval", "held-out greedy error"),
+    _m("eval/entropy", "tokens", "token_mean", "eval",
+       "mean per-step entropy along greedy held-out rollouts"),
+    _m("eval/test_error_unscored", "prompts", "seq_mean", "eval",
+       "held-out error on unscored positions (masked_reversal)"),
+    _m("eval/chain_reward", "prompts", "seq_mean", "eval", "mean chain reward of greedy outputs"),
+)
+
+SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
+
+
+def unregistered(names: object) -> list[str]:
+    """Names not in the schema (a test keeps this empty for everything a run writes)."""
+    return sorted(n for n in names if n not in SCHEMA and n != "step")  # type: ignore[attr-defined]

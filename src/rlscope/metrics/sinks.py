@@ -1,0 +1,109 @@
+"""Where metrics go: the run directory's JSONL files, the tidy CSV, and the live console.
+
+Run directory (ARCHITECTURE.md): ``config.json``, ``metrics.jsonl`` (one object per optimizer
+step), ``eval.jsonl`` (one per evaluation), ``samples.jsonl`` (a few decoded rollouts per logged
+step) and ``checkpoints/``. Every file is flushed after each write, so a crash loses nothing
+already logged.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+SHOWN = ("reward/mean", "policy/entropy", "adv/abs_mean", "policy/clipfrac_region",
+         "optim/grad_norm", "time/step")
+SHORT = {"reward/mean": "r", "policy/entropy": "H", "adv/abs_mean": "|A|",
+         "policy/clipfrac_region": "clip", "optim/grad_norm": "gn", "time/step": "s/step",
+         "eval/test_error": "test_err"}
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class JsonlWriter:
+    """Append-only JSON lines, flushed per record."""
+
+    def __init__(self, path: Path, append: bool) -> None:
+        self.path = path
+        self._f = path.open("a" if append else "w", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def append_csv_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append tidy rows; the header is written when the file is new and widened when a row
+    brings a new column (the file is rewritten then, keeping every earlier row)."""
+    if not rows:
+        return
+    existing: list[dict[str, Any]] = []
+    fields: list[str] = []
+    if path.exists() and path.stat().st_size:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            fields = list(reader.fieldnames or [])
+            existing = list(reader)
+    new_fields = [k for row in rows for k in row if k not in fields]
+    fields += list(dict.fromkeys(new_fields))
+    mode = "w" if new_fields or not existing else "a"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open(mode, newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        if mode == "w":
+            writer.writeheader()
+            writer.writerows(existing)
+        writer.writerows(rows)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def compact_line(metrics: dict[str, float], last_eval: dict[str, float]) -> str:
+    parts = [f"{SHORT[k]} {metrics[k]:.3g}" for k in SHOWN if k in metrics]
+    if "eval/test_error" in last_eval:
+        parts.append(f"test_err {last_eval['eval/test_error']:.3f}")
+    return "  ".join(parts)
+
+
+class LiveDisplay:
+    """A rich progress bar with a compact metrics line; a no-op when disabled."""
+
+    def __init__(self, enabled: bool, total: int, title: str, start: int = 0) -> None:
+        self.enabled = enabled
+        self.last_eval: dict[str, float] = {}
+        if not enabled:
+            return
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("{task.fields[line]}"),
+            console=Console(stderr=True), transient=False)
+        self.task = self.progress.add_task(title, total=total, completed=start, line="")
+        self.progress.start()
+
+    def update(self, metrics: dict[str, float]) -> None:
+        if self.enabled:
+            self.progress.update(self.task, advance=1,
+                                 line=compact_line(metrics, self.last_eval))
+
+    def eval(self, metrics: dict[str, float]) -> None:
+        self.last_eval = metrics
+
+    def close(self) -> None:
+        if self.enabled:
+            self.progress.stop()

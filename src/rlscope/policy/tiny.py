@@ -1,0 +1,187 @@
+"""The built-in tiny causal transformer of the sandbox (TASKS.md, "Default sequence model").
+
+Decoder-only, pre-norm, token embedding scaled by sqrt(d_model) plus a learned position
+embedding, feed-forward width 4·d_model with ReLU (TASKS.md names no activation;
+ReLU costs a tenth of GELU on CPU, see docs/performance.md), no dropout, a final LayerNorm and a bias-free
+output head. Defaults: d_model 64, 2 heads, 2 layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlscope.policy.base import position_ids_from_mask
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Shape of the tiny transformer."""
+
+    vocab_size: int = 3
+    """Number of token ids (input and output share one vocabulary)."""
+    max_len: int = 64
+    """Largest sequence length (prompt + completion) the position table covers."""
+    d_model: int = 64
+    """Residual width."""
+    n_heads: int = 2
+    """Attention heads (d_model must be divisible by it)."""
+    n_layers: int = 2
+    """Transformer blocks."""
+
+
+class KVCache:
+    """Pre-allocated keys and values for incremental decoding.
+
+    Layout: ``k[layer]`` and ``v[layer]`` are ``[B, H, max_len, head_dim]``; positions
+    ``0 .. length-1`` are filled. ``key_valid_BT[:, :length]`` marks real (non-padding) keys and
+    ``next_pos_B`` is the position id the next token of each row gets. ``padded`` is False when
+    every key is real, which lets attention use the fused causal path with no mask.
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_heads: int, max_len: int,
+                 head_dim: int, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (batch_size, n_heads, max_len, head_dim)
+        self.k = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.v = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.key_valid_BT = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
+        self.next_pos_B = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.length = 0
+        self.max_len = max_len
+        self.padded = False
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.out = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x_BTD: torch.Tensor, layer: int, attn_mask: torch.Tensor | None,
+                cache: KVCache | None) -> torch.Tensor:
+        B, T, D = x_BTD.shape
+        H = self.n_heads
+        q, k, v = self.qkv(self.ln1(x_BTD)).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                               is_causal=attn_mask is None)
+        else:
+            start = cache.length
+            cache.k[layer][:, :, start:start + T] = k
+            cache.v[layer][:, :, start:start + T] = v
+            k_all = cache.k[layer][:, :, :start + T]
+            v_all = cache.v[layer][:, :, :start + T]
+            if attn_mask is None and T == 1:
+                y = F.scaled_dot_product_attention(q, k_all, v_all)
+            else:
+                y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask,
+                                                   is_causal=attn_mask is None)
+        x_BTD = x_BTD + self.proj(y.transpose(1, 2).reshape(B, T, D))
+        return x_BTD + self.out(F.relu(self.fc(self.ln2(x_BTD))))
+
+
+class TinyTransformer(nn.Module):
+    """The sandbox policy; implements the `Policy` protocol (see `rlscope.policy.base`)."""
+
+    def __init__(self, cfg: TinyConfig) -> None:
+        super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"d_model={cfg.d_model} must be divisible by n_heads={cfg.n_heads}")
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+        self.hidden_size = cfg.d_model
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.n_heads) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.scale = math.sqrt(cfg.d_model)
+
+    def _embed(self, tokens_BT: torch.Tensor, pos_BT: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens_BT) * self.scale + self.pos(pos_BT)
+
+    def _run(self, x_BTD: torch.Tensor, attn_mask: torch.Tensor | None,
+             cache: KVCache | None) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            x_BTD = block(x_BTD, i, attn_mask, cache)
+        return self.ln_f(x_BTD)
+
+    def forward(self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full causal forward. Returns ``(logits_BTV, hidden_BTD)``.
+
+        Pass ``attention_mask_BT=None`` when no row is padded: it selects the fused causal path.
+        """
+        T = tokens_BT.shape[1]
+        if T > self.cfg.max_len:
+            raise ValueError(f"sequence of {T} tokens exceeds max_len={self.cfg.max_len}")
+        if attention_mask_BT is None:
+            pos_BT = torch.arange(T, device=tokens_BT.device).expand_as(tokens_BT)
+            mask = None
+        else:
+            pos_BT = position_ids_from_mask(attention_mask_BT)
+            mask = _padded_causal_mask(attention_mask_BT.bool(), T)
+        hidden_BTD = self._run(self._embed(tokens_BT, pos_BT), mask, None)
+        return self.head(hidden_BTD), hidden_BTD
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        if max_len > self.cfg.max_len:
+            raise ValueError(f"cache of {max_len} positions exceeds max_len={self.cfg.max_len}")
+        p = self.head.weight
+        return KVCache(self.cfg.n_layers, batch_size, self.cfg.n_heads, max_len,
+                       self.cfg.d_model // self.cfg.n_heads, p.device, p.dtype)
+
+    def prefill(self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None,
+                cache: KVCache) -> torch.Tensor:
+        """Run the prompt into an empty cache; returns the last position's ``logits_BV``."""
+        B, T = tokens_BT.shape
+        if cache.length:
+            raise ValueError(f"prefill needs an empty cache; it holds {cache.length} positions")
+        if T > cache.max_len:
+            raise ValueError(f"prompt of {T} tokens exceeds the cache's max_len={cache.max_len}")
+        if B != cache.next_pos_B.shape[0]:
+            raise ValueError(f"tokens_BT has {B} rows but the cache has "
+                             f"{cache.next_pos_B.shape[0]}")
+        if attention_mask_BT is None:
+            pos_BT = torch.arange(T, device=tokens_BT.device).expand(B, T)
+            mask = None
+            cache.next_pos_B.fill_(T)
+        else:
+            valid_BT = attention_mask_BT.bool()
+            pos_BT = position_ids_from_mask(valid_BT)
+            mask = _padded_causal_mask(valid_BT, T)
+            cache.key_valid_BT[:, :T] = valid_BT
+            cache.padded = True
+            cache.next_pos_B.copy_(valid_BT.sum(-1))
+        hidden_BTD = self._run(self._embed(tokens_BT, pos_BT), mask, cache)
+        cache.length = T
+        return self.head(hidden_BTD[:, -1])
+
+    def decode_step(self, tokens_B: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Append one token per row; returns the next-token ``logits_BV``."""
+        if cache.length >= cache.max_len:
+            raise ValueError(f"KV cache full (max_len={cache.max_len})")
+        pos_B1 = cache.next_pos_B.unsqueeze(1)
+        mask = None
+        if cache.padded:
+            mask = cache.key_valid_BT[:, None, None, :cache.length + 1]
+        hidden_B1D = self._run(self._embed(tokens_B.unsqueeze(1), pos_B1), mask, cache)
+        cache.length += 1
+        cache.next_pos_B += 1
+        return self.head(hidden_B1D[:, 0])
+
+
+def _padded_causal_mask(valid_BT: torch.Tensor, T: int) -> torch.Tensor:
+    """Boolean ``[B, 1, T, T]`` mask: causal, real keys only; a padding query sees itself."""
+    causal_TT = torch.ones(T, T, dtype=torch.bool, device=valid_BT.device).tril()
+    eye_TT = torch.eye(T, dtype=torch.bool, device=valid_BT.device)
+    return (causal_TT & valid_BT[:, None, :] | eye_TT)[:, None]

@@ -1,0 +1,78 @@
+"""Logit processing shared by the sampler and the learner, and the sampler's noise source.
+
+The sampler draws from ``softmax(mask(logits / T))`` where ``mask`` keeps the top-k / top-p set;
+the learner recomputes exactly this distribution (temperature always; the kept set replayed
+from the rollout when ``replay_sampling_mask`` is on), so the first on-policy pass has ratio 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_NEG_INF = float("-inf")
+
+
+def keep_mask(logits_NV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
+    """Boolean mask of the tokens top-k and then top-p keep, or None when neither is active.
+
+    top-k keeps the ``top_k`` largest logits (ties broken by index, as ``torch.topk``); top-p
+    then keeps the smallest prefix of the remaining tokens, sorted by probability, whose mass
+    reaches ``top_p`` (the token that crosses the threshold is kept). ``logits_NV`` must already
+    be divided by the temperature.
+    """
+    V = logits_NV.shape[-1]
+    use_k = 0 < top_k < V
+    use_p = top_p < 1.0
+    if not (use_k or use_p):
+        return None
+    sorted_NV, order_NV = logits_NV.sort(dim=-1, descending=True, stable=True)
+    keep_sorted_NV = torch.ones_like(sorted_NV, dtype=torch.bool)
+    if use_k:
+        keep_sorted_NV[..., top_k:] = False
+    if use_p:
+        probs_NV = sorted_NV.masked_fill(~keep_sorted_NV, _NEG_INF).softmax(-1)
+        mass_before_NV = probs_NV.cumsum(-1) - probs_NV
+        keep_sorted_NV &= mass_before_NV < top_p
+    return torch.zeros_like(keep_sorted_NV).scatter(-1, order_NV, keep_sorted_NV)
+
+
+def processed_logprobs(logits_NV: torch.Tensor, temperature: float,
+                       keep_NV: torch.Tensor | None) -> torch.Tensor:
+    """Log-probabilities of the sampling distribution: temperature, then the kept set."""
+    scaled_NV = logits_NV.float() / temperature if temperature != 1.0 else logits_NV.float()
+    if keep_NV is not None:
+        scaled_NV = scaled_NV.masked_fill(~keep_NV, _NEG_INF)
+    return scaled_NV.log_softmax(-1)
+
+
+_M1 = 0xFF51AFD7ED558CCD - (1 << 64)
+_M2 = 0xC4CEB9FE1A85EC53 - (1 << 64)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_LOW31 = (1 << 31) - 1
+
+
+def _fmix64(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 64-bit finaliser on int64 tensors (logical shifts emulated by masking)."""
+    x = x ^ ((x >> 33) & _LOW31)
+    x = x * _M1
+    x = x ^ ((x >> 33) & _LOW31)
+    x = x * _M2
+    return x ^ ((x >> 33) & _LOW31)
+
+
+def uniform_noise(row_seeds_N: torch.Tensor, step: int, width: int) -> torch.Tensor:
+    """Counter-based uniforms in (0, 1), ``[N, width]``, a pure function of (seed, step, column).
+
+    Each row's stream depends only on its own seed, so a prompt sampled inside any batch gets
+    exactly the samples it gets alone — batch layout never changes a result.
+    """
+    cols = torch.arange(width, device=row_seeds_N.device, dtype=torch.long)
+    x = _fmix64(row_seeds_N[:, None] * _GOLDEN + (step + 1) * _M1) + cols * _GOLDEN
+    bits = (_fmix64(x) >> 40) & ((1 << 24) - 1)
+    return (bits.float() + 0.5) / float(1 << 24)
+
+
+def gumbel_sample(logp_NV: torch.Tensor, row_seeds_N: torch.Tensor, step: int) -> torch.Tensor:
+    """One draw per row from ``exp(logp_NV)`` by the Gumbel-max trick, ``[N]``."""
+    u_NV = uniform_noise(row_seeds_N, step, logp_NV.shape[-1])
+    return (logp_NV - (-u_NV.log()).log()).argmax(-1)

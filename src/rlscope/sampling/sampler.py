@@ -1,0 +1,120 @@
+"""Batched generation with a KV cache.
+
+``generate(policy, prompts, cfg, row_seeds_B)`` returns a `RolloutBatch` with the sampled
+tokens, the loss mask, the finish reason, and two log-prob tensors (under the processed sampling
+distribution and under the raw policy at temperature 1). Sampling is reproducible: each row
+draws from a counter-based stream keyed by its own seed (see `processors.uniform_noise`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.policy.base import Policy
+from rlscope.sampling.processors import gumbel_sample, keep_mask, processed_logprobs
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How rollouts are drawn."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy decoding."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose mass reaches top_p (1 = off)."""
+    max_new_tokens: int = 0
+    """Tokens to generate per prompt (0 = the task's completion length)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a completion (the stop token is kept and counted)."""
+    replay_sampling_mask: bool = True
+    """Learner replays the sampler's top-k/top-p kept set, so its log-probs match the sampler's."""
+    use_cache: bool = True
+    """Decode with the KV cache (False recomputes the full prefix each step: a test baseline)."""
+
+    def validate(self) -> list[str]:
+        errors = []
+        if self.temperature < 0:
+            errors.append(f"sampling.temperature={self.temperature} must be >= 0")
+        if self.top_k < 0:
+            errors.append(f"sampling.top_k={self.top_k} must be >= 0 (0 turns it off)")
+        if not 0 < self.top_p <= 1:
+            errors.append(f"sampling.top_p={self.top_p} must lie in (0, 1]")
+        if self.max_new_tokens < 0:
+            errors.append(f"sampling.max_new_tokens={self.max_new_tokens} must be >= 0")
+        return errors
+
+
+@torch.no_grad()
+def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
+             row_seeds_B: torch.Tensor, max_new_tokens: int, pad_token_id: int = 0,
+             group_id_B: torch.Tensor | None = None, with_entropy: bool = False
+             ) -> RolloutBatch:
+    """Sample ``max_new_tokens`` tokens (fewer if every row stops) for each prompt row.
+
+    Shapes: prompts ``[B, P]`` left-padded; returns completions ``[B, T]`` with
+    ``T <= max_new_tokens``. Greedy when ``cfg.temperature == 0``. ``with_entropy`` also
+    records the raw policy's entropy at every step (``entropy_BT``, used by evaluation).
+    """
+    B, P = prompts.tokens_BP.shape
+    device = prompts.tokens_BP.device
+    greedy = cfg.temperature == 0
+    temperature = 1.0 if greedy else cfg.temperature
+    stops = torch.tensor(cfg.stop_token_ids, device=device, dtype=torch.long)
+    tokens_out, logp_s_out, logp_r_out, keep_out, alive_out, ent_out = [], [], [], [], [], []
+    alive_B = torch.ones(B, dtype=torch.bool, device=device)
+    if cfg.use_cache:
+        cache = policy.init_cache(B, P + max_new_tokens)
+        logits_BV = policy.prefill(prompts.tokens_BP, prompts.attention_mask_BP, cache)
+    else:
+        seq_BT, mask_BT = prompts.tokens_BP, prompts.attention_mask_BP
+        logits_BV = policy.forward(seq_BT, mask_BT)[0][:, -1]
+    for step in range(max_new_tokens):
+        logits_BV = logits_BV.float()
+        logp_raw_BV = logits_BV.log_softmax(-1)
+        keep_BV = None if greedy else keep_mask(logits_BV / temperature, cfg.top_k, cfg.top_p)
+        logp_BV = logp_raw_BV if temperature == 1.0 and keep_BV is None else \
+            processed_logprobs(logits_BV, temperature, keep_BV)
+        token_B = logp_BV.argmax(-1) if greedy else gumbel_sample(logp_BV, row_seeds_B, step)
+        token_B = torch.where(alive_B, token_B, pad_token_id)
+        alive_out.append(alive_B)
+        tokens_out.append(token_B)
+        logp_s_out.append(logp_BV.gather(-1, token_B[:, None])[:, 0])
+        logp_r_out.append(logp_raw_BV.gather(-1, token_B[:, None])[:, 0])
+        if keep_BV is not None:
+            keep_out.append(keep_BV)
+        if with_entropy:
+            ent_out.append(-(logp_raw_BV.exp() * logp_raw_BV).nan_to_num().sum(-1))
+        if stops.numel():
+            alive_B = alive_B & ~torch.isin(token_B, stops)
+            if not bool(alive_B.any()):
+                break
+        if step + 1 == max_new_tokens:
+            break
+        if cfg.use_cache:
+            logits_BV = policy.decode_step(token_B, cache)
+        else:
+            seq_BT = torch.cat([seq_BT, token_B[:, None]], 1)
+            if mask_BT is not None:
+                mask_BT = torch.cat([mask_BT, torch.ones_like(mask_BT[:, :1])], 1)
+            logits_BV = policy.forward(seq_BT, mask_BT)[0][:, -1]
+    mask_BT = torch.stack(alive_out, 1)
+    return RolloutBatch(
+        prompt_tokens_BP=prompts.tokens_BP,
+        prompt_mask_BP=prompts.attention_mask_BP,
+        completion_tokens_BT=torch.stack(tokens_out, 1),
+        completion_mask_BT=mask_BT.float(),
+        logp_sampler_BT=torch.stack(logp_s_out, 1) * mask_BT,
+        logp_raw_BT=torch.stack(logp_r_out, 1) * mask_BT,
+        finished_by_stop_B=~alive_B if stops.numel() else torch.zeros_like(alive_B),
+        group_id_B=group_id_B if group_id_B is not None else torch.arange(B, device=device),
+        keep_mask_BTV=torch.stack(keep_out, 1) if keep_out else None,
+        targets_BT=prompts.targets_BT,
+        score_mask_BT=prompts.score_mask_BT,
+        entropy_BT=torch.stack(ent_out, 1) * mask_BT if ent_out else None,
+    )
+

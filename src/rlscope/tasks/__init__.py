@@ -1,0 +1,24 @@
+"""Tasks: the `Task` protocol and the literal registry `TASKS` (name → constructor)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlscope.tasks.base import Scores, Task, TaskConfig
+from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
+
+TASKS: dict[str, Callable[[TaskConfig], Task]] = {
+    "token_reversal": ReversalTask,
+    "masked_reversal": MaskedReversalTask,
+    "chain_reversal": ChainReversalTask,
+}
+
+
+def make_task(name: str, cfg: TaskConfig | None = None) -> Task:
+    """Construct the task ``name``; unknown names list the valid ones."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
+    return TASKS[name](cfg or TaskConfig())
+
+
+__all__ = ["TASKS", "Scores", "Task", "TaskConfig", "make_task"]

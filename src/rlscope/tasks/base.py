@@ -1,0 +1,81 @@
+"""The `Task` protocol (TASKS.md) and the configuration every task reads.
+
+A task makes prompts, scores completions and evaluates a policy; the loop holds no task-specific
+code. Training rewards may later be corrupted by reward noise; evaluation is always clean and on
+a held-out set fixed per seed, drawn from a generator the training stream never touches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.policy.base import Policy
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Task options (each task reads the fields that apply to it)."""
+
+    vocab: int = 2
+    """Content alphabet size V of the token tasks (the policy sees V + 1 symbols, SEP = V)."""
+    seq_len: int = 10
+    """Content tokens per prompt; also the completion length of the reversal tasks."""
+    binary_reward: bool = False
+    """Reward 1 only on an exact match (token_reversal, masked_reversal)."""
+    score_len: int = 5
+    """masked_reversal: how many final output positions are scored."""
+    eval_batches: int = 10
+    """Held-out evaluation: number of batches."""
+    eval_batch_size: int = 100
+    """Held-out evaluation: prompts per batch."""
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What `Task.score` returns: scalar rewards and, where defined, dense per-token rewards."""
+
+    rewards_B: torch.Tensor
+    token_rewards_BT: torch.Tensor | None = None
+
+
+class Task(Protocol):
+    """A registered task. Attributes describe the interface the loop relies on."""
+
+    name: str
+    vocab_size: int
+    """Token ids the policy reads and writes."""
+    prompt_len: int
+    completion_len: int
+    """Default number of generated tokens."""
+    has_labels: bool
+    """Whether prompts carry ground-truth targets (needed by the `ce` oracle)."""
+
+    def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch: ...
+
+    def score(self, batch: RolloutBatch) -> Scores: ...
+
+    def expected_reward(self, logp_targets_BT: torch.Tensor) -> torch.Tensor | None:
+        """Exact E[r | x] from the behaviour log-probs of the targets, or None if not exposed."""
+        ...
+
+    def eval_prompts(self, seed: int) -> list[PromptBatch]: ...
+
+    def eval_metrics(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+        """Per-row evaluation quantities of a greedy rollout, each ``[B]`` (averaged later)."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def validate(self) -> list[str]: ...
+
+
+def make_policy_for(task: Task, model_cfg: object) -> Policy:
+    """The task's default policy shape: its vocabulary and its prompt + completion length."""
+    from rlscope.policy import ModelConfig, build_policy
+
+    assert isinstance(model_cfg, ModelConfig)
+    return build_policy(model_cfg, task.vocab_size, task.prompt_len + task.completion_len)

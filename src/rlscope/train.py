@@ -1,0 +1,307 @@
+"""The training loop: ``train(cfg) -> RunResult`` (METHODS.md, "Training protocol").
+
+Per step: evaluate when due (before the update), sample, score, queue for staleness, select,
+prepare advantages, then ``inner_epochs`` passes over the batch, each split into
+``num_minibatches`` optimizer steps, each accumulated over micro-batches. Metrics come from the
+last pass plus first-pass versions of the ratio/KL/clip metrics. The loop never looks at the
+method's name: what a method needs it declares on its `MethodSpec`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlscope import checkpoint
+from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.config import TrainConfig, derive, to_dict, validate
+from rlscope.evaluation import evaluate
+from rlscope.learner import (
+    Denominators,
+    MicroResult,
+    concat_results,
+    forward_completion,
+    micro_batch_loss,
+    prepare,
+)
+from rlscope.methods.regularizers import adaptive_kl_update
+from rlscope.methods.selection import mixed_groups
+from rlscope.metrics import estimators as est
+from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
+from rlscope.policy.value_head import ValueHead
+from rlscope.sampling.sampler import generate
+from rlscope.tasks.base import Task, make_policy_for
+from rlscope.utils import environment_info, resolve_device
+
+OUT_OF_REGIME_STREAK = 10
+
+
+@dataclass
+class LoopState:
+    """Everything besides modules and optimizer that a checkpoint must restore."""
+
+    step: int = 0
+    beta: float = 0.0
+    fallback_streak: int = 0
+    queue: deque[RolloutBatch] = field(default_factory=deque)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    status: str
+    """completed | out_of_regime"""
+    metrics: list[dict[str, float]]
+    evals: list[dict[str, float]]
+    wall_time_s: float
+
+    @property
+    def final_eval(self) -> dict[str, float]:
+        return self.evals[-1] if self.evals else {}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """All of one step's metric tensors to Python floats with a single device transfer."""
+    if not metrics:
+        return {}
+    values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist()
+    return dict(zip(metrics, values, strict=True))
+
+
+def collect(policy: Any, task: Task, cfg: TrainConfig, generator: torch.Generator,
+            device: torch.device, num_prompts: int, group_size: int, max_new_tokens: int,
+            want_expected_reward: bool) -> RolloutBatch:
+    """Sample ``num_prompts × group_size`` rollouts and score them."""
+    prompts = task.sample_prompts(generator, num_prompts).repeat_interleave(group_size)
+    seeds_B = torch.randint(0, 2**62, (prompts.batch_size,), generator=generator)
+    group_B = torch.arange(num_prompts).repeat_interleave(group_size)
+    prompts, seeds_B, group_B = prompts.to(device), seeds_B.to(device), group_B.to(device)
+    policy.eval()
+    rollout = generate(policy, prompts, cfg.sampling, seeds_B, max_new_tokens,
+                       group_id_B=group_B)
+    scores = task.score(rollout)
+    expected = None
+    if want_expected_reward and rollout.targets_BT is not None:
+        with torch.no_grad():
+            logp_BT = forward_completion(policy, rollout, rollout.targets_BT,
+                                         cfg.sampling.temperature, replay_keep=False).logp_BT
+        expected = task.expected_reward(logp_BT)
+    return RolloutBatch(**{**rollout.__dict__, "rewards_B": scores.rewards_B,
+                           "raw_rewards_B": scores.rewards_B,
+                           "token_rewards_BT": scores.token_rewards_BT,
+                           "expected_reward_B": expected,
+                           "age_B": torch.zeros(rollout.batch_size, device=device)})
+
+
+def train(cfg: TrainConfig) -> RunResult:
+    spec, task, d = validate(cfg)
+    r = cfg.run
+    device = resolve_device(r.device)
+    if r.threads:
+        torch.set_num_threads(r.threads)
+    torch.manual_seed(r.seed)
+    policy = make_policy_for(task, cfg.model).to(device)
+    value_head = ValueHead(policy.hidden_size).to(device) if spec.needs_value else None
+    ref = copy.deepcopy(policy).requires_grad_(False).eval() if spec.needs_reference else None
+    params = [p for m in (policy, value_head) if m is not None for p in m.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                                  betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2))
+    generator = torch.Generator().manual_seed(r.seed)
+    state = LoopState(beta=spec.kl.coef)
+    run_dir = Path(r.resume) if r.resume else checkpoint.new_run_dir(cfg, r.runs_dir)
+    if r.resume:
+        state = checkpoint.load(run_dir, policy, value_head, ref, optimizer, generator, state,
+                                device)
+    (run_dir / "config.json").write_text(json.dumps({
+        "config": to_dict(cfg), "derived": to_dict(d), "method_spec": to_dict(spec),
+        "task_description": task.describe(), **environment_info(device)}, indent=2))
+    append = bool(r.resume)
+    metrics_log = JsonlWriter(run_dir / "metrics.jsonl", append)
+    eval_log = JsonlWriter(run_dir / "eval.jsonl", append)
+    samples_log = JsonlWriter(run_dir / "samples.jsonl", append)
+    eval_sets = task.eval_prompts(r.seed)
+    eval_prompts = PromptBatch(
+        tokens_BP=torch.cat([p.tokens_BP for p in eval_sets]),
+        targets_BT=None if eval_sets[0].targets_BT is None else
+        torch.cat([p.targets_BT for p in eval_sets if p.targets_BT is not None]),
+        score_mask_BT=None if eval_sets[0].score_mask_BT is None else
+        torch.cat([p.score_mask_BT for p in eval_sets if p.score_mask_BT is not None]),
+    ).to(device)
+    replay_keep = cfg.sampling.replay_sampling_mask
+    temperature = cfg.sampling.temperature
+    want_expected = spec.advantage.name == "expected"
+    history: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+    status = "completed"
+    display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}", state.step)
+    t_run = time.perf_counter()
+
+    def run_eval(step: int) -> None:
+        t0 = time.perf_counter()
+        policy.eval()
+        values = _floats(evaluate(policy, task, [eval_prompts], d.max_new_tokens,
+                                  cfg.sampling.stop_token_ids))
+        _sync(device)
+        record = {"step": step, **values, "time/eval": time.perf_counter() - t0}
+        evals.append(record)
+        eval_log.write(record)
+        display.eval(record)
+        if r.output:
+            append_csv_rows(Path(r.output), [{
+                "run": run_dir.name, "method": cfg.method, "task": cfg.task, "seed": r.seed,
+                **record, "wall_time_s": time.perf_counter() - t_run}])
+
+    try:
+        for step in range(state.step, r.num_steps):
+            if step >= r.delay and (r.eval_every and (step - r.delay) % r.eval_every == 0):
+                run_eval(step)
+            t_step = time.perf_counter()
+            m: dict[str, torch.Tensor] = {}
+            fresh = collect(policy, task, cfg, generator, device, d.num_prompts, d.group_size,
+                            d.max_new_tokens, want_expected)
+            _sync(device)
+            t_sampled = time.perf_counter()
+            state.queue.append(fresh)
+            if len(state.queue) <= r.delay:
+                state.step = step + 1
+                display.update({})
+                continue
+            batch = state.queue.popleft()
+            assert batch.rewards_B is not None and batch.raw_rewards_B is not None
+            m |= est.reward_metrics(batch.rewards_B, batch.raw_rewards_B)
+            m |= est.length_metrics(batch.completion_mask_BT, batch.finished_by_stop_B)
+            m["policy/entropy_sampled"] = est.masked_mean(-batch.logp_sampler_BT,
+                                                          batch.completion_mask_BT)
+            if spec.selection == "mixed_groups":
+                keep_B, group_m = mixed_groups(batch.rewards_B, d.group_size)
+                m |= group_m
+                fallback = bool(group_m["group/fallback"])
+                state.fallback_streak = state.fallback_streak + 1 if fallback else 0
+                if state.fallback_streak >= OUT_OF_REGIME_STREAK:
+                    status = "out_of_regime"
+                    break
+                batch = batch.select(keep_B)
+            t_ref = time.perf_counter()
+            policy.eval()
+            inputs, prep_m = prepare(spec, batch, policy, value_head, ref, state.beta,
+                                     d.group_size, temperature, replay_keep)
+            m |= prep_m
+            m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B,
+                                       d.group_size)
+            _sync(device)
+            t_learn = time.perf_counter()
+            policy.train()
+            n_rows = batch.batch_size
+            mb_rows = max(n_rows // r.num_minibatches, 1)
+            micro = min(d.micro_batch_size, mb_rows)
+            first: list[MicroResult] = []
+            grad_norms: list[torch.Tensor] = []
+            for epoch in range(r.inner_epochs):
+                last: list[MicroResult] = []
+                for start in range(0, n_rows, mb_rows):
+                    stop = min(start + mb_rows, n_rows)
+                    den = Denominators(n_tokens=inputs.mask_BT[start:stop].sum(),
+                                       n_seqs=float(stop - start), max_len=d.max_new_tokens)
+                    optimizer.zero_grad(set_to_none=True)
+                    for s in range(start, stop, micro):
+                        rows = slice(s, min(s + micro, stop))
+                        res = micro_batch_loss(spec, policy, value_head, batch.select(rows),
+                                               inputs.select(rows), den, state.beta,
+                                               temperature, replay_keep)
+                        res.loss.backward()
+                        last.append(res)
+                    grad_norms.append(torch.nn.utils.clip_grad_norm_(
+                        params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")))
+                    optimizer.step()
+                if epoch == 0:
+                    first = last
+            first_pass, last_pass = concat_results(first), concat_results(last)
+            mask_BT = inputs.mask_BT
+            m |= est.pass_metrics(first_pass.logp_BT, inputs.logp_old_BT, mask_BT,
+                                  first_pass.stats, "_first")
+            m |= est.pass_metrics(last_pass.logp_BT, inputs.logp_old_BT, mask_BT,
+                                  last_pass.stats, "")
+            if not spec.needs_labels:
+                m |= est.sampler_metrics(first_pass.logp_BT, batch.logp_sampler_BT, mask_BT)
+            m["policy/entropy"] = est.masked_mean(first_pass.entropy_BT, mask_BT)
+            n_minibatches = -(-n_rows // mb_rows)
+            m |= {k: v / n_minibatches for k, v in last_pass.parts.items()}
+            m["loss/total"] = last_pass.loss / n_minibatches
+            norms = torch.stack(grad_norms)
+            clip = cfg.optim.grad_clip
+            m["optim/grad_norm"] = norms.mean()
+            m["optim/grad_norm_clipped"] = norms.clamp_max(clip).mean() if clip > 0 \
+                else norms.mean()
+            m["optim/clip_active"] = (norms > clip).float().mean() if clip > 0 \
+                else torch.zeros(())
+            m["optim/lr"] = torch.tensor(cfg.optim.lr)
+            m["kl_ctrl/beta"] = torch.tensor(state.beta)
+            _sync(device)
+            t_end = time.perf_counter()
+            values = _floats(m)
+            n_gen = values["length/mean"] * n_rows
+            learn_tokens = n_rows * (batch.prompt_len + inputs.tokens_BT.shape[1]) \
+                * r.inner_epochs
+            values |= {
+                "time/sample": t_sampled - t_step, "time/score": 0.0,
+                "time/ref": t_learn - t_ref, "time/learn": t_end - t_learn,
+                "time/step": t_end - t_step,
+                "throughput/sample_tokens_per_s": n_gen / max(t_sampled - t_step, 1e-9),
+                "throughput/learn_tokens_per_s": learn_tokens / max(t_end - t_learn, 1e-9)}
+            if device.type == "cuda":
+                values["perf/peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+            if spec.kl.control == "adaptive" and "policy/kl_ref_seq_k1" in values:
+                state.beta = adaptive_kl_update(state.beta, values["policy/kl_ref_seq_k1"],
+                                                n_rows, spec.kl)
+            record = {"step": step, **values}
+            history.append(record)
+            metrics_log.write(record)
+            if r.log_samples and step % max(r.samples_every, 1) == 0:
+                _write_samples(samples_log, step, batch, inputs.adv_BT, r.log_samples)
+            display.update(values)
+            state.step = step + 1
+            if r.checkpoint_every and state.step % r.checkpoint_every == 0:
+                checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
+        if status == "completed":
+            run_eval(r.num_steps)
+        checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
+    finally:
+        display.close()
+        for log in (metrics_log, eval_log, samples_log):
+            log.close()
+    wall = time.perf_counter() - t_run
+    (run_dir / "status.json").write_text(json.dumps(
+        {"status": status, "steps": state.step, "wall_time_s": wall}))
+    return RunResult(run_dir=run_dir, status=status, metrics=history, evals=evals,
+                     wall_time_s=wall)
+
+
+def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: torch.Tensor,
+                   n: int) -> None:
+    rows = min(n, batch.batch_size)
+    mask_BT = batch.completion_mask_BT[:rows]
+    adv_B = (adv_BT[:rows] * mask_BT).sum(-1) / mask_BT.sum(-1).clamp_min(1.0)
+    assert batch.rewards_B is not None
+    for i in range(rows):
+        prompt = batch.prompt_tokens_BP[i]
+        if batch.prompt_mask_BP is not None:
+            prompt = prompt[batch.prompt_mask_BP[i].bool()]
+        length = int(mask_BT[i].sum())
+        log.write({"step": step, "prompt": prompt.tolist(),
+                   "completion": batch.completion_tokens_BT[i, :length].tolist(),
+                   "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i])})
+
+
+__all__ = ["LoopState", "RunResult", "collect", "derive", "train"]
