@@ -1,8 +1,9 @@
 """Update rules as data: the literal preset registry `METHODS` and component overrides.
 
-A preset is a `MethodSpec` (one component per axis). ``resolve_method(name, MethodConfig)`` looks a
-preset up (case-insensitive; CamelCase aliases such as ``DrGRPO`` work) and applies the
-command-line overrides (``--method grpo --advantage group_center`` is the Dr. GRPO ablation). ``validate_method`` rejects configurations outside a method's valid regime.
+A preset is a `MethodSpec` (one component per axis). ``resolve_method(name, MethodConfig)``
+looks a preset up (case-insensitive; CamelCase aliases such as ``DrGRPO`` work) and applies
+command-line overrides (``--method grpo --advantage group_center`` is the Dr. GRPO ablation).
+``validate_method`` rejects configurations outside a method's valid regime.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The built-in tiny causal transformer of the sandbox (TASKS.md, "Default sequence model").
 
 Decoder-only, pre-norm, token embedding scaled by sqrt(d_model) plus a learned position
-embedding, feed-forward width 4·d_model with ReLU (TASKS.md names no activation;
-ReLU costs a tenth of GELU on CPU, see docs/performance.md), no dropout, a final LayerNorm and a bias-free
-output head. Defaults: d_model 64, 2 heads, 2 layers.
+embedding, feed-forward width 4·d_model with ReLU, no dropout, a final LayerNorm and a bias-free
+output head. Defaults: d_model 64, 2 heads, 2 layers. TASKS.md names no activation; ReLU costs
+a tenth of GELU's time on CPU (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ class TinyTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.scale = math.sqrt(cfg.d_model)
+        # Token vectors start with std d^-1/2 so that, scaled by sqrt(d), they have unit size
+        # like the position vectors (Vaswani et al.): neither signal drowns the other at init.
+        nn.init.normal_(self.tok.weight, std=cfg.d_model ** -0.5)
+        nn.init.normal_(self.pos.weight, std=1.0)
 
     def _embed(self, tokens_BT: torch.Tensor, pos_BT: torch.Tensor) -> torch.Tensor:
         return self.tok(tokens_BT) * self.scale + self.pos(pos_BT)
