@@ -18,6 +18,7 @@ import torch
 
 from rlscope.batch import PromptBatch
 from rlscope.config import OptimConfig, RunConfig, TrainConfig
+from rlscope.methods import MethodConfig
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
 from rlscope.sampling.sampler import SamplingConfig, generate
 from rlscope.tasks import TaskConfig
@@ -105,9 +106,14 @@ def bench_learner(cfg: BenchConfig, device: torch.device) -> dict[str, float]:
 
 
 def bench_loop(cfg: BenchConfig, device: torch.device) -> dict[str, float]:
-    """The sandbox's standard GRPO step and a full run with evaluation every 20 steps."""
+    """The sandbox's standard GRPO step and a full run with evaluation every 20 steps.
+
+    Selection is off so that every step trains on all 96 rows: with mixed-group selection a
+    solved task drops most rows and the run stops out of regime, which times less work.
+    """
     train_cfg = TrainConfig(
         method="grpo", task="token_reversal", task_options=TaskConfig(seq_len=10),
+        components=MethodConfig(selection="none"),
         optim=OptimConfig(),
         run=RunConfig(num_steps=cfg.loop_steps, batch_size=96, group_size=8, inner_epochs=4,
                       eval_every=20, device=str(device), progress=False,
@@ -124,7 +130,8 @@ def bench_loop(cfg: BenchConfig, device: torch.device) -> dict[str, float]:
             "loop_learn_ms_median": med["time/learn"] * 1e3,
             "loop_prepare_ms_median": med["time/ref"] * 1e3,
             "loop_eval_s_total": sum(e["time/eval"] for e in result.evals),
-            "loop_final_test_error": result.final_eval["eval/test_error"]}
+            "loop_final_test_error": result.final_eval["eval/test_error"],
+            "loop_steps_run": float(len(result.metrics))}
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, object]:

@@ -245,9 +245,7 @@ def train(cfg: TrainConfig) -> RunResult:
             m["optim/grad_norm_clipped"] = norms.clamp_max(clip).mean() if clip > 0 \
                 else norms.mean()
             m["optim/clip_active"] = (norms > clip).float().mean() if clip > 0 \
-                else torch.zeros(())
-            m["optim/lr"] = torch.tensor(cfg.optim.lr)
-            m["kl_ctrl/beta"] = torch.tensor(state.beta)
+                else torch.zeros((), device=device)
             _sync(device)
             t_end = time.perf_counter()
             values = _floats(m)
@@ -255,6 +253,7 @@ def train(cfg: TrainConfig) -> RunResult:
             learn_tokens = n_rows * (batch.prompt_len + inputs.tokens_BT.shape[1]) \
                 * r.inner_epochs
             values |= {
+                "optim/lr": cfg.optim.lr, "kl_ctrl/beta": state.beta,
                 "time/sample": t_sampled - t_step, "time/score": 0.0,
                 "time/ref": t_learn - t_ref, "time/learn": t_end - t_learn,
                 "time/step": t_end - t_step,

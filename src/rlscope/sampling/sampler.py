@@ -77,6 +77,11 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
         logits_BV = logits_BV.float()
         logp_raw_BV = logits_BV.log_softmax(-1)
         keep_BV = None if greedy else keep_mask(logits_BV / temperature, cfg.top_k, cfg.top_p)
+        if keep_BV is not None:
+            # A finished row emits the pad token, which may lie outside its kept set: keep
+            # everything there so its log-prob (sampler's and replayed learner's) stays finite
+            # and masking by 0 never meets -inf (0 * -inf = NaN).
+            keep_BV = keep_BV | ~alive_B[:, None]
         logp_BV = logp_raw_BV if temperature == 1.0 and keep_BV is None else \
             processed_logprobs(logits_BV, temperature, keep_BV)
         token_B = logp_BV.argmax(-1) if greedy else gumbel_sample(logp_BV, row_seeds_B, step)

@@ -70,6 +70,8 @@ class ReversalTask:
             raise ValueError(f"{self.name}: rollout batch carries no targets")
         T = batch.targets_BT.shape[1]
         completion_BT = batch.completion_tokens_BT[:, :T]
+        # padding after a stop token was never generated: it cannot match
+        completion_BT = torch.where(batch.completion_mask_BT[:, :T].bool(), completion_BT, -1)
         if completion_BT.shape[1] < T:
             pad = torch.full((completion_BT.shape[0], T - completion_BT.shape[1]), -1,
                              dtype=completion_BT.dtype, device=completion_BT.device)

@@ -1,0 +1,221 @@
+"""Reversal tasks (TASKS.md, "Toy tasks") on hand-made completions: rewards, eval metrics,
+expected reward, and the held-out evaluation sets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlscope.batch import RolloutBatch
+from rlscope.tasks import TASKS, TaskConfig, make_task
+from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
+
+
+def _rollout(targets: list[int], completions: list[list[int]], vocab: int) -> RolloutBatch:
+    """A rollout batch whose rows all share one target; completions may be shorter than it."""
+    B, T = len(completions), max(len(c) for c in completions)
+    tokens_BT = torch.zeros(B, T, dtype=torch.long)
+    mask_BT = torch.zeros(B, T)
+    for i, c in enumerate(completions):
+        tokens_BT[i, :len(c)] = torch.tensor(c)
+        mask_BT[i, :len(c)] = 1.0
+    content = list(reversed(targets))
+    prompt_BP = torch.tensor([[*content, vocab]] * B)
+    return RolloutBatch(
+        prompt_tokens_BP=prompt_BP, prompt_mask_BP=None, completion_tokens_BT=tokens_BT,
+        completion_mask_BT=mask_BT, logp_sampler_BT=torch.zeros(B, T),
+        logp_raw_BT=torch.zeros(B, T), finished_by_stop_B=torch.zeros(B, dtype=torch.bool),
+        group_id_B=torch.arange(B), targets_BT=torch.tensor([targets] * B))
+
+
+# token_reversal, seq_len 4 over V = 3 (SEP = 3); content [0, 1, 2, 1] → target [1, 2, 1, 0].
+TARGET = [1, 2, 1, 0]
+CASES = [  # completion, fractional reward, binary reward
+    ([1, 2, 1, 0], 1.0, 1.0),   # right
+    ([0, 0, 0, 1], 0.0, 0.0),   # wrong everywhere
+    ([1, 2, 0, 0], 0.75, 0.0),  # partially right
+    ([1, 3, 1, 0], 0.75, 0.0),  # SEP is legal but never correct
+    ([3, 3, 3, 3], 0.0, 0.0),   # all SEP
+    ([1, 2], 0.5, 0.0),         # stopped early: pad positions after the stop count as wrong
+]
+
+
+def test_completion_narrower_than_target_counts_missing_positions_wrong() -> None:
+    task = ReversalTask(TaskConfig(vocab=3, seq_len=4))
+    batch = _rollout(TARGET, [[1, 2], [1, 0]], vocab=3)  # every row stopped after 2 tokens
+    assert batch.completion_tokens_BT.shape == (2, 2)
+    assert task.score(batch).rewards_B.tolist() == [0.5, 0.25]
+    assert task.eval_metrics(batch)["test_error"].tolist() == [0.5, 0.75]
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_token_reversal_rewards(binary: bool) -> None:
+    task = ReversalTask(TaskConfig(vocab=3, seq_len=4, binary_reward=binary))
+    assert task.sep == 3 and task.vocab_size == 4
+    batch = _rollout(TARGET, [c for c, _, _ in CASES], vocab=3)
+    scores = task.score(batch)
+    expected = [b if binary else f for _, f, b in CASES]
+    assert scores.rewards_B.tolist() == expected
+    # dense per-token rewards: the match indicator on every (scored) position
+    assert scores.token_rewards_BT is not None
+    assert scores.token_rewards_BT[2].tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert scores.token_rewards_BT[3].tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert scores.token_rewards_BT[5].tolist() == [1.0, 1.0, 0.0, 0.0]
+    errors = task.eval_metrics(batch)
+    assert set(errors) == {"test_error"}
+    assert errors["test_error"].tolist() == [1.0 - r for r in expected]
+
+
+def test_prompts_are_content_then_sep_with_reversed_targets() -> None:
+    task = ReversalTask(TaskConfig(vocab=5, seq_len=6))
+    p = task.sample_prompts(torch.Generator().manual_seed(0), 7)
+    assert p.tokens_BP.shape == (7, 7) and p.targets_BT is not None
+    assert (p.tokens_BP[:, -1] == 5).all()
+    assert (p.tokens_BP[:, :-1] < 5).all()
+    assert torch.equal(p.targets_BT, p.tokens_BP[:, :-1].flip(1))
+    # the reference answer scores 1
+    batch = _rollout(p.targets_BT[0].tolist(), [p.targets_BT[0].tolist()], vocab=5)
+    assert task.score(batch).rewards_B.tolist() == [1.0]
+
+
+# masked_reversal, seq_len 4, score_len 2: only positions 2 and 3 are scored.
+@pytest.mark.parametrize("binary", [False, True])
+def test_masked_reversal_scores_only_the_suffix(binary: bool) -> None:
+    task = MaskedReversalTask(TaskConfig(vocab=3, seq_len=4, score_len=2, binary_reward=binary))
+    assert task.score_mask_T.tolist() == [0.0, 0.0, 1.0, 1.0]
+    completions = [
+        [0, 0, 1, 0],  # prefix wrong, suffix right
+        [1, 2, 0, 0],  # prefix right, suffix half right
+        [1, 2, 1, 0],  # all right
+        [0, 0, 0, 1],  # all wrong
+        [1, 0, 1, 3],  # prefix half right, suffix half right (SEP)
+    ]
+    scores = task.score(_rollout(TARGET, completions, vocab=3))
+    frac = [1.0, 0.5, 1.0, 0.0, 0.5]
+    expected = [float(r == 1.0) for r in frac] if binary else frac
+    assert scores.rewards_B.tolist() == expected
+    assert scores.token_rewards_BT is not None
+    assert scores.token_rewards_BT[0].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert scores.token_rewards_BT[1].tolist() == [0.0, 0.0, 0.0, 1.0]
+    metrics = task.eval_metrics(_rollout(TARGET, completions, vocab=3))
+    assert set(metrics) == {"test_error", "test_error_unscored"}
+    assert metrics["test_error"].tolist() == [1.0 - r for r in expected]
+    assert metrics["test_error_unscored"].tolist() == [1.0, 0.0, 0.0, 1.0, 0.5]
+    p = task.sample_prompts(torch.Generator().manual_seed(0), 3)
+    assert p.score_mask_BT is not None
+    assert p.score_mask_BT.tolist() == [[0.0, 0.0, 1.0, 1.0]] * 3
+
+
+def test_masked_reversal_full_score_len_has_zero_unscored_error() -> None:
+    task = MaskedReversalTask(TaskConfig(vocab=3, seq_len=4, score_len=4))
+    metrics = task.eval_metrics(_rollout(TARGET, [[0, 0, 0, 0]], vocab=3))
+    assert metrics["test_error"].tolist() == [0.75]
+    assert metrics["test_error_unscored"].tolist() == [0.0]
+
+
+def test_masked_reversal_validates_score_len() -> None:
+    assert MaskedReversalTask(TaskConfig(seq_len=4, score_len=4)).validate() == []
+    for bad in (0, 5):
+        errors = MaskedReversalTask(TaskConfig(seq_len=4, score_len=bad)).validate()
+        assert any("score_len" in e for e in errors)
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "wrong_at", "expected"),
+    [
+        # even seq_len 4: halves [0, 1] and [2, 3]
+        (4, [], 1.0),
+        (4, [1], 1 / 3),     # first half broken; second half exact
+        (4, [2], 1 / 3),     # second half broken; first half exact
+        (4, [0, 3], 0.0),    # both halves broken
+        # odd seq_len 5: split at 5 // 2 = 2, halves [0, 1] and [2, 3, 4]
+        (5, [], 1.0),
+        (5, [2], 1 / 3),     # position 2 belongs to the second half
+        (5, [1], 1 / 3),
+        (5, [4], 1 / 3),
+        (5, [1, 2], 0.0),
+    ],
+)
+def test_chain_reversal_checkpoints(seq_len: int, wrong_at: list[int], expected: float) -> None:
+    task = ChainReversalTask(TaskConfig(vocab=2, seq_len=seq_len))
+    target = [i % 2 for i in range(seq_len)]
+    completion = [1 - t if i in wrong_at else t for i, t in enumerate(target)]
+    batch = _rollout(target, [completion], vocab=2)
+    reward = task.score(batch).rewards_B.item()
+    assert reward == pytest.approx(expected, abs=1e-7)
+    metrics = task.eval_metrics(batch)
+    assert metrics["chain_reward"].item() == pytest.approx(expected, abs=1e-7)
+    assert metrics["test_error"].item() == (0.0 if not wrong_at else 1.0)
+
+
+def test_chain_reversal_validation() -> None:
+    assert ChainReversalTask(TaskConfig(seq_len=2)).validate() == []
+    assert any("seq_len" in e for e in ChainReversalTask(TaskConfig(seq_len=1)).validate())
+    errors = ChainReversalTask(TaskConfig(seq_len=4, binary_reward=True)).validate()
+    assert any("binary_reward" in e for e in errors)
+
+
+def test_expected_reward_is_product_of_target_probabilities() -> None:
+    probs_BT = torch.tensor([[0.5, 0.8, 0.9, 1.0], [0.1, 0.2, 0.3, 0.4]], dtype=torch.float64)
+    task = ReversalTask(TaskConfig(vocab=3, seq_len=4, binary_reward=True))
+    got = task.expected_reward(probs_BT.log())
+    assert got is not None
+    assert got.tolist() == pytest.approx([0.36, 0.0024], rel=1e-12)
+    # masked: product over the scored suffix only
+    masked = MaskedReversalTask(TaskConfig(vocab=3, seq_len=4, score_len=2, binary_reward=True))
+    got = masked.expected_reward(probs_BT.log())
+    assert got is not None
+    assert got.tolist() == pytest.approx([0.9, 0.12], rel=1e-12)
+    # fractional reward: not exposed
+    assert ReversalTask(TaskConfig(vocab=3, seq_len=4)).expected_reward(probs_BT.log()) is None
+
+
+def test_expected_reward_matches_monte_carlo() -> None:
+    """Sampling each position independently with the given target probabilities, the exact-match
+    rate converges to the product."""
+    task = ReversalTask(TaskConfig(vocab=2, seq_len=3, binary_reward=True))
+    p_T = torch.tensor([0.9, 0.7, 0.6])
+    exact = task.expected_reward(p_T.log()[None])
+    assert exact is not None and math.isclose(exact.item(), 0.378, rel_tol=1e-6)
+    g = torch.Generator().manual_seed(0)
+    hits_NT = torch.rand(200_000, 3, generator=g) < p_T
+    assert hits_NT.all(-1).float().mean().item() == pytest.approx(0.378, abs=0.005)
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_eval_sets_deterministic_per_seed_and_distinct_from_training(name: str) -> None:
+    task = make_task(name, TaskConfig(eval_batches=3, eval_batch_size=50))
+    a, b, other = task.eval_prompts(0), task.eval_prompts(0), task.eval_prompts(1)
+    assert len(a) == 3 and all(p.batch_size == 50 for p in a)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x.tokens_BP, y.tokens_BP)
+        assert x.targets_BT is not None and y.targets_BT is not None
+        assert torch.equal(x.targets_BT, y.targets_BT)
+    assert not torch.equal(torch.cat([p.tokens_BP for p in a]),
+                           torch.cat([p.tokens_BP for p in other]))
+    # the three batches of one set are not copies of each other
+    assert not torch.equal(a[0].tokens_BP, a[1].tokens_BP)
+    # training prompts come from a generator seeded with the run seed, as in train()
+    train_g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        train_p = task.sample_prompts(train_g, 50)
+        for p in a:
+            assert not torch.equal(train_p.tokens_BP, p.tokens_BP)
+    # drawing training prompts does not move the held-out set
+    assert torch.equal(task.eval_prompts(0)[0].tokens_BP, a[0].tokens_BP)
+
+
+def test_make_task_unknown_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match="token_reversal") as info:
+        make_task("nope")
+    for name in TASKS:
+        assert name in str(info.value)
+
+
+def test_reversal_validation() -> None:
+    assert ReversalTask(TaskConfig()).validate() == []
+    assert any("vocab" in e for e in ReversalTask(TaskConfig(vocab=1)).validate())
+    assert any("seq_len" in e for e in ReversalTask(TaskConfig(seq_len=0)).validate())
+    assert any("eval_batch" in e for e in ReversalTask(TaskConfig(eval_batches=0)).validate())

@@ -1,0 +1,281 @@
+"""The training loop (METHODS.md, "Training protocol"): bit-exact resume, the metric schema,
+validation before training, staleness, and dynamic-sampling selection."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
+from rlscope.methods import METHODS, MethodConfig
+from rlscope.metrics.schema import SCHEMA, unregistered
+from rlscope.metrics.sinks import read_jsonl
+from rlscope.tasks import TASKS, Scores, TaskConfig
+from rlscope.tasks.reversal import ReversalTask
+from rlscope.train import OUT_OF_REGIME_STREAK, RunResult, train
+
+SMALL_TASK = TaskConfig(seq_len=4, eval_batches=1, eval_batch_size=16)
+
+
+def _cfg(runs_dir: Path, method: str = "grpo", task: str = "token_reversal",
+         task_options: TaskConfig = SMALL_TASK, components: MethodConfig | None = None,
+         **run: Any) -> TrainConfig:
+    run = {"batch_size": 16, "eval_every": 5, "num_steps": 10, "runs_dir": str(runs_dir),
+           "progress": False, "device": "cpu", **run}
+    return TrainConfig(method=method, task=task, task_options=task_options,
+                       components=components or MethodConfig(), run=RunConfig(**run))
+
+
+def _without_timing(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items()
+            if not k.startswith(("time/", "throughput/", "perf/"))}
+
+
+# ---------------------------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize(("method", "run_kw"), [
+    ("grpo", {}),
+    ("ppo", {}),          # adaptive KL coefficient, value head and reference in the checkpoint
+    ("grpo", {"delay": 2}),  # the staleness queue in the checkpoint
+])
+def test_resume_equals_straight_run(tmp_path: Path, method: str, run_kw: dict[str, Any]
+                                    ) -> None:
+    straight = train(_cfg(tmp_path, method, num_steps=20, name="straight", **run_kw))
+    half = train(_cfg(tmp_path, method, num_steps=10, name="resumed", **run_kw))
+    resumed = train(_cfg(tmp_path, method, num_steps=20, resume=str(half.run_dir), **run_kw))
+    assert resumed.run_dir == half.run_dir
+    assert straight.status == resumed.status == "completed"
+
+    a = read_jsonl(straight.run_dir / "metrics.jsonl")
+    b = read_jsonl(resumed.run_dir / "metrics.jsonl")
+    first_step = run_kw.get("delay", 0)
+    assert [r["step"] for r in a] == list(range(first_step, 20))
+    assert [r["step"] for r in b] == [r["step"] for r in a]
+    for ra, rb in zip(a, b, strict=True):
+        assert _without_timing(ra) == _without_timing(rb), f"step {ra['step']} differs"
+    if method == "ppo":  # the adaptive controller moved β, and the resumed run carried it on
+        betas = [r["kl_ctrl/beta"] for r in a]
+        assert betas[0] == METHODS["ppo"].kl.coef and len(set(betas)) > 1
+
+    # evaluations agree too (the resumed directory evaluates step 10 at the end of the first
+    # leg and again before the update of step 10: both are identical)
+    ea = [_without_timing(r) for r in read_jsonl(straight.run_dir / "eval.jsonl")]
+    eb = [_without_timing(r) for r in read_jsonl(resumed.run_dir / "eval.jsonl")]
+    eb_by_step: dict[int, dict[str, Any]] = {}
+    for r in eb:
+        assert eb_by_step.setdefault(r["step"], r) == r
+    assert list(eb_by_step.values()) == ea
+    status = json.loads((resumed.run_dir / "status.json").read_text())
+    assert status["status"] == "completed" and status["steps"] == 20
+
+    # the in-memory result of the resumed leg holds only its own steps
+    assert [r["step"] for r in resumed.metrics] == list(range(10, 20))
+
+
+def test_resume_without_checkpoint_fails(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"latest\.pt"):
+        train(_cfg(tmp_path, num_steps=2, resume=str(tmp_path / "empty")))
+
+
+def test_same_seed_same_metrics_other_seed_differs(tmp_path: Path) -> None:
+    a = train(_cfg(tmp_path, "reinforce", num_steps=3, name="a"))
+    b = train(_cfg(tmp_path, "reinforce", num_steps=3, name="b"))
+    c = train(_cfg(tmp_path, "reinforce", num_steps=3, name="c", seed=1))
+    assert [_without_timing(r) for r in a.metrics] == [_without_timing(r) for r in b.metrics]
+    assert [_without_timing(r) for r in a.metrics] != [_without_timing(r) for r in c.metrics]
+
+
+# ---------------------------------------------------------------------------------- schema
+
+ALL_METHODS = ["grpo", "ppo", "dg", "ce", "dapo", "rloo", "dr_grpo", "reinforce", "pg"]
+
+
+def test_every_preset_is_covered() -> None:
+    assert set(ALL_METHODS) == set(METHODS)
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
+    result = train(_cfg(tmp_path, method, num_steps=3, eval_every=2, name=method))
+    metrics = read_jsonl(result.run_dir / "metrics.jsonl")
+    evals = read_jsonl(result.run_dir / "eval.jsonl")
+    assert len(metrics) == 3 and [e["step"] for e in evals] == [0, 2, 3]
+    for row in metrics + evals:
+        assert unregistered(row) == []
+    # timing in the schema matches where the key was written
+    for key in metrics[0]:
+        if key != "step":
+            assert SCHEMA[key].timing != "eval", key
+    for key in evals[0]:
+        if key != "step" and key != "time/eval":
+            assert SCHEMA[key].timing == "eval", key
+
+
+@pytest.mark.parametrize("task", [t for t in TASKS if t != "token_reversal"])
+def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
+    options = dataclasses.replace(SMALL_TASK, score_len=2)
+    result = train(_cfg(tmp_path, "reinforce", task=task, task_options=options, num_steps=2,
+                        eval_every=0))
+    evals = read_jsonl(result.run_dir / "eval.jsonl")
+    assert len(evals) == 1 and evals[0]["step"] == 2
+    extra = {"masked_reversal": "eval/test_error_unscored",
+             "chain_reversal": "eval/chain_reward"}[task]
+    assert extra in evals[0]
+    assert unregistered(evals[0]) == []
+
+
+def test_unregistered_flags_unknown_names() -> None:
+    assert unregistered({"step": 1, "reward/mean": 0.0, "made/up": 1.0}) == ["made/up"]
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def _error(cfg: TrainConfig) -> str:
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    with pytest.raises(ConfigError) as info_train:
+        train(cfg)
+    assert str(info.value) == str(info_train.value)
+    return str(info.value)
+
+
+def test_grouped_method_rejects_group_size_one(tmp_path: Path) -> None:
+    for method in ("grpo", "dr_grpo", "dapo", "rloo"):
+        msg = _error(_cfg(tmp_path / "runs", method, group_size=1))
+        assert "group_size=1" in msg and "> 1" in msg
+    # an ungrouped method with an explicit group of 1 is fine
+    validate(_cfg(tmp_path / "runs", "reinforce", group_size=1))
+
+
+def test_batch_not_divisible_by_group(tmp_path: Path) -> None:
+    msg = _error(_cfg(tmp_path / "runs", "grpo", batch_size=16, group_size=3))
+    assert "batch_size=16" in msg and "group_size=3" in msg and "divisible" in msg
+
+
+def test_unknown_method_lists_valid_names(tmp_path: Path) -> None:
+    msg = _error(_cfg(tmp_path / "runs", "nope"))
+    assert "'nope'" in msg
+    for name in METHODS:
+        assert name in msg
+
+
+def test_method_names_are_case_insensitive(tmp_path: Path) -> None:
+    spec, _, _ = validate(_cfg(tmp_path / "runs", "DrGRPO"))
+    assert spec == METHODS["dr_grpo"]
+
+
+def test_unknown_task_lists_valid_names(tmp_path: Path) -> None:
+    msg = _error(_cfg(tmp_path / "runs", task="nope"))
+    assert "'nope'" in msg
+    for name in TASKS:
+        assert name in msg
+
+
+def test_negative_clip_names_the_field(tmp_path: Path) -> None:
+    msg = _error(_cfg(tmp_path / "runs", components=MethodConfig(clip_low=-0.1)))
+    assert "clip_low=-0.1" in msg
+    assert "clip_high" not in msg
+
+
+def test_all_problems_reported_at_once(tmp_path: Path) -> None:
+    msg = _error(_cfg(tmp_path / "runs", batch_size=16, group_size=3,
+                      components=MethodConfig(clip_low=-0.1)))
+    assert "group_size=3" in msg and "clip_low" in msg
+
+
+def test_invalid_config_creates_no_run_directory(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for cfg in (_cfg(runs, "nope"), _cfg(runs, task="nope"), _cfg(runs, group_size=1),
+                _cfg(runs, components=MethodConfig(clip_low=-0.1))):
+        with pytest.raises(ConfigError):
+            train(cfg)
+    assert not runs.exists()
+
+
+# ----------------------------------------------------------------------------------- delay
+
+
+def test_delay_skips_warmup_steps_and_trains_off_policy(tmp_path: Path) -> None:
+    result = train(_cfg(tmp_path, "grpo", delay=3, num_steps=8, eval_every=2))
+    rows = read_jsonl(result.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [3, 4, 5, 6, 7]
+    assert [r["step"] for r in result.metrics] == [3, 4, 5, 6, 7]
+    # evaluation starts once the queue is warm: steps 3, 5, 7, then after the last step
+    assert [e["step"] for e in result.evals] == [3, 5, 7, 8]
+    # step 3 trains on the batch of step 0 with a policy that has not moved yet: on-policy
+    first = rows[0]
+    assert first["policy/ratio_mean_first"] == pytest.approx(1.0, abs=1e-5)
+    assert first["policy/kl_behaviour_k3_first"] == pytest.approx(0.0, abs=1e-6)
+    # every later batch was sampled 3 steps (and as many updates) ago
+    for r in rows[1:]:
+        assert r["policy/ratio_max_first"] > 1.0 + 1e-4
+        assert r["policy/ratio_min_first"] < 1.0 - 1e-4
+        assert r["policy/kl_behaviour_k3_first"] > 1e-6
+    assert json.loads((result.run_dir / "status.json").read_text())["steps"] == 8
+
+
+def test_no_delay_first_pass_is_on_policy(tmp_path: Path) -> None:
+    result = train(_cfg(tmp_path, "grpo", num_steps=4))
+    for r in result.metrics:
+        assert r["policy/ratio_mean_first"] == pytest.approx(1.0, abs=1e-5)
+        assert r["policy/ratio_max_first"] == pytest.approx(1.0, abs=1e-4)
+        assert r["policy/ratio_min_first"] == pytest.approx(1.0, abs=1e-4)
+        assert r["policy/clipfrac_region_first"] == 0.0
+
+
+# -------------------------------------------------------------------------- dapo selection
+
+
+def test_dapo_selection_metrics_are_consistent(tmp_path: Path) -> None:
+    result = train(_cfg(tmp_path, "dapo", num_steps=6, batch_size=32, group_size=4))
+    for r in result.metrics:
+        mixed, retained, fallback = (r["group/mixed_rate"], r["group/retained_rate"],
+                                     r["group/fallback"])
+        assert 0.0 <= mixed <= 1.0 and 0.0 < retained <= 1.0
+        assert fallback in (0.0, 1.0)
+        if fallback:
+            assert mixed == 0.0 and retained == 1.0
+        else:
+            assert retained == pytest.approx(mixed, abs=1e-7)
+            # 8 groups of 4: both rates are multiples of 1/8
+            assert (mixed * 8) == pytest.approx(round(mixed * 8), abs=1e-6)
+    assert any(0.0 < r["group/mixed_rate"] for r in result.metrics)
+
+
+def _constant_score(self: ReversalTask, batch: Any) -> Scores:
+    zeros_BT = torch.zeros(batch.completion_tokens_BT.shape)
+    return Scores(rewards_B=torch.zeros(batch.batch_size), token_rewards_BT=zeros_BT)
+
+
+def test_dapo_stops_out_of_regime_when_no_group_is_mixed(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setattr(ReversalTask, "score", _constant_score)
+    result: RunResult = train(_cfg(tmp_path, "dapo", num_steps=30))
+    assert result.status == "out_of_regime"
+    # steps 0..8 fall back and are logged; the 10th fallback in a row stops the run
+    assert [r["step"] for r in result.metrics] == list(range(OUT_OF_REGIME_STREAK - 1))
+    for r in result.metrics:
+        assert r["group/fallback"] == 1.0 and r["group/mixed_rate"] == 0.0
+        assert r["group/retained_rate"] == 1.0
+    # no final evaluation after the stop
+    assert [e["step"] for e in result.evals] == [0, 5]
+    status = json.loads((result.run_dir / "status.json").read_text())
+    assert status["status"] == "out_of_regime" and status["steps"] == OUT_OF_REGIME_STREAK - 1
+    assert (result.run_dir / "checkpoints" / "latest.pt").exists()
+
+
+def test_ungrouped_method_ignores_constant_rewards(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ReversalTask, "score", _constant_score)
+    result = train(_cfg(tmp_path, "reinforce", num_steps=12))
+    assert result.status == "completed" and len(result.metrics) == 12
+    assert all("group/fallback" not in r for r in result.metrics)
