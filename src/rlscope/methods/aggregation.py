@@ -13,8 +13,14 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
                 "seq_mean_token_sum_norm", "sum")
 
 
-def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, agg: str, n_tokens: float,
-              n_seqs: float, max_len: int) -> torch.Tensor:
+def _at_least_one(n: torch.Tensor | float) -> torch.Tensor | float:
+    """Clamp a count to >= 1 without a host sync when it is a tensor."""
+    return n.clamp_min(1.0) if isinstance(n, torch.Tensor) else max(n, 1.0)
+
+
+def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, agg: str,
+              n_tokens: torch.Tensor | float, n_seqs: torch.Tensor | float,
+              max_len: int) -> torch.Tensor:
     """This micro-batch's share of the aggregated loss.
 
     - ``token_mean``: Σ m·ℓ / N_tokens (DAPO's token-level loss).
@@ -25,14 +31,14 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, agg: str, n_tokens: 
     """
     masked_BT = loss_BT * mask_BT
     if agg == "token_mean":
-        return masked_BT.sum() / max(n_tokens, 1.0)
+        return masked_BT.sum() / _at_least_one(n_tokens)
     if agg == "seq_mean_token_mean":
         per_seq_B = masked_BT.sum(-1) / mask_BT.sum(-1).clamp_min(1.0)
-        return per_seq_B.sum() / max(n_seqs, 1.0)
+        return per_seq_B.sum() / _at_least_one(n_seqs)
     if agg == "seq_mean_token_sum":
-        return masked_BT.sum() / max(n_seqs, 1.0)
+        return masked_BT.sum() / _at_least_one(n_seqs)
     if agg == "seq_mean_token_sum_norm":
-        return masked_BT.sum() / max(n_seqs * max_len, 1.0)
+        return masked_BT.sum() / _at_least_one(n_seqs * max_len)
     if agg == "sum":
         return masked_BT.sum()
     raise ValueError(f"unknown aggregation {agg!r}; valid: {', '.join(AGGREGATIONS)}")

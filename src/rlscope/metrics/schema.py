@@ -75,6 +75,8 @@ METRICS: tuple[MetricDef, ...] = (
        "k1 estimate of KL(π‖π_ref) before the update"),
     _m("policy/kl_ref_k3", "tokens", "token_mean", "rollout",
        "k3 estimate of KL(π‖π_ref) before the update"),
+    _m("policy/kl_ref_seq_k1", "sequences", "seq_mean", "rollout",
+       "k1 KL to the reference summed over each sequence (the adaptive controller's input)"),
     _m("policy/gate_mean", "tokens", "token_mean", "last_pass", "mean delight gate σ(A·(−ℓ)/η)"),
     _m("policy/iw_mean", "tokens", "token_mean", "last_pass", "mean capped importance weight"),
     _m("sampler/logp_diff_mean", "tokens", "token_mean", "first_pass",
@@ -133,3 +135,31 @@ SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
 def unregistered(names: object) -> list[str]:
     """Names not in the schema (a test keeps this empty for everything a run writes)."""
     return sorted(n for n in names if n not in SCHEMA and n != "step")  # type: ignore[attr-defined]
+
+
+def render_markdown() -> str:
+    """The schema as the Markdown table of ``docs/metrics.md`` (a test keeps them in sync)."""
+    lines = [
+        "# Metric schema",
+        "",
+        "Generated from `src/rlscope/metrics/schema.py` by "
+        "`python -m rlscope.metrics.schema > docs/metrics.md`; do not edit by hand.",
+        "",
+        "Population: what the metric is computed over. Reduction: how it is reduced "
+        "(`token_mean` = mask-weighted mean over valid tokens, `seq_mean` = mean over rows, "
+        "`frac` = fraction, `value` = one number per step). Timing: `rollout` = on the batch "
+        "before any update, `first_pass` / `last_pass` = during the update, `update` = the "
+        "optimizer steps, `step` = the whole step, `eval` = held-out evaluation.",
+        "",
+        "| name | population | reduction | timing | description |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [f"| `{m.name}` | {m.population} | {m.reduction} | {m.timing} | {m.description} |"
+              for m in METRICS]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(render_markdown())

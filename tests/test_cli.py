@@ -1,0 +1,169 @@
+"""The `rlscope` command line: train (help, run directory, tidy CSV, seeds, invalid configs),
+methods and tasks."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from rlscope.cli import main
+from rlscope.methods import METHODS
+from rlscope.tasks import TASKS
+
+SMALL = ["--batch_size", "16", "--seq_len", "4", "--eval_every", "1", "--eval_batches", "1",
+         "--eval_batch_size", "16", "--device", "cpu", "--no_progress"]
+
+
+@pytest.fixture(autouse=True)
+def _fixed_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rich and tyro wrap to the terminal width; fix it so names are never truncated."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_top_level_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("train", "demo", "bench", "methods", "tasks"):
+        assert command in out
+    assert main([]) == 2
+    assert main(["nope"]) == 2
+    assert "unknown command 'nope'" in capsys.readouterr().err
+
+
+def test_train_help_documents_fields(capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # one column: each docstring stays on its own lines
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for flag, doc in [
+        ("--num_steps", "Optimizer steps (sampling rounds)"),
+        ("--advantage", "Override the advantage estimator"),
+        ("--top_p", "Nucleus sampling"),
+        ("--seq_len", "Content tokens per prompt"),
+        ("--clip_low", "PPO ε_low"),
+        ("--method", "Update rule preset"),
+        ("--lr", "Learning rate"),
+        ("--no_progress", "Show the live progress bar"),
+    ]:
+        assert flag in out, flag
+        assert doc in out, doc
+    assert "(default: 300)" in out  # num_steps default is shown
+
+
+def test_train_writes_run_directory_and_csv(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out_csv = tmp_path / "r.csv"
+    rc = main(["train", "--num_steps", "2", *SMALL, "--runs_dir", str(tmp_path), "--name", "x",
+               "--output", str(out_csv)])
+    assert rc == 0
+    run = tmp_path / "x"
+    config = json.loads((run / "config.json").read_text())
+    for key in ("config", "derived", "method_spec", "torch_version", "git_commit", "device"):
+        assert key in config, key
+    assert config["config"]["run"]["num_steps"] == 2
+    assert config["config"]["task_options"]["seq_len"] == 4
+    assert config["config"]["method"] == "grpo"
+    assert config["derived"]["group_size"] == 8 and config["derived"]["num_prompts"] == 2
+    assert config["device"] == "cpu"
+
+    metrics = _lines(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1]
+    evals = _lines(run / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 1, 2]
+    samples = _lines(run / "samples.jsonl")
+    assert len(samples) == 4 and all(s["step"] == 0 for s in samples)
+    assert set(samples[0]) == {"step", "prompt", "completion", "reward", "advantage"}
+    assert len(samples[0]["completion"]) == 4  # type: ignore[arg-type]
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "completed" and status["steps"] == 2
+    assert (run / "checkpoints" / "latest.pt").exists()
+
+    rows = _csv(out_csv)
+    assert len(rows) == len(evals) == 3
+    for row, ev in zip(rows, evals, strict=True):
+        assert row["method"] == "grpo" and row["seed"] == "0" and row["run"] == "x"
+        assert int(row["step"]) == ev["step"]
+        assert float(row["eval/test_error"]) == pytest.approx(ev["eval/test_error"])
+    assert "x" in capsys.readouterr().out  # the summary table names the run directory
+
+
+def test_train_num_seeds_runs_each_seed(tmp_path: Path) -> None:
+    out_csv = tmp_path / "r.csv"
+    rc = main(["train", "--method", "reinforce", "--num_steps", "2", "--num_seeds", "2",
+               *SMALL, "--eval_every", "0", "--runs_dir", str(tmp_path), "--name", "x",
+               "--output", str(out_csv)])
+    assert rc == 0
+    rows = _csv(out_csv)
+    assert [(r["seed"], r["step"], r["run"]) for r in rows] == [("0", "2", "x_s0"),
+                                                               ("1", "2", "x_s1")]
+    assert rows[0]["eval/test_error"] != "" and rows[1]["eval/test_error"] != ""
+    for seed in (0, 1):
+        config = json.loads((tmp_path / f"x_s{seed}" / "config.json").read_text())
+        assert config["config"]["run"]["seed"] == seed
+
+
+def test_train_invalid_config_exits_2_naming_the_field(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    rc = main(["train", "--group_size", "1", *SMALL, "--runs_dir", str(tmp_path / "runs")])
+    assert rc == 2
+    assert "group_size" in capsys.readouterr().err
+    rc = main(["train", "--clip_low", "-0.1", *SMALL, "--runs_dir", str(tmp_path / "runs")])
+    assert rc == 2
+    assert "clip_low" in capsys.readouterr().err
+    rc = main(["train", "--method", "nope", *SMALL, "--runs_dir", str(tmp_path / "runs")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "dr_grpo" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_train_unparseable_value_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--num_steps", "many"])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert "num_steps" in captured.out + captured.err
+
+
+def test_methods_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name in METHODS:
+        assert name in out, name
+    assert "group_zscore" in out  # the advantage column
+
+
+def test_methods_detail_accepts_aliases(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["methods", "DrGRPO"]) == 0
+    out = capsys.readouterr().out
+    assert "dr_grpo" in out
+    assert METHODS["dr_grpo"].description[:30] in out
+    assert "group_center" in out and "seq_mean_token_sum" in out
+
+
+def test_methods_unknown_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["methods", "nope"]) == 2
+    out = capsys.readouterr().out
+    assert "nope" in out and "grpo" in out
+
+
+def test_tasks_lists_every_task(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    for name in TASKS:
+        assert name in out, name

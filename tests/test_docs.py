@@ -1,0 +1,12 @@
+"""Generated documentation stays in sync with the code that generates it."""
+
+from pathlib import Path
+
+from rlscope.metrics.schema import render_markdown
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def test_metrics_doc_is_current() -> None:
+    assert (DOCS / "metrics.md").read_text() == render_markdown(), (
+        "docs/metrics.md is stale: python -m rlscope.metrics.schema > docs/metrics.md")
