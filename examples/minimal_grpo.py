@@ -26,7 +26,7 @@ from rlscope.tasks import TaskConfig, make_task
 from rlscope.tasks.base import make_policy_for
 
 
-def completion_logprobs(policy, batch) -> torch.Tensor:  # noqa: ANN001
+def completion_logprobs(policy, batch) -> torch.Tensor:
     """log π(a_t | prefix) of every completion token, teacher-forced, ``[B, T]``."""
     P, T = batch.prompt_len, batch.completion_tokens_BT.shape[1]
     tokens_BL = torch.cat([batch.prompt_tokens_BP, batch.completion_tokens_BT], 1)
@@ -35,7 +35,7 @@ def completion_logprobs(policy, batch) -> torch.Tensor:  # noqa: ANN001
     return logp_BTV.gather(-1, batch.completion_tokens_BT[..., None]).squeeze(-1)
 
 
-def grpo_step(policy, optimizer, task, generator, batch_size=96, group_size=8,  # noqa: ANN001
+def grpo_step(policy, optimizer, task, generator, batch_size=96, group_size=8,
               inner_epochs=1, grad_clip=1.0) -> dict[str, float]:
     spec = resolve_method("grpo")
     prompts = task.sample_prompts(generator, batch_size // group_size)

@@ -17,7 +17,7 @@ from rlscope.train import train
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "minimal_grpo.py"
 
 
-def _load_example():  # noqa: ANN202
+def _load_example():
     spec = importlib.util.spec_from_file_location("minimal_grpo", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
