@@ -10,6 +10,7 @@ method's name: what a method needs it declares on its `MethodSpec`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from collections import deque
@@ -21,7 +22,7 @@ import torch
 
 from rlscope import checkpoint
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.config import TrainConfig, derive, to_dict, validate
+from rlscope.config import TrainConfig, to_dict, validate
 from rlscope.evaluation import evaluate
 from rlscope.learner import (
     Denominators,
@@ -80,29 +81,33 @@ def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(metrics, values, strict=True))
 
 
-def collect(policy: Any, task: Task, cfg: TrainConfig, generator: torch.Generator,
-            device: torch.device, num_prompts: int, group_size: int, max_new_tokens: int,
-            want_expected_reward: bool) -> RolloutBatch:
-    """Sample ``num_prompts × group_size`` rollouts and score them."""
+def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.Generator,
+                    device: torch.device, num_prompts: int, group_size: int,
+                    max_new_tokens: int) -> RolloutBatch:
+    """Sample ``num_prompts × group_size`` rollouts (rows of a group are contiguous)."""
     prompts = task.sample_prompts(generator, num_prompts).repeat_interleave(group_size)
     seeds_B = torch.randint(0, 2**62, (prompts.batch_size,), generator=generator)
     group_B = torch.arange(num_prompts).repeat_interleave(group_size)
     prompts, seeds_B, group_B = prompts.to(device), seeds_B.to(device), group_B.to(device)
     policy.eval()
-    rollout = generate(policy, prompts, cfg.sampling, seeds_B, max_new_tokens,
-                       group_id_B=group_B)
+    return generate(policy, prompts, cfg.sampling, seeds_B, max_new_tokens, group_id_B=group_B)
+
+
+def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, temperature: float,
+                   want_expected_reward: bool) -> RolloutBatch:
+    """Attach the task's rewards and, where the task exposes it, the exact E[r | x] under the
+    behaviour policy (one teacher-forced pass over the targets)."""
     scores = task.score(rollout)
     expected = None
     if want_expected_reward and rollout.targets_BT is not None:
         with torch.no_grad():
-            logp_BT = forward_completion(policy, rollout, rollout.targets_BT,
-                                         cfg.sampling.temperature, replay_keep=False).logp_BT
+            logp_BT = forward_completion(policy, rollout, rollout.targets_BT, temperature,
+                                         replay_keep=False).logp_BT
         expected = task.expected_reward(logp_BT)
-    return RolloutBatch(**{**rollout.__dict__, "rewards_B": scores.rewards_B,
-                           "raw_rewards_B": scores.rewards_B,
-                           "token_rewards_BT": scores.token_rewards_BT,
-                           "expected_reward_B": expected,
-                           "age_B": torch.zeros(rollout.batch_size, device=device)})
+    return dataclasses.replace(
+        rollout, rewards_B=scores.rewards_B, raw_rewards_B=scores.rewards_B,
+        token_rewards_BT=scores.token_rewards_BT, expected_reward_B=expected,
+        age_B=torch.zeros(rollout.batch_size, device=rollout.completion_tokens_BT.device))
 
 
 def train(cfg: TrainConfig) -> RunResult:
@@ -113,7 +118,8 @@ def train(cfg: TrainConfig) -> RunResult:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
     policy = make_policy_for(task, cfg.model).to(device)
-    value_head = ValueHead(policy.hidden_size).to(device) if spec.needs_value else None
+    dtype = next(policy.parameters()).dtype
+    value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = copy.deepcopy(policy).requires_grad_(False).eval() if spec.needs_reference else None
     params = [p for m in (policy, value_head) if m is not None for p in m.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
@@ -169,10 +175,13 @@ def train(cfg: TrainConfig) -> RunResult:
                 run_eval(step)
             t_step = time.perf_counter()
             m: dict[str, torch.Tensor] = {}
-            fresh = collect(policy, task, cfg, generator, device, d.num_prompts, d.group_size,
-                            d.max_new_tokens, want_expected)
+            fresh = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
+                                    d.group_size, d.max_new_tokens)
             _sync(device)
             t_sampled = time.perf_counter()
+            fresh = score_rollouts(fresh, policy, task, temperature, want_expected)
+            _sync(device)
+            t_scored = time.perf_counter()
             state.queue.append(fresh)
             if len(state.queue) <= r.delay:
                 state.step = step + 1
@@ -193,7 +202,6 @@ def train(cfg: TrainConfig) -> RunResult:
                     status = "out_of_regime"
                     break
                 batch = batch.select(keep_B)
-            t_ref = time.perf_counter()
             policy.eval()
             inputs, prep_m = prepare(spec, batch, policy, value_head, ref, state.beta,
                                      d.group_size, temperature, replay_keep)
@@ -254,8 +262,8 @@ def train(cfg: TrainConfig) -> RunResult:
                 * r.inner_epochs
             values |= {
                 "optim/lr": cfg.optim.lr, "kl_ctrl/beta": state.beta,
-                "time/sample": t_sampled - t_step, "time/score": 0.0,
-                "time/ref": t_learn - t_ref, "time/learn": t_end - t_learn,
+                "time/sample": t_sampled - t_step, "time/score": t_scored - t_sampled,
+                "time/ref": t_learn - t_scored, "time/learn": t_end - t_learn,
                 "time/step": t_end - t_step,
                 "throughput/sample_tokens_per_s": n_gen / max(t_sampled - t_step, 1e-9),
                 "throughput/learn_tokens_per_s": learn_tokens / max(t_end - t_learn, 1e-9)}
@@ -303,4 +311,4 @@ def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: tor
                    "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i])})
 
 
-__all__ = ["LoopState", "RunResult", "collect", "derive", "train"]
+__all__ = ["LoopState", "RunResult", "sample_rollouts", "score_rollouts", "train"]
