@@ -60,7 +60,7 @@ def test_gate_delight_values() -> None:
 
 def test_gate_delight_temperature() -> None:
     # Larger η flattens the gate towards 1/2: σ(1/10) for η = 10.
-    w, stats = GATES["delight"](_t([[2.0]]), _t([[-0.5]]), GateConfig("delight", eta=10.0))
+    _, stats = GATES["delight"](_t([[2.0]]), _t([[-0.5]]), GateConfig("delight", eta=10.0))
     torch.testing.assert_close(stats["gate_mean"], _t([[_sigmoid(2.0 * 0.5 / 10.0)]]), **TOL)
 
 
@@ -73,9 +73,8 @@ def test_score_loss_and_gradient_only_through_logp() -> None:
     loss, stats = OBJECTIVES["score"](
         PolicyTerms(logp, logp.detach(), weight, torch.ones(1, 3, dtype=F64)),
         ObjectiveConfig("score"))
-    # loss = −ℓ · w per token.
-    torch.testing.assert_close(loss, _t([[-(-0.5) * 1.0, -(-1.0) * -0.5, -(-2.0) * 2.0]]),
-                               **TOL)
+    # loss = −ℓ · w per token: 0.5 · 1, 1 · (−0.5), 2 · 2.
+    torch.testing.assert_close(loss, _t([[0.5 * 1.0, 1.0 * -0.5, 2.0 * 2.0]]), **TOL)
     assert stats == {}
     loss.sum().backward()
     torch.testing.assert_close(logp.grad, _t([[-1.0, 0.5, -2.0]]), **TOL)

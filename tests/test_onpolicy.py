@@ -78,11 +78,16 @@ def test_first_pass_is_exactly_on_policy(tmp_path: Path, method: str, arch: str,
         assert m["length/mean"] < 4.0, "no row stopped early: the stop case is vacuous"
 
 
-@pytest.mark.parametrize(("top_k", "top_p"), [(2, 1.0), (0, 0.5)], ids=["top_k2", "top_p0.5"])
-@pytest.mark.parametrize("arch", ["tiny", "qwen2"])
-def test_without_mask_replay_the_mismatch_shows(tmp_path: Path, arch: str, top_k: int,
-                                                top_p: float) -> None:
-    task = TaskConfig(vocab=4, seq_len=4, eval_batches=1, eval_batch_size=8)
+# A fresh HF model's head (init std 0.02) is nearly flat, so top-p 0.9 keeps every symbol
+# there; top-k 2 of 5 or top-p 0.5 always filters.
+MISMATCH = [("tiny", 2, 0, 0.9), ("tiny", 4, 2, 1.0), ("qwen2", 4, 2, 1.0), ("qwen2", 4, 0, 0.5)]
+
+
+@pytest.mark.parametrize(("arch", "vocab", "top_k", "top_p"), MISMATCH,
+                         ids=[f"{a}-V{v}-k{k}-p{p}" for a, v, k, p in MISMATCH])
+def test_without_mask_replay_the_mismatch_shows(tmp_path: Path, arch: str, vocab: int,
+                                                top_k: int, top_p: float) -> None:
+    task = TaskConfig(vocab=vocab, seq_len=4, eval_batches=1, eval_batch_size=8)
     runs = {}
     for replay in (True, False):
         sampling = SamplingConfig(temperature=0.7, top_k=top_k, top_p=top_p,

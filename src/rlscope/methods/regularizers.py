@@ -29,9 +29,13 @@ def kl_estimate(logp_BT: torch.Tensor, logp_target_BT: torch.Tensor,
 
 
 def full_kl(logits_BTV: torch.Tensor, logits_target_BTV: torch.Tensor) -> torch.Tensor:
-    """Exact categorical KL(π ‖ π_target) per position from logits, ``[B, T]``."""
-    logp_BTV = logits_BTV.float().log_softmax(-1)
-    logq_BTV = logits_target_BTV.float().log_softmax(-1)
+    """Exact categorical KL(π ‖ π_target) per position from logits, ``[B, T]``.
+
+    Computed in at least float32 (half-precision logits are upcast; float64 stays float64).
+    """
+    dtype = torch.promote_types(logits_BTV.dtype, torch.float32)
+    logp_BTV = logits_BTV.to(dtype).log_softmax(-1)
+    logq_BTV = logits_target_BTV.to(dtype).log_softmax(-1)
     return (logp_BTV.exp() * (logp_BTV - logq_BTV)).sum(-1)
 
 

@@ -1,0 +1,144 @@
+"""KL estimators, exact KL, entropy, the adaptive KL controller and the value loss
+(METHODS.md, "KL and entropy regularisers")."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlscope.methods.regularizers import (
+    KL_ESTIMATORS,
+    adaptive_kl_update,
+    entropy_from_logp,
+    full_kl,
+    kl_estimate,
+    value_loss,
+)
+from rlscope.methods.spec import KLConfig, ValueConfig
+
+F64 = torch.float64
+TOL = {"atol": 1e-12, "rtol": 1e-12}
+
+
+def _t(rows: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=F64)
+
+
+# d = ℓ − ℓ_target = 0, 1, −1, 2 (ℓ_target = −1 everywhere).
+LOGP = _t([[-1.0, 0.0, -2.0, 1.0]])
+LOGP_TARGET = _t([[-1.0, -1.0, -1.0, -1.0]])
+
+ESTIMATES = {
+    "k1": [0.0, 1.0, -1.0, 2.0],
+    "k2": [0.5 * 0.0**2, 0.5 * 1.0**2, 0.5 * (-1.0) ** 2, 0.5 * 2.0**2],
+    "k3": [math.exp(-0.0) + 0.0 - 1, math.exp(-1.0) + 1.0 - 1, math.exp(1.0) - 1.0 - 1,
+           math.exp(-2.0) + 2.0 - 1],
+    "abs": [0.0, 1.0, 1.0, 2.0],
+}
+
+
+@pytest.mark.parametrize("estimator", KL_ESTIMATORS)
+def test_kl_estimators_by_hand(estimator: str) -> None:
+    out = kl_estimate(LOGP, LOGP_TARGET, estimator)
+    torch.testing.assert_close(out, _t([ESTIMATES[estimator]]), **TOL)
+
+
+def test_k3_is_nonnegative_per_token_on_random_inputs() -> None:
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(64, 32, generator=g, dtype=F64) * 3
+    target = torch.randn(64, 32, generator=g, dtype=F64) * 3
+    assert bool((kl_estimate(logp, target, "k3") >= 0).all())
+    # Near d = 0 (where exp(−d) + d − 1 cancels) it stays ≥ 0 too.
+    tiny = torch.linspace(-1e-6, 1e-6, 101, dtype=F64)[None]
+    assert bool((kl_estimate(tiny, torch.zeros_like(tiny), "k3") >= 0).all())
+
+
+def test_unknown_estimator() -> None:
+    with pytest.raises(ValueError, match="valid: k1, k2, k3, abs"):
+        kl_estimate(LOGP, LOGP_TARGET, "k4")
+
+
+def test_full_kl_hand_example() -> None:
+    # π = (1, 2, 3)/6 from logits (0, log 2, log 3); target uniform 1/3.
+    # KL = 1/6·log((1/6)/(1/3)) + 2/6·log((2/6)/(1/3)) + 3/6·log((3/6)/(1/3))
+    #    = 1/6·log 0.5 + 0 + 1/2·log 1.5.
+    logits = _t([[0.0, math.log(2.0), math.log(3.0)]])[None]
+    target = torch.zeros(1, 1, 3, dtype=F64)
+    want = 1 / 6 * math.log(0.5) + 2 / 6 * math.log(1.0) + 3 / 6 * math.log(1.5)
+    out = full_kl(logits, target)
+    assert out.shape == (1, 1)
+    assert abs(float(out) - want) < 1e-12
+    # Identical distributions (up to a logit shift) have KL 0.
+    assert abs(float(full_kl(logits, logits + 7.0))) < 1e-12
+
+
+def test_full_kl_matches_manual_sum_and_sampled_estimators_in_expectation() -> None:
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 3, 5, generator=g, dtype=F64)
+    target = torch.randn(2, 3, 5, generator=g, dtype=F64)
+    out = full_kl(logits, target)
+    for b in range(2):
+        for t in range(3):
+            zp = sum(math.exp(v) for v in logits[b, t].tolist())
+            zq = sum(math.exp(v) for v in target[b, t].tolist())
+            kl = 0.0
+            for lp, lq in zip(logits[b, t].tolist(), target[b, t].tolist(), strict=True):
+                p, q = math.exp(lp) / zp, math.exp(lq) / zq
+                kl += p * math.log(p / q)
+            assert abs(float(out[b, t]) - kl) < 1e-12
+    # k1 and k3 are unbiased: Σ_v π(v)·k(ℓ_v − ℓ_target,v) = KL exactly.
+    logp, logq = logits.log_softmax(-1), target.log_softmax(-1)
+    for est in ("k1", "k3"):
+        expectation = (logp.exp() * kl_estimate(logp, logq, est)).sum(-1)
+        torch.testing.assert_close(expectation, out, **TOL)
+
+
+def test_entropy_from_logp() -> None:
+    # uniform over 4 → log 4; (1/2, 1/4, 1/4) → 1/2·log 2 + 2·1/4·log 4 = 1.5·log 2;
+    # one-hot (logp −inf elsewhere) → exactly 0, not nan.
+    uniform = torch.full((4,), math.log(0.25), dtype=F64)
+    skewed = torch.tensor([math.log(0.5), math.log(0.25), math.log(0.25), -math.inf],
+                          dtype=F64)
+    onehot = torch.tensor([0.0, -math.inf, -math.inf, -math.inf], dtype=F64)
+    out = entropy_from_logp(torch.stack([uniform, skewed, onehot])[None])
+    assert out.shape == (1, 3)
+    torch.testing.assert_close(out, _t([[math.log(4.0), 1.5 * math.log(2.0), 0.0]]), **TOL)
+
+
+def test_adaptive_kl_controller_worked_example() -> None:
+    cfg = KLConfig(target_value=6.0, horizon=10000.0)
+    # KL 9: e = clip(9/6 − 1, −0.2, 0.2) = clip(0.5) = 0.2 → β = 0.2·(1 + 0.2·96/10000).
+    assert abs(adaptive_kl_update(0.2, 9.0, 96, cfg) - 0.2 * (1 + 0.2 * 96 / 10000)) < 1e-15
+    assert abs(adaptive_kl_update(0.2, 9.0, 96, cfg) - 0.200384) < 1e-12
+    # KL 3: e = clip(3/6 − 1 = −0.5) = −0.2 → β = 0.2·(1 − 0.2·96/10000) = 0.199616.
+    assert abs(adaptive_kl_update(0.2, 3.0, 96, cfg) - 0.199616) < 1e-12
+    # KL 6.6: e = 0.1 (inside the clip) → β = 0.2·(1 + 0.1·96/10000) = 0.200192.
+    assert abs(adaptive_kl_update(0.2, 6.6, 96, cfg) - 0.200192) < 1e-12
+    # KL at target: β unchanged.
+    assert adaptive_kl_update(0.2, 6.0, 96, cfg) == 0.2
+
+
+def test_value_loss_unclipped() -> None:
+    values = _t([[1.0, 0.5]]).requires_grad_()
+    loss, stats = value_loss(values, _t([[0.0, 0.0]]), _t([[0.0, 1.0]]), ValueConfig(clip=0.0))
+    # ½(V − R)²: ½·1² = 0.5, ½·0.5² = 0.125.
+    torch.testing.assert_close(loss, _t([[0.5, 0.125]]), **TOL)
+    assert stats == {}
+
+
+def test_value_loss_clipped() -> None:
+    # c = 0.2. Token by token (V, V_old, R):
+    #   (1.0, 0.5, 0.0): (V−R)² = 1;    V_clip = 0.5 + 0.2 = 0.7, (0.7)² = 0.49 → ½·1 = 0.5
+    #   (0.5, 0.0, 1.0): (V−R)² = 0.25; V_clip = 0.0 + 0.2 = 0.2, (0.2−1)² = 0.64 → ½·0.64
+    #   (0.6, 0.5, 0.0): |V − V_old| = 0.1 < c, both 0.36 → ½·0.36 = 0.18
+    values = _t([[1.0, 0.5, 0.6]]).requires_grad_()
+    loss, stats = value_loss(values, _t([[0.5, 0.0, 0.5]]), _t([[0.0, 1.0, 0.0]]),
+                             ValueConfig(clip=0.2))
+    torch.testing.assert_close(loss, _t([[0.5, 0.5 * 0.64, 0.18]]), **TOL)
+    assert torch.equal(stats["value_clipfrac"], torch.tensor([[0.0, 1.0, 0.0]]))
+    loss.sum().backward()
+    # Unclipped branch: d/dV ½(V−R)² = V − R = 1.0; clipped branch saturated → 0;
+    # tie at the third token → V − R = 0.6.
+    torch.testing.assert_close(values.grad, _t([[1.0, 0.0, 0.6]]), **TOL)
