@@ -119,7 +119,7 @@ def cmd_tasks(args: list[str]) -> int:
     table.add_column("doc")
     for name in TASKS:
         task = make_task(name, TaskConfig())
-        doc = (type(task).__doc__ or "").strip().splitlines()[0]
+        doc = next(iter((type(task).__doc__ or "").strip().splitlines()), "")
         table.add_row(name, task.describe(), doc)
     Console().print(table)
     return 0

@@ -21,7 +21,11 @@ EVAL_SEED_OFFSET = 1_000_003
 
 
 class ReversalTask:
-    """Shared machinery; subclasses override `_rewards` and `eval_metrics` only."""
+    """Reverse the prompt; reward = fraction of positions right (binary: exact match).
+
+    Also the shared machinery of the family: variants override `_score_mask`, `_rewards` and
+    `eval_metrics` only.
+    """
 
     name = "token_reversal"
     has_labels = True
@@ -103,6 +107,8 @@ class ReversalTask:
 
 
 class MaskedReversalTask(ReversalTask):
+    """Reversal scored on the last ``score_len`` output positions only."""
+
     name = "masked_reversal"
 
     def _score_mask(self) -> torch.Tensor:
@@ -134,6 +140,8 @@ class MaskedReversalTask(ReversalTask):
 
 
 class ChainReversalTask(ReversalTask):
+    """Reversal with checkpoint rewards: first half, second half and whole exact, averaged."""
+
     name = "chain_reversal"
 
     def validate(self) -> list[str]:
