@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from typing import Any
+
 import pytest
 import torch
 
-from rlscope.batch import PromptBatch
+from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.bench import BenchConfig, bench_sampler
 from rlscope.config import RunConfig, TrainConfig
+from rlscope.learner import UpdatePlan, prepare, update
+from rlscope.learner_graphs import GraphedUpdate
+from rlscope.methods import MethodConfig, resolve_method
+from rlscope.methods.selection import mixed_groups
+from rlscope.policy import ModelConfig
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
-from rlscope.sampling import SamplingConfig
-from rlscope.tasks import TaskConfig
+from rlscope.policy.value_head import ValueHead
+from rlscope.sampling import SamplingConfig, generate
+from rlscope.tasks import TaskConfig, make_task
 from rlscope.train import train
 
 pytestmark = [
@@ -50,3 +61,158 @@ def test_on_policy_first_pass_on_cuda(tmp_path, sampling: SamplingConfig) -> Non
 def test_prompt_batch_moves_to_cuda() -> None:
     batch = PromptBatch(tokens_BP=torch.zeros(2, 3, dtype=torch.long)).to("cuda")
     assert batch.tokens_BP.device.type == "cuda"
+
+
+# --- CUDA graphs: the graphed sampler and learner compute what the eager paths compute ---
+
+def _assert_same_rollout(graphed: RolloutBatch, eager: RolloutBatch) -> None:
+    """Same tokens, masks and kept sets; log-probs within 1e-6 (absolute + relative).
+
+    The paths multiply in different orders (cuBLAS picks other kernels for the graphed
+    step), so logits differ by float32 rounding, ~1e-7 relative; a temperature of 0.7 and the
+    top-p renormalisation scale that by ~3 in the log-probs.
+    """
+    for f in dataclasses.fields(eager):
+        a, b = getattr(graphed, f.name), getattr(eager, f.name)
+        assert (a is None) == (b is None), f.name
+        if a is None:
+            continue
+        assert a.shape == b.shape and a.dtype == b.dtype, f.name
+        if a.dtype.is_floating_point:
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, n=f.name:
+                                       f"{n}: {m}")
+        else:
+            assert torch.equal(a, b), f.name
+
+
+@pytest.mark.parametrize("cfg", [
+    SamplingConfig(),
+    SamplingConfig(temperature=0.7, top_k=4, top_p=0.9),
+    SamplingConfig(temperature=0.0),
+    SamplingConfig(temperature=1.3, stop_token_ids=(2, 3)),
+])
+@pytest.mark.parametrize("padded", [False, True])
+def test_graphed_sampler_equals_eager(cfg: SamplingConfig, padded: bool) -> None:
+    torch.manual_seed(0)
+    policy = TinyTransformer(TinyConfig(vocab_size=6, max_len=40)).cuda().eval()
+    g = torch.Generator().manual_seed(1)
+    eager_cfg = dataclasses.replace(cfg, decode_graphs=False)
+    lengths = []
+    for _ in range(3):  # the first call captures, the next ones replay
+        tokens_BP = torch.randint(0, 6, (64, 9), generator=g)
+        mask_BP = torch.ones_like(tokens_BP)
+        if padded:
+            mask_BP[::3, :4] = 0
+        prompts = PromptBatch(tokens_BP, mask_BP if padded else None).to("cuda")
+        seeds_B = torch.randint(0, 2**62, (64,), generator=g).cuda()
+        out = generate(policy, prompts, cfg, seeds_B, 30, with_entropy=True)
+        _assert_same_rollout(out, generate(policy, prompts, eager_cfg, seeds_B, 30,
+                                           with_entropy=True))
+        lengths.append(out.completion_tokens_BT.shape[1])
+        with torch.no_grad():  # graphs read the parameters in place: they see updates
+            for p in policy.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+    if cfg.stop_token_ids:  # calls ended early, when every row had stopped
+        assert max(lengths) < 30
+
+
+def test_graphed_sampler_recaptures_when_parameters_move() -> None:
+    torch.manual_seed(0)
+    policy = TinyTransformer(TinyConfig(vocab_size=5, max_len=24)).cuda().eval()
+    prompts = PromptBatch(torch.randint(0, 5, (16, 8))).to("cuda")
+    seeds_B = torch.arange(16, device="cuda")
+    generate(policy, prompts, SamplingConfig(), seeds_B, 10)
+    policy = policy.double()  # new parameter tensors
+    _assert_same_rollout(generate(policy, prompts, SamplingConfig(), seeds_B, 10),
+                         generate(policy, prompts, SamplingConfig(decode_graphs=False), seeds_B,
+                                  10))
+
+
+def test_kv_cache_beats_recompute_at_128_tokens() -> None:
+    """The issue's bar: the cached (graphed) sampler is >= 5x full recompute at 128 tokens."""
+    bench = BenchConfig(device="cuda", new_tokens=(128,), repeats=3, skip_loop=True)
+    result = bench_sampler(bench, torch.device("cuda"))
+    assert result["sampler_cache_speedup@128"] >= 5.0, result
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("method", "run_kw", "selection"), [
+    ("grpo", {"micro_batch_size": 12}, "mixed_groups"),  # padded rows, accumulation
+    ("grpo", {"num_minibatches": 2}, "none"),             # two graphs per pass
+    ("ppo", {}, None),                                    # value head, reference, adaptive β
+])
+def test_graphed_learner_equals_eager(method: str, run_kw: dict[str, Any],
+                                      selection: str | None, dtype: torch.dtype) -> None:
+    """`GraphedUpdate` against `learner.update` on the same batches, parameters compared.
+
+    Both use capturable AdamW: the default AdamW computes its bias correction in float64 on the
+    host, the capturable one in float32 on the device (relative 1e-5 for 1 − β2^t), a
+    difference of PyTorch's two optimizers, not of the graphs. In float64 the two agree to
+    rounding. In float32 the padded steps sum over more rows, so rounding differs, and Adam
+    turns the pure-rounding gradient of the key bias (softmax ignores a shift of every key)
+    into steps of up to lr·noise/eps: those parameters drift apart by ~1e-5 per step while the
+    function stays the same, hence the looser parameter tolerance.
+    """
+    spec = resolve_method(method, MethodConfig(selection=selection))
+    task = make_task("token_reversal", TaskConfig(seq_len=6))
+    torch.manual_seed(0)
+    policy = TinyTransformer(TinyConfig(vocab_size=3, max_len=13)).cuda().to(dtype)
+    value_head = ValueHead(policy.hidden_size).cuda().to(dtype) if spec.needs_value else None
+    twin = copy.deepcopy(policy), copy.deepcopy(value_head)
+    params = [p for m in (policy, value_head) if m is not None for p in m.parameters()]
+    twin_params = [p for m in twin if m is not None for p in m.parameters()]
+    eager_opt = torch.optim.AdamW(params, lr=1e-3, capturable=True)
+    graph_opt = torch.optim.AdamW(twin_params, lr=1e-3, capturable=True)
+    plan = UpdatePlan(spec=spec, inner_epochs=3, num_minibatches=run_kw.get("num_minibatches", 1),
+                      micro_batch_size=run_kw.get("micro_batch_size", 48), max_len=6,
+                      grad_clip=1.0, temperature=1.0, replay_keep=True)
+    graphed = GraphedUpdate(plan, twin[0], twin[1], graph_opt, rows=48)
+    tol = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else \
+        {"atol": 1e-10, "rtol": 1e-8}
+    param_tol = {"atol": 3e-4, "rtol": 1e-3} if dtype == torch.float32 else tol
+    g = torch.Generator().manual_seed(1)
+    kept = set()
+    for _ in range(5):
+        prompts = task.sample_prompts(g, 12).repeat_interleave(4).to("cuda")
+        seeds_B = torch.randint(0, 2**62, (48,), generator=g).cuda()
+        batch = generate(policy, prompts, SamplingConfig(decode_graphs=False), seeds_B, 6)
+        rewards_B = task.score(batch).rewards_B
+        batch = dataclasses.replace(batch, rewards_B=rewards_B, raw_rewards_B=rewards_B)
+        if spec.selection == "mixed_groups":
+            batch = batch.select(mixed_groups(rewards_B, 4)[0])
+        kept.add(batch.batch_size)
+        inputs, _ = prepare(spec, batch, policy, value_head, None, 0.04, 4, 1.0, True)
+        a = update(plan, policy, value_head, eager_opt, batch, inputs, 0.04)
+        b = graphed(batch, inputs, 0.04)
+        for x, y in ((a.first.logp_BT, b.first.logp_BT), (a.last.logp_BT, b.last.logp_BT),
+                     (a.grad_norms_S, b.grad_norms_S), (a.last.loss, b.last.loss)):
+            torch.testing.assert_close(y, x, **tol)
+        for name in a.last.stats:
+            torch.testing.assert_close(b.last.stats[name], a.last.stats[name], **tol)
+        for x, y in zip(params, twin_params, strict=True):
+            torch.testing.assert_close(y, x, **param_tol)
+    if spec.selection == "mixed_groups":
+        assert min(kept) < 48, "no step exercised the padded rows"
+    assert len(graphed.layouts) == 1
+
+
+def test_train_with_and_without_graphs_agree(tmp_path) -> None:
+    """Whole runs, graphs on and off, float64: the same rollouts and (up to capturable AdamW's
+    float32 bias correction) the same parameters."""
+    def run(graphs: bool) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+        cfg = TrainConfig(method="grpo", task_options=TaskConfig(seq_len=6, eval_batches=1,
+                                                                 eval_batch_size=16),
+                          model=ModelConfig(dtype="float64"),
+                          run=RunConfig(num_steps=2, batch_size=32, inner_epochs=2,
+                                        eval_every=1, device="cuda", progress=False,
+                                        runs_dir=str(tmp_path), cuda_graphs=graphs))
+        result = train(cfg)
+        payload = torch.load(result.run_dir / "checkpoints" / "step_2.pt", weights_only=False)
+        return payload["policy"], result.metrics
+
+    (graphed, m_graphed), (eager, m_eager) = run(True), run(False)
+    for name, value in eager.items():
+        torch.testing.assert_close(graphed[name], value, atol=1e-6, rtol=1e-5, msg=name)
+    for a, b in zip(m_graphed, m_eager, strict=True):
+        assert a["reward/mean"] == b["reward/mean"] and a["length/mean"] == b["length/mean"]
+        assert abs(a["loss/total"] - b["loss/total"]) < 1e-6

@@ -111,3 +111,27 @@ def test_longer_than_max_len_raises(policy: TinyTransformer) -> None:
         policy.decode_step(tokens_BT[:, 0], cache)
         with pytest.raises(ValueError, match="full"):
             policy.decode_step(tokens_BT[:, 0], cache)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_static_decode_matches_dynamic_decode(policy: TinyTransformer, padded: bool) -> None:
+    """`decode_step_static` (whole cache, validity mask, device write index: what the CUDA
+    graphs replay) gives the logits of `decode_step`, also when the cache is reused."""
+    _, tokens_BT, mask_BT, gen_BN = _ragged_batch(seed=3)
+    mask = mask_BT if padded else None
+    B, T = tokens_BT.shape
+    static = policy.init_cache(B, T + N_DECODE, static=True)
+    with torch.no_grad():
+        for _ in range(2):
+            static.length = 0
+            got = [policy.prefill(tokens_BT, mask, static)]
+            got += [policy.decode_step_static(gen_BN[:, t], static) for t in range(N_DECODE)]
+            cache = policy.init_cache(B, T + N_DECODE)
+            want = [policy.prefill(tokens_BT, mask, cache)]
+            want += [policy.decode_step(gen_BN[:, t], cache) for t in range(N_DECODE)]
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+            assert int(static.pos) == T + N_DECODE
+            assert torch.equal(static.next_pos_B, cache.next_pos_B)
+    with pytest.raises(ValueError, match="static"):
+        policy.decode_step_static(gen_BN[:, 0], cache)

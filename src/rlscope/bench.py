@@ -44,6 +44,9 @@ class BenchConfig:
     """Steps of the full sandbox run (grpo, token_reversal, group 8, 4 inner epochs)."""
     skip_loop: bool = False
     """Only time the sampler and learner."""
+    cuda_graphs: bool = True
+    """Replay the sampler and the loop's learner from CUDA graphs on CUDA (False: the eager
+    baseline)."""
     output: str = ""
     """Also write the JSON here."""
 
@@ -76,7 +79,7 @@ def bench_sampler(cfg: BenchConfig, device: torch.device) -> dict[str, float]:
     out: dict[str, float] = {}
     for n in cfg.new_tokens:
         for use_cache in (True, False):
-            scfg = SamplingConfig(use_cache=use_cache)
+            scfg = SamplingConfig(use_cache=use_cache, decode_graphs=cfg.cuda_graphs)
             secs = _timed(lambda s=scfg, n=n: generate(policy, prompts, s, seeds_B, n),
                           device, cfg.repeats)
             key = "cache" if use_cache else "recompute"
@@ -117,16 +120,17 @@ def bench_loop(cfg: BenchConfig, device: torch.device) -> dict[str, float]:
         optim=OptimConfig(),
         run=RunConfig(num_steps=cfg.loop_steps, batch_size=96, group_size=8, inner_epochs=4,
                       eval_every=20, device=str(device), progress=False,
-                      runs_dir="runs/bench", log_samples=0))
+                      runs_dir="runs/bench", log_samples=0, cuda_graphs=cfg.cuda_graphs))
     warm = dataclasses.replace(train_cfg, run=dataclasses.replace(train_cfg.run, num_steps=3))
     train(warm)
     result = train(train_cfg)
     steps = result.metrics[5:] or result.metrics
     med = {k: statistics.median(m[k] for m in steps)
-           for k in ("time/step", "time/sample", "time/learn", "time/ref")}
+           for k in ("time/step", "time/sample", "time/score", "time/learn", "time/ref")}
     return {"loop_run_wall_s": result.wall_time_s, "loop_steps": float(cfg.loop_steps),
             "loop_step_ms_median": med["time/step"] * 1e3,
             "loop_sample_ms_median": med["time/sample"] * 1e3,
+            "loop_score_ms_median": med["time/score"] * 1e3,
             "loop_learn_ms_median": med["time/learn"] * 1e3,
             "loop_prepare_ms_median": med["time/ref"] * 1e3,
             "loop_eval_s_total": sum(e["time/eval"] for e in result.evals),

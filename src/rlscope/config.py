@@ -79,6 +79,10 @@ class RunConfig:
     """Resume the run in this run directory from its latest checkpoint."""
     progress: bool = True
     """Show the live progress bar and metrics line."""
+    cuda_graphs: bool = True
+    """On CUDA with the tiny transformer, replay the sampler's decode step and the learner's
+    optimizer step from CUDA graphs (same results up to float rounding, several times faster
+    at sandbox sizes). False turns both off (and overrides sampling.decode_graphs)."""
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,12 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 @torch.no_grad()
 def evaluate(policy: Policy, task: Task, prompt_sets: list[PromptBatch],
-             max_new_tokens: int, stop_token_ids: tuple[int, ...] = ()
-             ) -> dict[str, torch.Tensor]:
-    """``{"eval/<name>": 0-d tensor}`` over every prompt of ``prompt_sets``."""
-    cfg = SamplingConfig(temperature=0.0, stop_token_ids=stop_token_ids)
+             max_new_tokens: int, stop_token_ids: tuple[int, ...] = (),
+             decode_graphs: bool = True) -> dict[str, torch.Tensor]:
+    """``{"eval/<name>": 0-d tensor}`` over every prompt of ``prompt_sets``
+    (``decode_graphs``: see `SamplingConfig`)."""
+    cfg = SamplingConfig(temperature=0.0, stop_token_ids=stop_token_ids,
+                         decode_graphs=decode_graphs)
     sums: dict[str, torch.Tensor] = {}
     n_rows = 0
     ent_sum = ent_count = None

@@ -3,7 +3,9 @@
 ``prepare`` runs the no-grad forwards a method declares it needs (critic values, reference
 log-probs, the Σπ² baseline) and computes advantages for the whole batch. ``micro_batch_loss``
 composes the method's components for one micro-batch; its result summed over micro-batches is
-the minibatch loss (denominators are global, see `methods.aggregation`).
+the minibatch loss (denominators are global, see `methods.aggregation`). ``update`` runs the
+inner epochs, minibatches and micro-batches of one step (`rlscope.learner_graphs` replays the
+same from CUDA graphs).
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ class Forward:
     logp_BT: torch.Tensor
     logp_BTV: torch.Tensor
     hidden_BTD: torch.Tensor
+
+
+# The `RolloutBatch` fields `forward_completion` (hence the loss) reads: the CUDA-graph
+# learner copies only these into its static batch.
+FIELDS_READ = ("prompt_tokens_BP", "prompt_mask_BP", "keep_mask_BTV")
 
 
 def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Tensor,
@@ -131,10 +138,13 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
 
 @dataclass(frozen=True)
 class Denominators:
-    """Global counts of the optimizer batch (so micro-batching never changes the update)."""
+    """Global counts of the optimizer batch (so micro-batching never changes the update).
+
+    ``n_seqs`` is a 0-d tensor under CUDA graphs, which would bake a Python float in.
+    """
 
     n_tokens: torch.Tensor
-    n_seqs: float
+    n_seqs: float | torch.Tensor
     max_len: int
 
 
@@ -152,8 +162,12 @@ class MicroResult:
 
 def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | None,
                      batch: RolloutBatch, inputs: LearnerInputs, den: Denominators,
-                     beta: float, temperature: float, replay_keep: bool) -> MicroResult:
-    """The method's loss on one micro-batch: objective + KL + entropy + value terms."""
+                     beta: float | torch.Tensor, temperature: float,
+                     replay_keep: bool) -> MicroResult:
+    """The method's loss on one micro-batch: objective + KL + entropy + value terms.
+
+    ``beta`` (the KL coefficient) may be a 0-d tensor, as CUDA graphs need.
+    """
     fwd = forward_completion(policy, batch, inputs.tokens_BT, temperature, replay_keep)
     mask_BT = inputs.mask_BT
 
@@ -204,3 +218,64 @@ def concat_results(results: list[MicroResult]) -> MicroResult:
         stats={k: torch.cat([r.stats[k] for r in results]) for k in first.stats},
         parts={k: torch.stack([r.parts[k] for r in results]).sum() for k in first.parts},
     )
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How one batch becomes optimizer steps (fixed for a run; see `update`)."""
+
+    spec: MethodSpec
+    inner_epochs: int
+    num_minibatches: int
+    micro_batch_size: int
+    """Rows per forward/backward, at most the minibatch."""
+    max_len: int
+    """Completion length L of the ``seq_mean_token_sum_norm`` aggregation."""
+    grad_clip: float
+    """Global gradient-norm clip (0 = off)."""
+    temperature: float
+    replay_keep: bool
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """The first and last passes over the batch (micro-batches stitched by `concat_results`)
+    and the pre-clip gradient norm of every optimizer step, ``grad_norms_S``."""
+
+    first: MicroResult
+    last: MicroResult
+    grad_norms_S: torch.Tensor
+
+
+def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
+           optimizer: torch.optim.Optimizer, batch: RolloutBatch, inputs: LearnerInputs,
+           beta: float | torch.Tensor) -> UpdateResult:
+    """``inner_epochs`` passes over the batch, each split into ``num_minibatches`` optimizer
+    steps, each accumulated over micro-batches (METHODS.md, "Training protocol")."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    n_rows = batch.batch_size
+    mb_rows = max(n_rows // plan.num_minibatches, 1)
+    micro = min(plan.micro_batch_size, mb_rows)
+    first: list[MicroResult] = []
+    grad_norms: list[torch.Tensor] = []
+    for epoch in range(plan.inner_epochs):
+        last: list[MicroResult] = []
+        for start in range(0, n_rows, mb_rows):
+            stop = min(start + mb_rows, n_rows)
+            den = Denominators(n_tokens=inputs.mask_BT[start:stop].sum(),
+                               n_seqs=float(stop - start), max_len=plan.max_len)
+            optimizer.zero_grad(set_to_none=True)
+            for s in range(start, stop, micro):
+                rows = slice(s, min(s + micro, stop))
+                res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
+                                       inputs.select(rows), den, beta, plan.temperature,
+                                       plan.replay_keep)
+                res.loss.backward()
+                last.append(res)
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(
+                params, plan.grad_clip if plan.grad_clip > 0 else float("inf")))
+            optimizer.step()
+        if epoch == 0:
+            first = last
+    return UpdateResult(first=concat_results(first), last=concat_results(last),
+                        grad_norms_S=torch.stack(grad_norms))

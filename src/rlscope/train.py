@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import time
 from collections import deque
@@ -24,19 +25,14 @@ from rlscope import checkpoint
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.config import TrainConfig, to_dict, validate
 from rlscope.evaluation import evaluate
-from rlscope.learner import (
-    Denominators,
-    MicroResult,
-    concat_results,
-    forward_completion,
-    micro_batch_loss,
-    prepare,
-)
+from rlscope.learner import UpdatePlan, forward_completion, prepare, update
+from rlscope.learner_graphs import GraphedUpdate
 from rlscope.methods.regularizers import adaptive_kl_update
 from rlscope.methods.selection import mixed_groups
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
 from rlscope.policy.value_head import ValueHead
+from rlscope.sampling import graphs
 from rlscope.sampling.sampler import generate
 from rlscope.tasks.base import Task, make_policy_for
 from rlscope.utils import environment_info, resolve_device
@@ -90,7 +86,9 @@ def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.
     group_B = torch.arange(num_prompts).repeat_interleave(group_size)
     prompts, seeds_B, group_B = prompts.to(device), seeds_B.to(device), group_B.to(device)
     policy.eval()
-    return generate(policy, prompts, cfg.sampling, seeds_B, max_new_tokens, group_id_B=group_B)
+    sampling = dataclasses.replace(
+        cfg.sampling, decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
+    return generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B)
 
 
 def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, temperature: float,
@@ -122,8 +120,10 @@ def train(cfg: TrainConfig) -> RunResult:
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = copy.deepcopy(policy).requires_grad_(False).eval() if spec.needs_reference else None
     params = [p for m in (policy, value_head) if m is not None for p in m.parameters()]
+    use_graphs = r.cuda_graphs and graphs.supported(policy, device)
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                                  betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2))
+                                  betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
+                                  capturable=use_graphs)
     generator = torch.Generator().manual_seed(r.seed)
     state = LoopState(beta=spec.kl.coef)
     run_dir = Path(r.resume) if r.resume else checkpoint.new_run_dir(cfg, r.runs_dir)
@@ -148,6 +148,12 @@ def train(cfg: TrainConfig) -> RunResult:
     replay_keep = cfg.sampling.replay_sampling_mask
     temperature = cfg.sampling.temperature
     want_expected = spec.advantage.name == "expected"
+    plan = UpdatePlan(spec=spec, inner_epochs=r.inner_epochs, num_minibatches=r.num_minibatches,
+                      micro_batch_size=d.micro_batch_size, max_len=d.max_new_tokens,
+                      grad_clip=cfg.optim.grad_clip, temperature=temperature,
+                      replay_keep=replay_keep)
+    learn = GraphedUpdate(plan, policy, value_head, optimizer, r.batch_size) if use_graphs \
+        else functools.partial(update, plan, policy, value_head, optimizer)
     history: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     status = "completed"
@@ -158,7 +164,8 @@ def train(cfg: TrainConfig) -> RunResult:
         t0 = time.perf_counter()
         policy.eval()
         values = _floats(evaluate(policy, task, [eval_prompts], d.max_new_tokens,
-                                  cfg.sampling.stop_token_ids))
+                                  cfg.sampling.stop_token_ids,
+                                  decode_graphs=cfg.sampling.decode_graphs and r.cuda_graphs))
         _sync(device)
         record = {"step": step, **values, "time/eval": time.perf_counter() - t0}
         evals.append(record)
@@ -213,29 +220,8 @@ def train(cfg: TrainConfig) -> RunResult:
             policy.train()
             n_rows = batch.batch_size
             mb_rows = max(n_rows // r.num_minibatches, 1)
-            micro = min(d.micro_batch_size, mb_rows)
-            first: list[MicroResult] = []
-            grad_norms: list[torch.Tensor] = []
-            for epoch in range(r.inner_epochs):
-                last: list[MicroResult] = []
-                for start in range(0, n_rows, mb_rows):
-                    stop = min(start + mb_rows, n_rows)
-                    den = Denominators(n_tokens=inputs.mask_BT[start:stop].sum(),
-                                       n_seqs=float(stop - start), max_len=d.max_new_tokens)
-                    optimizer.zero_grad(set_to_none=True)
-                    for s in range(start, stop, micro):
-                        rows = slice(s, min(s + micro, stop))
-                        res = micro_batch_loss(spec, policy, value_head, batch.select(rows),
-                                               inputs.select(rows), den, state.beta,
-                                               temperature, replay_keep)
-                        res.loss.backward()
-                        last.append(res)
-                    grad_norms.append(torch.nn.utils.clip_grad_norm_(
-                        params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")))
-                    optimizer.step()
-                if epoch == 0:
-                    first = last
-            first_pass, last_pass = concat_results(first), concat_results(last)
+            updated = learn(batch, inputs, state.beta)
+            first_pass, last_pass = updated.first, updated.last
             mask_BT = inputs.mask_BT
             m |= est.pass_metrics(first_pass.logp_BT, inputs.logp_old_BT, mask_BT,
                                   first_pass.stats, "_first")
@@ -247,7 +233,7 @@ def train(cfg: TrainConfig) -> RunResult:
             n_minibatches = -(-n_rows // mb_rows)
             m |= {k: v / n_minibatches for k, v in last_pass.parts.items()}
             m["loss/total"] = last_pass.loss / n_minibatches
-            norms = torch.stack(grad_norms)
+            norms = updated.grad_norms_S
             clip = cfg.optim.grad_clip
             m["optim/grad_norm"] = norms.mean()
             m["optim/grad_norm_clipped"] = norms.clamp_max(clip).mean() if clip > 0 \

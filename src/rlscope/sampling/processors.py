@@ -60,19 +60,32 @@ def _fmix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 33) & _LOW31)
 
 
-def uniform_noise(row_seeds_N: torch.Tensor, step: int, width: int) -> torch.Tensor:
-    """Counter-based uniforms in (0, 1), ``[N, width]``, a pure function of (seed, step, column).
+def uniform_noise(row_seeds: torch.Tensor, step: int | torch.Tensor,
+                  width: int) -> torch.Tensor:
+    """Counter-based uniforms in (0, 1), ``[*S, width]``, a pure function of (seed, step, column).
 
     Each row's stream depends only on its own seed, so a prompt sampled inside any batch gets
-    exactly the samples it gets alone — batch layout never changes a result.
+    exactly the samples it gets alone — batch layout never changes a result. ``row_seeds`` and
+    ``step`` broadcast to the leading shape ``S``: ``[N]`` seeds and an int step give
+    ``[N, width]``; ``[N, 1]`` seeds and a ``[T]`` device tensor of steps give every step at
+    once, ``[N, T, width]``, bit for bit the same numbers (int64 arithmetic wraps the same way).
     """
-    cols = torch.arange(width, device=row_seeds_N.device, dtype=torch.long)
-    x = _fmix64(row_seeds_N[:, None] * _GOLDEN + (step + 1) * _M1) + cols * _GOLDEN
+    cols = torch.arange(width, device=row_seeds.device, dtype=torch.long)
+    x = _fmix64(row_seeds * _GOLDEN + (step + 1) * _M1)[..., None] + cols * _GOLDEN
     bits = (_fmix64(x) >> 40) & ((1 << 24) - 1)
     return (bits.float() + 0.5) / float(1 << 24)
 
 
-def gumbel_sample(logp_NV: torch.Tensor, row_seeds_N: torch.Tensor, step: int) -> torch.Tensor:
+def gumbel_offsets(row_seeds: torch.Tensor, step: int | torch.Tensor,
+                   width: int) -> torch.Tensor:
+    """``log(−log u)`` of `uniform_noise` (minus standard Gumbel draws), ``[*S, width]``.
+
+    ``argmax(logp − offsets)`` draws one token from ``exp(logp)`` (the Gumbel-max trick).
+    """
+    return (-uniform_noise(row_seeds, step, width).log()).log()
+
+
+def gumbel_sample(logp_NV: torch.Tensor, row_seeds_N: torch.Tensor,
+                  step: int | torch.Tensor) -> torch.Tensor:
     """One draw per row from ``exp(logp_NV)`` by the Gumbel-max trick, ``[N]``."""
-    u_NV = uniform_noise(row_seeds_N, step, logp_NV.shape[-1])
-    return (logp_NV - (-u_NV.log()).log()).argmax(-1)
+    return (logp_NV - gumbel_offsets(row_seeds_N, step, logp_NV.shape[-1])).argmax(-1)

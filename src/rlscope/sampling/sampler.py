@@ -4,6 +4,9 @@
 tokens, the loss mask, the finish reason, and two log-prob tensors (under the processed sampling
 distribution and under the raw policy at temperature 1). Sampling is reproducible: each row
 draws from a counter-based stream keyed by its own seed (see `processors.uniform_noise`).
+
+One step of sampling is `draw`; on CUDA the tiny transformer's decode loop is replayed from
+CUDA graphs (`rlscope.sampling.graphs`), which run the same `draw` and give the same rollout.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy
-from rlscope.sampling.processors import gumbel_sample, keep_mask, processed_logprobs
+from rlscope.sampling.processors import gumbel_offsets, keep_mask, processed_logprobs
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,10 @@ class SamplingConfig:
     """Learner replays the sampler's top-k/top-p kept set, so its log-probs match the sampler's."""
     use_cache: bool = True
     """Decode with the KV cache (False recomputes the full prefix each step: a test baseline)."""
+    decode_graphs: bool = True
+    """Replay the tiny transformer's cached decode step from CUDA graphs on CUDA devices (same
+    tokens; launch overhead dominates at sandbox sizes). No effect on CPU or other policies;
+    ``--cuda_graphs False`` (the run's switch) turns it off too."""
 
     def validate(self) -> list[str]:
         errors = []
@@ -49,6 +56,79 @@ class SamplingConfig:
         return errors
 
 
+@dataclass(frozen=True)
+class Draw:
+    """One sampled token per row and what the rollout records about it (all ``[B]`` or
+    ``[B, V]``); ``keep_BV`` is None without top-k/top-p, ``entropy_B`` unless asked for."""
+
+    token_B: torch.Tensor
+    logp_sampler_B: torch.Tensor
+    logp_raw_B: torch.Tensor
+    keep_BV: torch.Tensor | None
+    entropy_B: torch.Tensor | None
+
+
+def draw(logits_BV: torch.Tensor, alive_B: torch.Tensor | None,
+         gumbel_BV: torch.Tensor | None, cfg: SamplingConfig, pad_token_id: int,
+         with_entropy: bool) -> Draw:
+    """One token per row from the processed distribution of ``logits_BV``.
+
+    ``gumbel_BV`` are this step's `processors.gumbel_offsets` (None when greedy); rows no longer
+    alive emit ``pad_token_id`` (``alive_B`` None: every row is, as without stop tokens).
+    Shared by the eager loop and the CUDA-graph decoder.
+    """
+    greedy = cfg.temperature == 0
+    temperature = 1.0 if greedy else cfg.temperature
+    logits_BV = logits_BV.float()
+    logp_raw_BV = logits_BV.log_softmax(-1)
+    keep_BV = None if greedy else keep_mask(logits_BV / temperature, cfg.top_k, cfg.top_p)
+    if keep_BV is not None and alive_B is not None:
+        # A finished row emits the pad token, which may lie outside its kept set: keep
+        # everything there so its log-prob (sampler's and replayed learner's) stays finite
+        # and masking by 0 never meets -inf (0 * -inf = NaN).
+        keep_BV = keep_BV | ~alive_B[:, None]
+    logp_BV = logp_raw_BV if temperature == 1.0 and keep_BV is None else \
+        processed_logprobs(logits_BV, temperature, keep_BV)
+    if gumbel_BV is None:
+        token_B = logp_BV.argmax(-1)
+    else:
+        token_B = (logp_BV - gumbel_BV).argmax(-1)
+    if alive_B is not None:
+        token_B = torch.where(alive_B, token_B, pad_token_id)
+    entropy_B = -(logp_raw_BV.exp() * logp_raw_BV).nan_to_num().sum(-1) if with_entropy \
+        else None
+    logp_sampler_B = logp_BV.gather(-1, token_B[:, None])[:, 0]
+    logp_raw_B = logp_sampler_B if logp_BV is logp_raw_BV else \
+        logp_raw_BV.gather(-1, token_B[:, None])[:, 0]
+    return Draw(token_B=token_B, logp_sampler_B=logp_sampler_B, logp_raw_B=logp_raw_B,
+                keep_BV=keep_BV, entropy_B=entropy_B)
+
+
+def assemble(prompts: PromptBatch, tokens_BT: torch.Tensor, alive_BT: torch.Tensor,
+             logp_sampler_BT: torch.Tensor, logp_raw_BT: torch.Tensor,
+             keep_BTV: torch.Tensor | None, entropy_BT: torch.Tensor | None,
+             finished_by_stop_B: torch.Tensor, group_id_B: torch.Tensor | None
+             ) -> RolloutBatch:
+    """The `RolloutBatch` of stacked draws; ``alive_BT`` (row alive before each draw) is the
+    completion mask."""
+    B = tokens_BT.shape[0]
+    return RolloutBatch(
+        prompt_tokens_BP=prompts.tokens_BP,
+        prompt_mask_BP=prompts.attention_mask_BP,
+        completion_tokens_BT=tokens_BT,
+        completion_mask_BT=alive_BT.float(),
+        logp_sampler_BT=logp_sampler_BT * alive_BT,
+        logp_raw_BT=logp_raw_BT * alive_BT,
+        finished_by_stop_B=finished_by_stop_B,
+        group_id_B=group_id_B if group_id_B is not None else
+        torch.arange(B, device=tokens_BT.device),
+        keep_mask_BTV=keep_BTV,
+        targets_BT=prompts.targets_BT,
+        score_mask_BT=prompts.score_mask_BT,
+        entropy_BT=entropy_BT * alive_BT if entropy_BT is not None else None,
+    )
+
+
 @torch.no_grad()
 def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
              row_seeds_B: torch.Tensor, max_new_tokens: int, pad_token_id: int = 0,
@@ -60,12 +140,18 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
     ``T <= max_new_tokens``. Greedy when ``cfg.temperature == 0``. ``with_entropy`` also
     records the raw policy's entropy at every step (``entropy_BT``, used by evaluation).
     """
+    from rlscope.sampling import graphs  # builds on this module
+
     B, P = prompts.tokens_BP.shape
     device = prompts.tokens_BP.device
+    if cfg.decode_graphs and cfg.use_cache and max_new_tokens > 0 \
+            and graphs.supported(policy, device):
+        return graphs.generate_graphed(policy, prompts, cfg, row_seeds_B, max_new_tokens,
+                                       pad_token_id, group_id_B, with_entropy)
     greedy = cfg.temperature == 0
-    temperature = 1.0 if greedy else cfg.temperature
     stops = torch.tensor(cfg.stop_token_ids, device=device, dtype=torch.long)
-    tokens_out, logp_s_out, logp_r_out, keep_out, alive_out, ent_out = [], [], [], [], [], []
+    draws: list[Draw] = []
+    alive_out = []
     alive_B = torch.ones(B, dtype=torch.bool, device=device)
     if cfg.use_cache:
         cache = policy.init_cache(B, P + max_new_tokens)
@@ -74,26 +160,12 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
         seq_BT, mask_BT = prompts.tokens_BP, prompts.attention_mask_BP
         logits_BV = policy.forward(seq_BT, mask_BT)[0][:, -1]
     for step in range(max_new_tokens):
-        logits_BV = logits_BV.float()
-        logp_raw_BV = logits_BV.log_softmax(-1)
-        keep_BV = None if greedy else keep_mask(logits_BV / temperature, cfg.top_k, cfg.top_p)
-        if keep_BV is not None:
-            # A finished row emits the pad token, which may lie outside its kept set: keep
-            # everything there so its log-prob (sampler's and replayed learner's) stays finite
-            # and masking by 0 never meets -inf (0 * -inf = NaN).
-            keep_BV = keep_BV | ~alive_B[:, None]
-        logp_BV = logp_raw_BV if temperature == 1.0 and keep_BV is None else \
-            processed_logprobs(logits_BV, temperature, keep_BV)
-        token_B = logp_BV.argmax(-1) if greedy else gumbel_sample(logp_BV, row_seeds_B, step)
-        token_B = torch.where(alive_B, token_B, pad_token_id)
+        gumbel_BV = None if greedy else gumbel_offsets(row_seeds_B, step, logits_BV.shape[-1])
+        d = draw(logits_BV, alive_B if stops.numel() else None, gumbel_BV, cfg, pad_token_id,
+                 with_entropy)
+        draws.append(d)
         alive_out.append(alive_B)
-        tokens_out.append(token_B)
-        logp_s_out.append(logp_BV.gather(-1, token_B[:, None])[:, 0])
-        logp_r_out.append(logp_raw_BV.gather(-1, token_B[:, None])[:, 0])
-        if keep_BV is not None:
-            keep_out.append(keep_BV)
-        if with_entropy:
-            ent_out.append(-(logp_raw_BV.exp() * logp_raw_BV).nan_to_num().sum(-1))
+        token_B = d.token_B
         if stops.numel():
             alive_B = alive_B & ~torch.isin(token_B, stops)
             if not bool(alive_B.any()):
@@ -107,19 +179,15 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
             if mask_BT is not None:
                 mask_BT = torch.cat([mask_BT, torch.ones_like(mask_BT[:, :1])], 1)
             logits_BV = policy.forward(seq_BT, mask_BT)[0][:, -1]
-    mask_BT = torch.stack(alive_out, 1)
-    return RolloutBatch(
-        prompt_tokens_BP=prompts.tokens_BP,
-        prompt_mask_BP=prompts.attention_mask_BP,
-        completion_tokens_BT=torch.stack(tokens_out, 1),
-        completion_mask_BT=mask_BT.float(),
-        logp_sampler_BT=torch.stack(logp_s_out, 1) * mask_BT,
-        logp_raw_BT=torch.stack(logp_r_out, 1) * mask_BT,
-        finished_by_stop_B=~alive_B if stops.numel() else torch.zeros_like(alive_B),
-        group_id_B=group_id_B if group_id_B is not None else torch.arange(B, device=device),
-        keep_mask_BTV=torch.stack(keep_out, 1) if keep_out else None,
-        targets_BT=prompts.targets_BT,
-        score_mask_BT=prompts.score_mask_BT,
-        entropy_BT=torch.stack(ent_out, 1) * mask_BT if ent_out else None,
-    )
 
+    keep = [d.keep_BV for d in draws if d.keep_BV is not None]
+    entropy = [d.entropy_B for d in draws if d.entropy_B is not None]
+    return assemble(prompts,
+                    tokens_BT=torch.stack([d.token_B for d in draws], 1),
+                    alive_BT=torch.stack(alive_out, 1),
+                    logp_sampler_BT=torch.stack([d.logp_sampler_B for d in draws], 1),
+                    logp_raw_BT=torch.stack([d.logp_raw_B for d in draws], 1),
+                    keep_BTV=torch.stack(keep, 1) if keep else None,
+                    entropy_BT=torch.stack(entropy, 1) if entropy else None,
+                    finished_by_stop_B=~alive_B if stops.numel() else torch.zeros_like(alive_B),
+                    group_id_B=group_id_B)
