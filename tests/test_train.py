@@ -15,6 +15,8 @@ from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
 from rlscope.methods import METHODS, MethodConfig
 from rlscope.metrics.schema import SCHEMA, unregistered
 from rlscope.metrics.sinks import read_jsonl
+from rlscope.policy import ModelConfig
+from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TASKS, Scores, TaskConfig
 from rlscope.tasks.reversal import ReversalTask
 from rlscope.train import OUT_OF_REGIME_STREAK, RunResult, train
@@ -283,3 +285,23 @@ def test_ungrouped_method_ignores_constant_rewards(tmp_path: Path,
     result = train(_cfg(tmp_path, "reinforce", num_steps=12))
     assert result.status == "completed" and len(result.metrics) == 12
     assert all("group/fallback" not in r for r in result.metrics)
+
+
+def test_label_trained_method_ignores_the_rollouts_kept_set(tmp_path: Path) -> None:
+    """`ce` is teacher-forced on the targets, which may lie outside the rollout's top-k set:
+    replaying that set would give log π = −inf and an infinite loss."""
+    cfg = dataclasses.replace(_cfg(tmp_path, method="ce"),
+                              sampling=SamplingConfig(top_k=1))
+    rows = train(cfg).metrics
+    assert all(torch.isfinite(torch.tensor(r["loss/total"])) for r in rows)
+    assert rows[-1]["loss/total"] < rows[0]["loss/total"]
+
+
+def test_float64_runs_compute_log_probs_in_float64(tmp_path: Path) -> None:
+    """The sampler and the learner keep float64 (no silent float32 round trip), so an fp64
+    on-policy first pass has a ratio equal to 1 far below float32 resolution."""
+    cfg = dataclasses.replace(_cfg(tmp_path, method="reinforce"),
+                              model=ModelConfig(dtype="float64"))
+    first = train(cfg).metrics[0]
+    assert abs(first["policy/ratio_mean_first"] - 1.0) < 1e-12
+    assert first["sampler/logp_diff_max"] < 1e-12

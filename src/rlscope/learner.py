@@ -27,8 +27,19 @@ from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
 from rlscope.sampling.processors import processed_logprobs
 
-# Advantage estimators whose baseline reads the current learner's distribution.
+# Advantage estimators whose baseline reads the current learner's distribution, or the exact
+# expected reward where the task exposes it.
 NEEDS_LEARNER_PROBS = frozenset({"expected"})
+
+
+def wants_expected_reward(spec: MethodSpec, top_k: int, top_p: float) -> bool:
+    """Whether scoring should compute the exact E[r | x] under the behaviour policy.
+
+    Only with unfiltered sampling: under top-k/top-p the behaviour distribution at the
+    target's prefixes is not known (the kept sets were recorded along the sampled prefixes),
+    so the Σπ² baseline is used instead.
+    """
+    return spec.advantage.name in NEEDS_LEARNER_PROBS and top_k == 0 and top_p >= 1.0
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,13 @@ from rlscope import checkpoint
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.config import TrainConfig, to_dict, validate
 from rlscope.evaluation import evaluate
-from rlscope.learner import UpdatePlan, forward_completion, prepare, update
+from rlscope.learner import (
+    UpdatePlan,
+    forward_completion,
+    prepare,
+    update,
+    wants_expected_reward,
+)
 from rlscope.learner_graphs import GraphedUpdate
 from rlscope.methods.regularizers import adaptive_kl_update
 from rlscope.methods.selection import mixed_groups
@@ -145,9 +151,10 @@ def train(cfg: TrainConfig) -> RunResult:
         score_mask_BT=None if eval_sets[0].score_mask_BT is None else
         torch.cat([p.score_mask_BT for p in eval_sets if p.score_mask_BT is not None]),
     ).to(device)
-    replay_keep = cfg.sampling.replay_sampling_mask
+    # The kept set describes the sampled prefixes; label-trained methods read other tokens.
+    replay_keep = cfg.sampling.replay_sampling_mask and not spec.needs_labels
     temperature = cfg.sampling.temperature
-    want_expected = spec.advantage.name == "expected"
+    want_expected = wants_expected_reward(spec, cfg.sampling.top_k, cfg.sampling.top_p)
     plan = UpdatePlan(spec=spec, inner_epochs=r.inner_epochs, num_minibatches=r.num_minibatches,
                       micro_batch_size=d.micro_batch_size, max_len=d.max_new_tokens,
                       grad_clip=cfg.optim.grad_clip, temperature=temperature,

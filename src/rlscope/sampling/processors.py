@@ -39,7 +39,10 @@ def keep_mask(logits_NV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor
 def processed_logprobs(logits_NV: torch.Tensor, temperature: float,
                        keep_NV: torch.Tensor | None) -> torch.Tensor:
     """Log-probabilities of the sampling distribution: temperature, then the kept set."""
-    scaled_NV = logits_NV.float() / temperature if temperature != 1.0 else logits_NV.float()
+    # At least float32: half-precision logits are upcast, float64 stays float64.
+    scaled_NV = logits_NV.to(torch.promote_types(logits_NV.dtype, torch.float32))
+    if temperature != 1.0:
+        scaled_NV = scaled_NV / temperature
     if keep_NV is not None:
         scaled_NV = scaled_NV.masked_fill(~keep_NV, _NEG_INF)
     return scaled_NV.log_softmax(-1)

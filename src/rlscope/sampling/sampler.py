@@ -79,7 +79,7 @@ def draw(logits_BV: torch.Tensor, alive_B: torch.Tensor | None,
     """
     greedy = cfg.temperature == 0
     temperature = 1.0 if greedy else cfg.temperature
-    logits_BV = logits_BV.float()
+    logits_BV = logits_BV.to(torch.promote_types(logits_BV.dtype, torch.float32))
     logp_raw_BV = logits_BV.log_softmax(-1)
     keep_BV = None if greedy else keep_mask(logits_BV / temperature, cfg.top_k, cfg.top_p)
     if keep_BV is not None and alive_B is not None:

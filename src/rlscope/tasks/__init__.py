@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlscope.tasks.base import Scores, Task, TaskConfig
+from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
 
 TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "token_reversal": ReversalTask,
     "masked_reversal": MaskedReversalTask,
     "chain_reversal": ChainReversalTask,
+    "chain_arithmetic": ChainArithmeticTask,
+    "format_answer": FormatAnswerTask,
 }
 
 

@@ -21,9 +21,10 @@ class TaskConfig:
     """Task options (each task reads the fields that apply to it)."""
 
     vocab: int = 2
-    """Content alphabet size V of the token tasks (the policy sees V + 1 symbols, SEP = V)."""
+    """Content alphabet size V of the token tasks (the policy sees V + 1 symbols, SEP = V;
+    format_answer adds the ANSWER tag, id V + 1)."""
     seq_len: int = 10
-    """Content tokens per prompt; also the completion length of the reversal tasks."""
+    """Content tokens per prompt; also the completion length of the token tasks."""
     binary_reward: bool = False
     """Reward 1 only on an exact match (token_reversal, masked_reversal)."""
     score_len: int = 5
@@ -32,6 +33,12 @@ class TaskConfig:
     """Held-out evaluation: number of batches."""
     eval_batch_size: int = 100
     """Held-out evaluation: prompts per batch."""
+    reward_noise: float = 0.0
+    """Probability in [0, 1] that a training sample's reward is corrupted (evaluation is always
+    clean); needs a reward_noise_mode other than none."""
+    reward_noise_mode: str = "none"
+    """How a corrupted training reward changes: none, label_flip, random_reward,
+    false_positive_action0, spurious_feature, false_positive_rare_token (docs/tasks.md)."""
 
 
 @dataclass(frozen=True)
