@@ -132,7 +132,8 @@ def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
     evals = read_jsonl(result.run_dir / "eval.jsonl")
     assert len(evals) == 1 and evals[0]["step"] == 2
     extra = {"masked_reversal": "eval/test_error_unscored",
-             "chain_reversal": "eval/chain_reward"}[task]
+             "chain_reversal": "eval/chain_reward", "chain_arithmetic": "eval/chain_reward",
+             "format_answer": "eval/chain_reward"}[task]
     assert extra in evals[0]
     assert unregistered(evals[0]) == []
 

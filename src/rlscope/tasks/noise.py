@@ -145,7 +145,8 @@ def noise_generator(seed: int, step: int) -> torch.Generator:
     """The noise draws of step ``step`` of run ``seed``: a stream apart from the prompt and
     sampling stream (adding noise leaves prompts and rollouts unchanged) that needs no
     checkpoint state (a resumed run redraws the same noise)."""
-    return torch.Generator().manual_seed((NOISE_SEED_OFFSET + seed * 2**32 + step) % 2**63)
+    # CPU generators keep only the low 32 bits of a seed: mix within them
+    return torch.Generator().manual_seed((NOISE_SEED_OFFSET + seed * 1_000_003 + step) % 2**32)
 
 
 def apply_reward_noise(rewards_B: torch.Tensor, completion_tokens_BT: torch.Tensor,
