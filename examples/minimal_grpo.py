@@ -14,6 +14,7 @@ import argparse
 
 import torch
 
+from rlscope.learner import forward_completion
 from rlscope.methods import resolve_method
 from rlscope.methods.advantages import AdvantageInputs, group_zscore
 from rlscope.methods.aggregation import aggregate
@@ -21,18 +22,9 @@ from rlscope.methods.objectives import PolicyTerms, ppo_clip
 from rlscope.methods.regularizers import kl_estimate
 from rlscope.methods.selection import mixed_groups
 from rlscope.policy import ModelConfig
-from rlscope.sampling import SamplingConfig, generate, processed_logprobs
+from rlscope.sampling import SamplingConfig, generate
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.tasks.base import make_policy_for
-
-
-def completion_logprobs(policy, batch) -> torch.Tensor:
-    """log π(a_t | prefix) of every completion token, teacher-forced, ``[B, T]``."""
-    P, T = batch.prompt_len, batch.completion_tokens_BT.shape[1]
-    tokens_BL = torch.cat([batch.prompt_tokens_BP, batch.completion_tokens_BT], 1)
-    logits_BLV, _ = policy.forward(tokens_BL, None)
-    logp_BTV = processed_logprobs(logits_BLV[:, P - 1:P - 1 + T], 1.0, None)
-    return logp_BTV.gather(-1, batch.completion_tokens_BT[..., None]).squeeze(-1)
 
 
 def grpo_step(policy, optimizer, task, generator, batch_size=96, group_size=8,
@@ -51,7 +43,9 @@ def grpo_step(policy, optimizer, task, generator, batch_size=96, group_size=8,
     n_tokens = mask_BT.sum()
     policy.train()
     for _ in range(inner_epochs):
-        logp_BT = completion_logprobs(policy, batch)
+        # log π(a_t | prefix), teacher-forced; each group's shared prompt is computed once
+        logp_BT = forward_completion(policy, batch, batch.completion_tokens_BT, 1.0,
+                                     replay_keep=True, group_size=group_size).logp_BT
         terms = PolicyTerms(logp_BT, batch.logp_sampler_BT, adv_BT, mask_BT)
         loss_BT, _ = ppo_clip(terms, spec.objective)
         kl_BT = kl_estimate(logp_BT, batch.logp_sampler_BT, spec.kl.estimator)
@@ -72,7 +66,7 @@ def main() -> None:
     task = make_task("token_reversal", TaskConfig())
     torch.manual_seed(args.seed)
     policy = make_policy_for(task, ModelConfig())
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
     generator = torch.Generator().manual_seed(args.seed)
     for step in range(args.steps):
         stats = grpo_step(policy, optimizer, task, generator)

@@ -40,7 +40,7 @@ def test_minimal_grpo_first_update_equals_train(tmp_path: Path) -> None:
     torch.manual_seed(0)
     policy = make_policy_for(task, model_cfg)
     initial = {n: v.clone() for n, v in policy.state_dict().items()}
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
     generator = torch.Generator().manual_seed(0)
     example.grpo_step(policy, optimizer, task, generator, batch_size=32, group_size=4,
                       inner_epochs=2)

@@ -135,3 +135,32 @@ def test_static_decode_matches_dynamic_decode(policy: TinyTransformer, padded: b
             assert torch.equal(static.next_pos_B, cache.next_pos_B)
     with pytest.raises(ValueError, match="static"):
         policy.decode_step_static(gen_BN[:, 0], cache)
+
+
+def test_shared_prefix_forward_equals_full_forward_values_and_gradients() -> None:
+    """Each group's prompt computed once gives the full forward's logits, hidden states and
+    parameter gradients (fp64, to rounding)."""
+    torch.manual_seed(0)
+    policy = TinyTransformer(TinyConfig(vocab_size=5, max_len=32)).double()
+    G, K, P, C = 3, 4, 6, 5
+    prompt_GP = torch.randint(0, 5, (G, P))
+    cont_BC = torch.randint(0, 5, (G * K, C))
+    full_logits, full_hidden = policy(torch.cat([prompt_GP.repeat_interleave(K, 0), cont_BC], 1))
+    shared_logits, shared_hidden = policy.forward_shared_prefix(prompt_GP, cont_BC)
+    torch.testing.assert_close(shared_logits, full_logits[:, P - 1:], atol=1e-12, rtol=0)
+    torch.testing.assert_close(shared_hidden, full_hidden[:, P - 1:], atol=1e-12, rtol=0)
+    weights = torch.randn_like(shared_logits)
+    grads = []
+    for logits in (full_logits[:, P - 1:], shared_logits):
+        policy.zero_grad()
+        (logits * weights).sum().backward(retain_graph=True)
+        grads.append([p.grad.clone() for p in policy.parameters()])
+    for g_full, g_shared in zip(*grads, strict=True):
+        torch.testing.assert_close(g_shared, g_full, atol=1e-10, rtol=0)
+
+
+def test_shared_prefix_rejects_ragged_groups() -> None:
+    policy = TinyTransformer(TinyConfig(vocab_size=5, max_len=32))
+    with pytest.raises(ValueError, match="equal groups"):
+        policy.forward_shared_prefix(torch.zeros(2, 3, dtype=torch.long),
+                                     torch.zeros(5, 2, dtype=torch.long))

@@ -83,23 +83,34 @@ FIELDS_READ = ("prompt_tokens_BP", "prompt_mask_BP", "keep_mask_BTV")
 
 
 def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Tensor,
-                       temperature: float, replay_keep: bool) -> Forward:
+                       temperature: float, replay_keep: bool, group_size: int = 1) -> Forward:
     """Teacher-forced forward over prompt + ``tokens_BT``; log-probs at completion positions.
 
     The distribution is the one the sampler drew from: logits / temperature, and the top-k/top-p
-    kept set of the rollout when ``replay_keep``.
+    kept set of the rollout when ``replay_keep``. With ``group_size > 1`` the rows must be whole
+    contiguous groups sharing one prompt; a policy with ``forward_shared_prefix`` then runs each
+    unpadded prompt once per group (the same function, about half the learner's work at the
+    sandbox's group size 8).
     """
     P, T = batch.prompt_len, tokens_BT.shape[1]
-    full_BL = torch.cat([batch.prompt_tokens_BP, tokens_BT], 1)
-    mask_BL = None
-    if batch.prompt_mask_BP is not None:
-        mask_BL = torch.cat([batch.prompt_mask_BP, torch.ones_like(tokens_BT)], 1)
-    logits_BLV, hidden_BLD = policy.forward(full_BL, mask_BL)
-    logits_BTV = logits_BLV[:, P - 1:P - 1 + T]
+    shared = (group_size > 1 and T > 1 and batch.prompt_mask_BP is None
+              and batch.batch_size % group_size == 0
+              and hasattr(policy, "forward_shared_prefix"))
+    if shared:
+        logits_BTV, hidden_BTD = policy.forward_shared_prefix(  # type: ignore[attr-defined]
+            batch.prompt_tokens_BP[::group_size], tokens_BT[:, :-1])
+    else:
+        full_BL = torch.cat([batch.prompt_tokens_BP, tokens_BT], 1)
+        mask_BL = None
+        if batch.prompt_mask_BP is not None:
+            mask_BL = torch.cat([batch.prompt_mask_BP, torch.ones_like(tokens_BT)], 1)
+        logits_BLV, hidden_BLD = policy.forward(full_BL, mask_BL)
+        logits_BTV = logits_BLV[:, P - 1:P - 1 + T]
+        hidden_BTD = hidden_BLD[:, P - 1:P - 1 + T]
     keep_BTV = batch.keep_mask_BTV if replay_keep else None
     logp_BTV = processed_logprobs(logits_BTV, temperature if temperature > 0 else 1.0, keep_BTV)
     logp_BT = logp_BTV.gather(-1, tokens_BT[..., None]).squeeze(-1)
-    return Forward(logp_BT, logp_BTV, hidden_BLD[:, P - 1:P - 1 + T])
+    return Forward(logp_BT, logp_BTV, hidden_BTD)
 
 
 @torch.no_grad()
@@ -117,12 +128,13 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     needs_probs = spec.advantage.name in NEEDS_LEARNER_PROBS and batch.expected_reward_B is None
     sum_p2_BT = values_BT = ref_logp_BT = token_rewards_BT = None
     if needs_probs or spec.needs_value:
-        fwd = forward_completion(policy, batch, tokens_BT, temperature, replay_keep)
+        fwd = forward_completion(policy, batch, tokens_BT, temperature, replay_keep, group_size)
         sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
         if value_head is not None:
             values_BT = value_head(fwd.hidden_BTD) * mask_BT
     if ref is not None:
-        ref_logp_BT = forward_completion(ref, batch, tokens_BT, temperature, replay_keep).logp_BT
+        ref_logp_BT = forward_completion(ref, batch, tokens_BT, temperature, replay_keep,
+                                         group_size).logp_BT
         kl1_BT = (batch.logp_sampler_BT - ref_logp_BT) * mask_BT
         metrics["policy/kl_ref_k1"] = masked_mean(kl1_BT, mask_BT)
         metrics["policy/kl_ref_k3"] = masked_mean(torch.expm1(-kl1_BT) + kl1_BT, mask_BT)
@@ -174,12 +186,14 @@ class MicroResult:
 def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | None,
                      batch: RolloutBatch, inputs: LearnerInputs, den: Denominators,
                      beta: float | torch.Tensor, temperature: float,
-                     replay_keep: bool) -> MicroResult:
+                     replay_keep: bool, group_size: int = 1) -> MicroResult:
     """The method's loss on one micro-batch: objective + KL + entropy + value terms.
 
-    ``beta`` (the KL coefficient) may be a 0-d tensor, as CUDA graphs need.
+    ``beta`` (the KL coefficient) may be a 0-d tensor, as CUDA graphs need. ``group_size > 1``
+    promises whole contiguous groups (see `forward_completion`).
     """
-    fwd = forward_completion(policy, batch, inputs.tokens_BT, temperature, replay_keep)
+    fwd = forward_completion(policy, batch, inputs.tokens_BT, temperature, replay_keep,
+                             group_size)
     mask_BT = inputs.mask_BT
 
     def agg(x_BT: torch.Tensor) -> torch.Tensor:
@@ -246,6 +260,8 @@ class UpdatePlan:
     """Global gradient-norm clip (0 = off)."""
     temperature: float
     replay_keep: bool
+    group_size: int = 1
+    """Rollouts per prompt; rows of a group are contiguous and share their prompt."""
 
 
 @dataclass(frozen=True)
@@ -267,6 +283,9 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
     n_rows = batch.batch_size
     mb_rows = max(n_rows // plan.num_minibatches, 1)
     micro = min(plan.micro_batch_size, mb_rows)
+    # Micro-batches hold whole groups when both slice widths are multiples of the group size.
+    G = plan.group_size
+    shared_group = G if micro % G == 0 and mb_rows % G == 0 else 1
     first: list[MicroResult] = []
     grad_norms: list[torch.Tensor] = []
     for epoch in range(plan.inner_epochs):
@@ -280,7 +299,7 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
                 rows = slice(s, min(s + micro, stop))
                 res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
                                        inputs.select(rows), den, beta, plan.temperature,
-                                       plan.replay_keep)
+                                       plan.replay_keep, shared_group)
                 res.loss.backward()
                 last.append(res)
             grad_norms.append(torch.nn.utils.clip_grad_norm_(

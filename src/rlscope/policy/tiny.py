@@ -9,6 +9,7 @@ a tenth of GELU's time on CPU (docs/performance.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -78,12 +79,25 @@ class Block(nn.Module):
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out = nn.Linear(4 * d_model, d_model)
 
-    def forward(self, x_BTD: torch.Tensor, layer: int, attn_mask: torch.Tensor | None,
-                cache: KVCache | None, static: bool = False) -> torch.Tensor:
+    def _qkv(self, x_BTD: torch.Tensor, lin: Callable[[nn.Linear, torch.Tensor], torch.Tensor]
+             ) -> torch.Tensor:
+        """Queries, keys and values stacked as ``[3, B, H, T, head_dim]``."""
         B, T, D = x_BTD.shape
         H = self.n_heads
+        return lin(self.qkv, self.ln1(x_BTD)).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+
+    def _finish(self, x_BTD: torch.Tensor, y_BHTK: torch.Tensor,
+                lin: Callable[[nn.Linear, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Attention output projection and the feed-forward, both residual."""
+        B, T, D = x_BTD.shape
+        x_BTD = x_BTD + lin(self.proj, y_BHTK.transpose(1, 2).reshape(B, T, D))
+        return x_BTD + lin(self.out, F.relu(lin(self.fc, self.ln2(x_BTD))))
+
+    def forward(self, x_BTD: torch.Tensor, layer: int, attn_mask: torch.Tensor | None,
+                cache: KVCache | None, static: bool = False) -> torch.Tensor:
+        T = x_BTD.shape[1]
         lin = _linear if static else _call
-        q, k, v = lin(self.qkv, self.ln1(x_BTD)).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        q, k, v = self._qkv(x_BTD, lin)
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                                is_causal=attn_mask is None)
@@ -104,8 +118,21 @@ class Block(nn.Module):
             else:
                 y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=attn_mask,
                                                    is_causal=attn_mask is None)
-        x_BTD = x_BTD + lin(self.proj, y.transpose(1, 2).reshape(B, T, D))
-        return x_BTD + lin(self.out, F.relu(lin(self.fc, self.ln2(x_BTD))))
+        return self._finish(x_BTD, y, lin)
+
+    def forward_shared_prefix(self, x_GPD: torch.Tensor, x_BCD: torch.Tensor,
+                              mask_CL: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block over G prompts shared by B = G·K continuations (rows of a group
+        contiguous): prompts attend causally among themselves; continuation position i attends
+        to its group's whole prompt and to continuation positions ≤ i (``mask_CL``)."""
+        K = x_BCD.shape[0] // x_GPD.shape[0]
+        qp, kp, vp = self._qkv(x_GPD, _call)
+        qc, kc, vc = self._qkv(x_BCD, _call)
+        y_prompt = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True)
+        k_all = torch.cat([kp.repeat_interleave(K, 0), kc], 2)
+        v_all = torch.cat([vp.repeat_interleave(K, 0), vc], 2)
+        y_cont = F.scaled_dot_product_attention(qc, k_all, v_all, attn_mask=mask_CL)
+        return self._finish(x_GPD, y_prompt, _call), self._finish(x_BCD, y_cont, _call)
 
 
 class TinyTransformer(nn.Module):
@@ -154,6 +181,32 @@ class TinyTransformer(nn.Module):
             pos_BT = position_ids_from_mask(attention_mask_BT)
             mask = _padded_causal_mask(attention_mask_BT.bool(), T)
         hidden_BTD = self._run(self._embed(tokens_BT, pos_BT), mask, None)
+        return self.head(hidden_BTD), hidden_BTD
+
+    def forward_shared_prefix(self, prompt_GP: torch.Tensor, continuation_BC: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` of ``[prompt_g, continuation_b]`` for B = G·K rows whose group g = b // K
+        shares one unpadded prompt, computing each prompt once instead of K times.
+
+        Returns ``(logits_BTV, hidden_BTD)`` at the positions that predict the continuation
+        and the token after it: the prompt's last position, then every continuation position
+        (T = C + 1). Equal to slicing `forward`'s output at ``P - 1 ..``, up to rounding; the
+        learner's grouped rollouts spend about half their tokens on repeated prompts.
+        """
+        (G, P), (B, C) = prompt_GP.shape, continuation_BC.shape
+        if B % G:
+            raise ValueError(f"{B} continuations do not split into {G} equal groups")
+        if P + C > self.cfg.max_len:
+            raise ValueError(f"sequence of {P + C} tokens exceeds max_len={self.cfg.max_len}")
+        device = prompt_GP.device
+        x_GPD = self._embed(prompt_GP, torch.arange(P, device=device).expand(G, P))
+        x_BCD = self._embed(continuation_BC, torch.arange(P, P + C, device=device).expand(B, C))
+        mask_CL = torch.ones(C, P + C, dtype=torch.bool, device=device)
+        mask_CL[:, P:] = torch.ones(C, C, dtype=torch.bool, device=device).tril()
+        for block in self.blocks:
+            x_GPD, x_BCD = block.forward_shared_prefix(x_GPD, x_BCD, mask_CL)
+        last_BD = self.ln_f(x_GPD[:, -1]).repeat_interleave(B // G, 0)
+        hidden_BTD = torch.cat([last_BD[:, None], self.ln_f(x_BCD)], 1)
         return self.head(hidden_BTD), hidden_BTD
 
     def init_cache(self, batch_size: int, max_len: int, static: bool = False) -> KVCache:
