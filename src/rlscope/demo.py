@@ -50,14 +50,22 @@ def run_demo(cfg: DemoConfig, console: Console) -> list[dict[str, float | str]]:
         first, final = result.evals[0], result.final_eval
         rows.append({"method": method, "initial_error": first["eval/test_error"],
                      "final_error": final["eval/test_error"], "entropy": final["eval/entropy"],
-                     "wall_s": result.wall_time_s, "run_dir": str(result.run_dir)})
-    table = Table(title=f"token_reversal, {cfg.num_steps} steps, batch 96, seed {cfg.seed} "
-                  "(chance error 0.667)")
-    for col in ("method", "test error: start → end", "greedy entropy", "wall time", "run dir"):
-        table.add_column(col)
+                     "wall_s": result.wall_time_s, "steps": float(len(result.metrics)),
+                     "status": result.status, "inner_epochs": float(run.inner_epochs)})
+    table = Table(title=f"token_reversal, batch 96, seed {cfg.seed} (random policy: error "
+                  "0.667)")
+    for col in ("method", "epochs", "steps", "test error", "entropy", "time"):
+        table.add_column(col, no_wrap=True)
     for row in rows:
-        table.add_row(str(row["method"]),
+        stopped = row["status"] != "completed"
+        table.add_row(str(row["method"]), f"{row['inner_epochs']:.0f}",
+                      f"{row['steps']:.0f}" + ("*" if stopped else ""),
                       f"{row['initial_error']:.3f} → {row['final_error']:.3f}",
-                      f"{row['entropy']:.3f}", f"{row['wall_s']:.1f} s", str(row["run_dir"]))
+                      f"{row['entropy']:.3f}", f"{row['wall_s']:.1f} s")
     console.print(table)
+    if any(row["status"] != "completed" for row in rows):
+        console.print("* stopped early (out_of_regime): every group's rewards were equal for "
+                      "10 steps, so grouped advantages carried no signal.")
+    console.print(f"Run directories: {cfg.runs_dir}/<method>_s{cfg.seed}  "
+                  "(metrics.jsonl, eval.jsonl, samples.jsonl, config.json, checkpoints/)")
     return rows

@@ -88,13 +88,15 @@ def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Ten
 
     The distribution is the one the sampler drew from: logits / temperature, and the top-k/top-p
     kept set of the rollout when ``replay_keep``. With ``group_size > 1`` the rows must be whole
-    contiguous groups sharing one prompt; a policy with ``forward_shared_prefix`` then runs each
-    unpadded prompt once per group (the same function, about half the learner's work at the
-    sandbox's group size 8).
+    contiguous groups sharing one prompt; on CPU a policy with ``forward_shared_prefix`` then
+    runs each unpadded prompt once per group (the same function, about half the learner's work
+    at the sandbox's group size 8).
     """
     P, T = batch.prompt_len, tokens_BT.shape[1]
+    # Only on CPU, where the tiny model is bound by arithmetic; on CUDA it is bound by kernel
+    # launches, and the prompt and continuation paths launch twice as many kernels.
     shared = (group_size > 1 and T > 1 and batch.prompt_mask_BP is None
-              and batch.batch_size % group_size == 0
+              and batch.batch_size % group_size == 0 and tokens_BT.device.type == "cpu"
               and hasattr(policy, "forward_shared_prefix"))
     if shared:
         logits_BTV, hidden_BTD = policy.forward_shared_prefix(  # type: ignore[attr-defined]

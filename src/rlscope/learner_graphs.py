@@ -147,9 +147,9 @@ class GraphedUpdate:
                           f.name: getattr(inputs, f.name).clone()
                           for f in dataclasses.fields(inputs)
                           if getattr(inputs, f.name) is not None}),
-                      # float32 like the log-probs, as the Python floats of the eager path
-                      n_seqs=torch.zeros((), device=device, dtype=torch.float32),
-                      beta=torch.zeros((), device=device, dtype=torch.float32),
+                      # the log-probs' dtype (at least float32), as the eager path's floats
+                      n_seqs=torch.zeros((), device=device, dtype=inputs.logp_old_BT.dtype),
+                      beta=torch.zeros((), device=device, dtype=inputs.logp_old_BT.dtype),
                       graphs=[], outputs=[])
         c.n_seqs.fill_(batch.batch_size // self.plan.num_minibatches)
         saved = _snapshot(self.params, self.optimizer)
