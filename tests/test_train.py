@@ -306,3 +306,27 @@ def test_float64_runs_compute_log_probs_in_float64(tmp_path: Path) -> None:
     first = train(cfg).metrics[0]
     assert abs(first["policy/ratio_mean_first"] - 1.0) < 1e-12
     assert first["sampler/logp_diff_max"] < 1e-12
+
+
+def test_a_crash_keeps_finished_steps_and_records_the_failure(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """Steps logged before an exception stay on disk; status.json says the run failed."""
+    original = ReversalTask.score
+    calls = {"n": 0}
+
+    def score_then_crash(self: ReversalTask, batch: Any) -> Scores:
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise RuntimeError("reward server went away")
+        return original(self, batch)
+
+    monkeypatch.setattr(ReversalTask, "score", score_then_crash)
+    cfg = _cfg(tmp_path, method="dg", name="crash", eval_every=0)
+    with pytest.raises(RuntimeError, match="reward server"):
+        train(cfg)
+    run_dir = tmp_path / "crash"
+    assert [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "failed" and status["steps"] == 3
+    assert "reward server went away" in status["error"]

@@ -26,7 +26,9 @@ from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.config import TrainConfig, to_dict, validate
 from rlscope.evaluation import evaluate
 from rlscope.learner import (
+    LearnerInputs,
     UpdatePlan,
+    UpdateResult,
     forward_completion,
     prepare,
     update,
@@ -60,7 +62,7 @@ class LoopState:
 class RunResult:
     run_dir: Path
     status: str
-    """completed | out_of_regime"""
+    """completed | out_of_regime (a run that raises writes ``failed`` to status.json)"""
     metrics: list[dict[str, float]]
     evals: list[dict[str, float]]
     wall_time_s: float
@@ -229,25 +231,8 @@ def train(cfg: TrainConfig) -> RunResult:
             n_rows = batch.batch_size
             mb_rows = max(n_rows // r.num_minibatches, 1)
             updated = learn(batch, inputs, state.beta)
-            first_pass, last_pass = updated.first, updated.last
-            mask_BT = inputs.mask_BT
-            m |= est.pass_metrics(first_pass.logp_BT, inputs.logp_old_BT, mask_BT,
-                                  first_pass.stats, "_first")
-            m |= est.pass_metrics(last_pass.logp_BT, inputs.logp_old_BT, mask_BT,
-                                  last_pass.stats, "")
-            if not spec.needs_labels:
-                m |= est.sampler_metrics(first_pass.logp_BT, batch.logp_sampler_BT, mask_BT)
-            m["policy/entropy"] = est.masked_mean(first_pass.entropy_BT, mask_BT)
-            n_minibatches = -(-n_rows // mb_rows)
-            m |= {k: v / n_minibatches for k, v in last_pass.parts.items()}
-            m["loss/total"] = last_pass.loss / n_minibatches
-            norms = updated.grad_norms_S
-            clip = cfg.optim.grad_clip
-            m["optim/grad_norm"] = norms.mean()
-            m["optim/grad_norm_clipped"] = norms.clamp_max(clip).mean() if clip > 0 \
-                else norms.mean()
-            m["optim/clip_active"] = (norms > clip).float().mean() if clip > 0 \
-                else torch.zeros((), device=device)
+            m |= update_metrics(updated, batch, inputs, spec.needs_labels,
+                                n_minibatches=-(-n_rows // mb_rows), grad_clip=cfg.optim.grad_clip)
             _sync(device)
             t_end = time.perf_counter()
             values = _floats(m)
@@ -278,6 +263,11 @@ def train(cfg: TrainConfig) -> RunResult:
         if status == "completed":
             run_eval(r.num_steps)
         checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
+    except BaseException as error:
+        status = "failed"
+        (run_dir / "status.json").write_text(json.dumps(
+            {"status": status, "steps": state.step, "error": repr(error)}))
+        raise
     finally:
         display.close()
         for log in (metrics_log, eval_log, samples_log):
@@ -287,6 +277,34 @@ def train(cfg: TrainConfig) -> RunResult:
         {"status": status, "steps": state.step, "wall_time_s": wall}))
     return RunResult(run_dir=run_dir, status=status, metrics=history, evals=evals,
                      wall_time_s=wall)
+
+
+def update_metrics(updated: UpdateResult, batch: RolloutBatch, inputs: LearnerInputs,
+                   label_trained: bool, n_minibatches: int, grad_clip: float
+                   ) -> dict[str, torch.Tensor]:
+    """``policy/``, ``sampler/``, ``loss/`` and ``optim/`` metrics of one update.
+
+    Ratio, KL and clip metrics come from the last pass and, suffixed ``_first``, from the first
+    pass; the sampler mismatch from the first pass (it compares the sampled tokens, so not for
+    label-trained methods); losses are means over the pass's minibatches.
+    """
+    first, last, mask_BT = updated.first, updated.last, inputs.mask_BT
+    m = est.pass_metrics(first.logp_BT, inputs.logp_old_BT, mask_BT, first.stats, "_first")
+    m |= est.pass_metrics(last.logp_BT, inputs.logp_old_BT, mask_BT, last.stats, "")
+    if not label_trained:
+        m |= est.sampler_metrics(first.logp_BT, batch.logp_sampler_BT, mask_BT)
+    m["policy/entropy"] = est.masked_mean(first.entropy_BT, mask_BT)
+    m |= {k: v / n_minibatches for k, v in last.parts.items()}
+    m["loss/total"] = last.loss / n_minibatches
+    norms_S = updated.grad_norms_S
+    m["optim/grad_norm"] = norms_S.mean()
+    if grad_clip > 0:
+        m["optim/grad_norm_clipped"] = norms_S.clamp_max(grad_clip).mean()
+        m["optim/clip_active"] = (norms_S > grad_clip).float().mean()
+    else:
+        m["optim/grad_norm_clipped"] = norms_S.mean()
+        m["optim/clip_active"] = torch.zeros_like(norms_S[0])
+    return m
 
 
 def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: torch.Tensor,
@@ -305,4 +323,5 @@ def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: tor
                    "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i])})
 
 
-__all__ = ["LoopState", "RunResult", "sample_rollouts", "score_rollouts", "train"]
+__all__ = ["LoopState", "RunResult", "sample_rollouts", "score_rollouts", "train",
+           "update_metrics"]
