@@ -14,14 +14,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-SHOWN = ("reward/mean", "policy/entropy", "adv/abs_mean", "policy/clipfrac_region",
-         "optim/grad_norm", "time/step")
-SHORT = {"reward/mean": "r", "policy/entropy": "H", "adv/abs_mean": "|A|",
-         "policy/clipfrac_region": "clip", "optim/grad_norm": "gn", "time/step": "s/step",
-         "eval/test_error": "test_err"}
+SHOWN = {"reward/mean": "r", "policy/entropy": "H", "adv/abs_mean": "|A|",
+         "policy/clipfrac_region": "clip", "optim/grad_norm": "gn"}
 
 
 def _clean(value: Any) -> Any:
@@ -75,35 +74,44 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def compact_line(metrics: dict[str, float], last_eval: dict[str, float]) -> str:
-    parts = [f"{SHORT[k]} {metrics[k]:.3g}" for k in SHOWN if k in metrics]
+    """One short line of the step's key metrics and the last evaluation's error."""
+    parts = [f"{short} {metrics[k]:.2g}" for k, short in SHOWN.items() if k in metrics]
+    if "time/step" in metrics:
+        parts.append(f"{metrics['time/step'] * 1e3:.0f} ms/step")
     if "eval/test_error" in last_eval:
-        parts.append(f"test_err {last_eval['eval/test_error']:.3f}")
+        parts.append(f"test err {last_eval['eval/test_error']:.3f}")
     return "  ".join(parts)
 
 
 class LiveDisplay:
-    """A rich progress bar with a compact metrics line; a no-op when disabled."""
+    """A rich progress bar with a compact metrics line under it; a no-op when disabled."""
 
     def __init__(self, enabled: bool, total: int, title: str, start: int = 0) -> None:
         self.enabled = enabled
         self.last_eval: dict[str, float] = {}
         if not enabled:
             return
+        console = Console(stderr=True)
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("{task.fields[line]}"),
-            console=Console(stderr=True), transient=False)
-        self.task = self.progress.add_task(title, total=total, completed=start, line="")
-        self.progress.start()
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=30),
+            MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+        self.task = self.progress.add_task(title, total=total, completed=start)
+        self.line = Text("", style="dim", no_wrap=True, overflow="ellipsis")
+        self.console = console
+        self.live = Live(Group(self.progress, self.line), console=console,
+                         refresh_per_second=8)
+        self.live.start()
 
     def update(self, metrics: dict[str, float]) -> None:
         if self.enabled:
-            self.progress.update(self.task, advance=1,
-                                 line=compact_line(metrics, self.last_eval))
+            self.progress.update(self.task, advance=1)
+            self.line.plain = compact_line(metrics, self.last_eval)
 
     def eval(self, metrics: dict[str, float]) -> None:
         self.last_eval = metrics
 
     def close(self) -> None:
         if self.enabled:
-            self.progress.stop()
+            self.live.stop()
+            if not self.console.is_terminal:  # a terminal's cursor already moved past it
+                self.console.line()
