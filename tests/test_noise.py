@@ -3,12 +3,14 @@ rates on a large batch, reproducibility, and the validation of noise options."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
+from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
 from rlscope.tasks import TaskConfig
 from rlscope.tasks.noise import (
     NOISE_MODES,
@@ -17,6 +19,7 @@ from rlscope.tasks.noise import (
     noise_generator,
     validate_noise,
 )
+from rlscope.train import RunResult, train
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 Z_999 = 3.2905  # two-sided 99.9% normal quantile
@@ -217,3 +220,35 @@ def test_mismatched_shapes_rejected() -> None:
     with pytest.raises(ValueError, match="completion_tokens_BT"):
         apply_reward_noise(rewards_B, tokens_BT[:3], mask_BT, prompt_BP, correct_B,
                            _noise("label_flip"), "sequence", torch.Generator())
+
+
+def test_training_loop_applies_noise_to_training_rewards_only(tmp_path: Path) -> None:
+    """Through `train()`: about p of the rows are hit, rewards differ from the clean ones
+    exactly there, the first evaluation equals a clean run's (same init, noise-free eval)."""
+    run = RunConfig(num_steps=6, batch_size=64, eval_every=5, progress=False, device="cpu",
+                    runs_dir=str(tmp_path))
+    options = TaskConfig(seq_len=4, eval_batches=1, eval_batch_size=32)
+    clean = train(TrainConfig(method="dg", task_options=options, run=run))
+    noisy = train(TrainConfig(
+        method="dg", run=run,
+        task_options=dataclasses.replace(options, reward_noise=0.3,
+                                         reward_noise_mode="label_flip")))
+    rates = [row["reward/noise_rate"] for row in noisy.metrics]
+    mean_rate = sum(rates) / len(rates)
+    # 6 × 64 Bernoulli(0.3) draws: sd 0.023, a 99.9% band is ±0.08
+    assert abs(mean_rate - 0.3) < 0.08
+    assert all(row["reward/noise_rate"] == 0.0 for row in clean.metrics)
+    def eval_values(result: RunResult) -> dict[str, float]:
+        return {k: v for k, v in result.evals[0].items() if k.startswith("eval/")}
+
+    assert eval_values(noisy) == eval_values(clean)
+    first = noisy.metrics[0]
+    # label_flip maps r to 1 − r on hit rows: the mean moves towards 1 − mean
+    assert first["reward/mean"] != first["reward/raw_mean"]
+
+
+def test_invalid_noise_is_rejected_before_training(tmp_path: Path) -> None:
+    cfg = TrainConfig(method="dg", task_options=TaskConfig(reward_noise=0.2),
+                      run=RunConfig(runs_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match="reward_noise_mode"):
+        validate(cfg)

@@ -74,7 +74,8 @@ class RolloutBatch:
       did (finish reason ``stop`` / ``length``).
     - ``group_id_B``: the prompt index a row was drawn for (rows of a group are contiguous).
     - ``rewards_B`` and the optional dense ``token_rewards_BT`` are filled by the task;
-      ``raw_rewards_B`` are the rewards before noise or shaping.
+      ``raw_rewards_B`` are the rewards before noise or shaping; ``noise_B`` marks rows whose
+      training reward the reward noise replaced.
     - ``expected_reward_B``: exact E[r | x] under the behaviour policy where the task exposes it.
     - ``age_B``: how many optimizer steps ago the rows were sampled (staleness).
     - ``entropy_BT``: the raw policy's entropy at each generated position (evaluation only).
@@ -93,6 +94,7 @@ class RolloutBatch:
     score_mask_BT: torch.Tensor | None = None
     rewards_B: torch.Tensor | None = None
     raw_rewards_B: torch.Tensor | None = None
+    noise_B: torch.Tensor | None = None
     token_rewards_BT: torch.Tensor | None = None
     expected_reward_B: torch.Tensor | None = None
     age_B: torch.Tensor | None = None

@@ -15,6 +15,7 @@ from rlscope.methods import validate_method as _validate_method
 from rlscope.policy import ModelConfig
 from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
+from rlscope.tasks.noise import validate_noise
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if cfg.optim.lr <= 0 or cfg.optim.grad_clip < 0:
         errors.append("optim.lr must be > 0 and optim.grad_clip >= 0")
     errors += task.validate() + cfg.sampling.validate() + cfg.model.validate()
+    errors += validate_noise(cfg.task_options, task.family)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     return spec, task, d

@@ -43,6 +43,7 @@ from rlscope.policy.value_head import ValueHead
 from rlscope.sampling import graphs
 from rlscope.sampling.sampler import generate
 from rlscope.tasks.base import Task, make_policy_for
+from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
 
 OUT_OF_REGIME_STREAK = 10
@@ -99,19 +100,29 @@ def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.
     return generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B)
 
 
-def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, temperature: float,
-                   want_expected_reward: bool) -> RolloutBatch:
-    """Attach the task's rewards and, where the task exposes it, the exact E[r | x] under the
-    behaviour policy (one teacher-forced pass over the targets)."""
+def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainConfig,
+                   want_expected_reward: bool, step: int) -> RolloutBatch:
+    """Attach the task's rewards, corrupted by the configured training reward noise, and,
+    where the task exposes it and rewards are clean, the exact E[r | x] under the behaviour
+    policy (one teacher-forced pass over the targets). ``raw_rewards_B`` keeps the clean
+    rewards; ``noise_B`` marks the rows the noise replaced."""
     scores = task.score(rollout)
+    noise_cfg = cfg.task_options
+    # Every task's reward is exactly 1 on a fully correct output and below 1 otherwise.
+    correct_B = scores.rewards_B >= 1.0
+    rewards_B, noise_B = apply_reward_noise(
+        scores.rewards_B, rollout.completion_tokens_BT, rollout.completion_mask_BT,
+        rollout.prompt_tokens_BP, correct_B, noise_cfg, task.family,
+        noise_generator(cfg.run.seed, step))
     expected = None
-    if want_expected_reward and rollout.targets_BT is not None:
+    if want_expected_reward and exposes_expected_reward(noise_cfg) \
+            and rollout.targets_BT is not None:
         with torch.no_grad():
-            logp_BT = forward_completion(policy, rollout, rollout.targets_BT, temperature,
-                                         replay_keep=False).logp_BT
+            logp_BT = forward_completion(policy, rollout, rollout.targets_BT,
+                                         cfg.sampling.temperature, replay_keep=False).logp_BT
         expected = task.expected_reward(logp_BT)
     return dataclasses.replace(
-        rollout, rewards_B=scores.rewards_B, raw_rewards_B=scores.rewards_B,
+        rollout, rewards_B=rewards_B, raw_rewards_B=scores.rewards_B, noise_B=noise_B,
         token_rewards_BT=scores.token_rewards_BT, expected_reward_B=expected,
         age_B=torch.zeros(rollout.batch_size, device=rollout.completion_tokens_BT.device))
 
@@ -196,7 +207,7 @@ def train(cfg: TrainConfig) -> RunResult:
                                     d.group_size, d.max_new_tokens)
             _sync(device)
             t_sampled = time.perf_counter()
-            fresh = score_rollouts(fresh, policy, task, temperature, want_expected)
+            fresh = score_rollouts(fresh, policy, task, cfg, want_expected, step)
             _sync(device)
             t_scored = time.perf_counter()
             state.queue.append(fresh)
@@ -207,6 +218,8 @@ def train(cfg: TrainConfig) -> RunResult:
             batch = state.queue.popleft()
             assert batch.rewards_B is not None and batch.raw_rewards_B is not None
             m |= est.reward_metrics(batch.rewards_B, batch.raw_rewards_B)
+            if batch.noise_B is not None:
+                m["reward/noise_rate"] = batch.noise_B.float().mean()
             m |= est.length_metrics(batch.completion_mask_BT, batch.finished_by_stop_B)
             m["policy/entropy_sampled"] = est.masked_mean(-batch.logp_sampler_BT,
                                                           batch.completion_mask_BT)

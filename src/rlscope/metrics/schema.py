@@ -47,6 +47,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("reward/max", "sequences", "max", "rollout", "largest training reward"),
     _m("reward/raw_mean", "sequences", "seq_mean", "rollout",
        "mean reward before noise or shaping"),
+    _m("reward/noise_rate", "sequences", "frac", "rollout",
+       "rows whose training reward the configured reward noise replaced"),
     _m("adv/mean", "tokens", "token_mean", "rollout", "mean advantage over valid tokens"),
     _m("adv/abs_mean", "tokens", "token_mean", "rollout", "mean |A|"),
     _m("adv/std", "tokens", "std", "rollout", "std of A over valid tokens"),

@@ -53,6 +53,9 @@ class Task(Protocol):
     """A registered task. Attributes describe the interface the loop relies on."""
 
     name: str
+    family: str
+    """"sequence" (token tasks) or "bandit" (one action): decides which reward-noise modes
+    exist for the task."""
     vocab_size: int
     """Token ids the policy reads and writes."""
     prompt_len: int
@@ -81,8 +84,13 @@ class Task(Protocol):
 
 
 def make_policy_for(task: Task, model_cfg: object) -> Policy:
-    """The task's default policy shape: its vocabulary and its prompt + completion length."""
+    """The task's default policy: the task's own ``build_policy(model_cfg)`` where it defines
+    one (digits_bandit's MLP), else the configured sequence model over the task's vocabulary
+    and its prompt + completion length."""
     from rlscope.policy import ModelConfig, build_policy
 
+    own = getattr(task, "build_policy", None)
+    if own is not None:
+        return own(model_cfg)
     assert isinstance(model_cfg, ModelConfig)
     return build_policy(model_cfg, task.vocab_size, task.prompt_len + task.completion_len)

@@ -28,6 +28,7 @@ class ReversalTask:
     """
 
     name = "token_reversal"
+    family = "sequence"
     has_labels = True
 
     def __init__(self, cfg: TaskConfig) -> None:
