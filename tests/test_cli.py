@@ -11,6 +11,7 @@ import pytest
 
 from rlscope.cli import main
 from rlscope.methods import METHODS
+from rlscope.metrics.sinks import read_jsonl
 from rlscope.tasks import TASKS
 
 SMALL = ["--batch_size", "16", "--seq_len", "4", "--eval_every", "1", "--eval_batches", "1",
@@ -167,3 +168,25 @@ def test_tasks_lists_every_task(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for name in TASKS:
         assert name in out, name
+
+
+def test_parallel_seeds_equal_sequential_seeds(tmp_path: Path) -> None:
+    """--jobs 2 runs each seed in its own process with the same results as one after another
+    (same thread count per run), and both seeds' evaluations land in one CSV."""
+    common = ["train", "--method", "dg", "--num_steps", "4", "--batch_size", "16",
+              "--seq_len", "4", "--eval_every", "2", "--eval_batches", "1",
+              "--eval_batch_size", "8", "--num_seeds", "2", "--threads", "1",
+              "--device", "cpu", "--no_progress"]
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}"
+        assert main([*common, "--jobs", jobs, "--runs_dir", str(out), "--name", "r",
+                     "--output", str(out / "results.csv")]) == 0
+    for seed in (0, 1):
+        rows = [[{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))}
+                 for row in read_jsonl(tmp_path / f"jobs{jobs}" / f"r_s{seed}" / "metrics.jsonl")]
+                for jobs in ("1", "2")]
+        assert rows[0] == rows[1] and len(rows[0]) == 4
+    with (tmp_path / "jobs2" / "results.csv").open() as f:
+        csv_rows = list(csv.DictReader(f))
+    assert sorted((r["seed"], r["step"]) for r in csv_rows) == [
+        ("0", "0"), ("0", "2"), ("0", "4"), ("1", "0"), ("1", "2"), ("1", "4")]

@@ -34,7 +34,7 @@ def _tyro_parse(cls: type, args: list[str], prog: str) -> object:
 
 def cmd_train(args: list[str]) -> int:
     from rlscope.config import ConfigError, TrainConfig, validate
-    from rlscope.train import train
+    from rlscope.seeds import run_seeds
 
     cfg = _tyro_parse(TrainConfig, args, "rlscope train")
     assert isinstance(cfg, TrainConfig)
@@ -47,14 +47,9 @@ def cmd_train(args: list[str]) -> int:
     table = Table(title=f"{cfg.method} on {cfg.task}")
     for col in ("seed", "status", "test_error", "entropy", "wall s", "run dir"):
         table.add_column(col)
-    for i in range(cfg.run.num_seeds):
-        seed_cfg = dataclasses.replace(
-            cfg, run=dataclasses.replace(cfg.run, seed=cfg.run.seed + i,
-                                         name=cfg.run.name and f"{cfg.run.name}_s{cfg.run.seed + i}"
-                                         if cfg.run.num_seeds > 1 else cfg.run.name))
-        result = train(seed_cfg)
+    for result in run_seeds(cfg):
         final = result.final_eval
-        table.add_row(str(seed_cfg.run.seed), result.status,
+        table.add_row(str(result.seed), result.status,
                       f"{final.get('eval/test_error', float('nan')):.4f}",
                       f"{final.get('eval/entropy', float('nan')):.4f}",
                       f"{result.wall_time_s:.1f}", str(result.run_dir))

@@ -41,7 +41,9 @@ class RunConfig:
     seed: int = 0
     """Run seed: model init, prompts, sampling and evaluation sets all derive from it."""
     num_seeds: int = 1
-    """Run seeds seed, seed+1, ..., seed+num_seeds-1 one after another."""
+    """Run seeds seed, seed+1, ..., seed+num_seeds-1."""
+    jobs: int = 1
+    """Worker processes running seeds in parallel (give each --threads cores / jobs)."""
     num_steps: int = 300
     """Optimizer steps (sampling rounds)."""
     batch_size: int = 96
@@ -158,8 +160,9 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
                       f"{d.group_size}")
     if r.micro_batch_size < 0:
         errors.append(f"run.micro_batch_size={r.micro_batch_size} must be >= 0")
-    if r.delay < 0 or r.eval_every < 0 or r.num_seeds < 1:
-        errors.append("run.delay and run.eval_every must be >= 0, run.num_seeds >= 1")
+    if r.delay < 0 or r.eval_every < 0 or r.num_seeds < 1 or r.jobs < 1:
+        errors.append("run.delay and run.eval_every must be >= 0, run.num_seeds and run.jobs "
+                      ">= 1")
     if spec.needs_labels and not task.has_labels:
         errors.append(f"method {cfg.method!r} trains on ground-truth labels, which task "
                       f"{cfg.task!r} does not provide")

@@ -62,6 +62,7 @@ class LoopState:
 @dataclass
 class RunResult:
     run_dir: Path
+    seed: int
     status: str
     """completed | out_of_regime (a run that raises writes ``failed`` to status.json)"""
     metrics: list[dict[str, float]]
@@ -288,7 +289,7 @@ def train(cfg: TrainConfig) -> RunResult:
     wall = time.perf_counter() - t_run
     (run_dir / "status.json").write_text(json.dumps(
         {"status": status, "steps": state.step, "wall_time_s": wall}))
-    return RunResult(run_dir=run_dir, status=status, metrics=history, evals=evals,
+    return RunResult(run_dir=run_dir, seed=r.seed, status=status, metrics=history, evals=evals,
                      wall_time_s=wall)
 
 

@@ -9,6 +9,7 @@ already logged.
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import math
 from pathlib import Path
@@ -45,27 +46,31 @@ class JsonlWriter:
 
 
 def append_csv_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append tidy rows; the header is written when the file is new and widened when a row
-    brings a new column (the file is rewritten then, keeping every earlier row)."""
+    """Append tidy rows under an exclusive lock (several seed workers share one file).
+
+    The header is written when the file is new and widened when a row brings a new column
+    (the file is rewritten then, keeping every earlier row).
+    """
     if not rows:
         return
-    existing: list[dict[str, Any]] = []
-    fields: list[str] = []
-    if path.exists() and path.stat().st_size:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            fields = list(reader.fieldnames or [])
-            existing = list(reader)
-    new_fields = [k for row in rows for k in row if k not in fields]
-    fields += list(dict.fromkeys(new_fields))
-    mode = "w" if new_fields or not existing else "a"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open(mode, newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        if mode == "w":
+    with path.open("a+", newline="", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        reader = csv.DictReader(f)
+        fields = list(reader.fieldnames or [])
+        existing = list(reader)
+        new_fields = list(dict.fromkeys(k for row in rows for k in row if k not in fields))
+        if new_fields or not fields:
+            f.seek(0)
+            f.truncate()
+            writer = csv.DictWriter(f, fieldnames=fields + new_fields)
             writer.writeheader()
             writer.writerows(existing)
+        else:
+            writer = csv.DictWriter(f, fieldnames=fields)
         writer.writerows(rows)
+        f.flush()
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
