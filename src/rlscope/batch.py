@@ -1,9 +1,9 @@
 """Batch contracts: frozen dataclasses whose field names carry their shapes.
 
 Suffix letters: ``B`` rows (sequences), ``P`` prompt positions, ``T`` completion positions,
-``V`` vocabulary. ``to()`` and ``select()`` are generic over ``dataclasses.fields``, so adding a
-field is one line: tensors whose first dimension is ``B`` are indexed by ``select``; everything
-else is carried unchanged.
+``V`` vocabulary, ``K`` candidates per position. ``to()`` and ``select()`` are generic over
+``dataclasses.fields``, so adding a field is one line: tensors whose first dimension is ``B``
+are indexed by ``select``; everything else is carried unchanged.
 """
 
 from __future__ import annotations
@@ -126,3 +126,39 @@ class RolloutBatch:
             return tokens, None
         ones = torch.ones_like(self.completion_tokens_BT, dtype=self.prompt_mask_BP.dtype)
         return tokens, torch.cat([self.prompt_mask_BP, ones], dim=1)
+
+
+@dataclass(frozen=True)
+class CandidateBatch:
+    """K next-token candidates at every generated position of a behaviour rollout.
+
+    ``candidates_BTK[b, t, 0]`` is the behaviour token that extends the prefix
+    ``rollout.completion_tokens_BT[b, :t]``; ``1..K−1`` are further draws, with replacement,
+    from the behaviour policy at that prefix. ``logp_old_BTK`` are their behaviour log-probs;
+    ``rewards_BTK`` their dense rewards (1 if equal to the target at step t, 0 otherwise and at
+    unscored positions); ``mask_BT`` marks generated positions. The step index of a candidate
+    is its position ``t``; the prefix is the rollout's prompt plus its completion before ``t``.
+    """
+
+    rollout: RolloutBatch
+    candidates_BTK: torch.Tensor
+    logp_old_BTK: torch.Tensor
+    rewards_BTK: torch.Tensor
+    mask_BT: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.candidates_BTK.shape[0])
+
+    @property
+    def behaviour_rewards_BT(self) -> torch.Tensor:
+        """The behaviour token's dense reward (candidate 0)."""
+        return self.rewards_BTK[..., 0]
+
+    def to(self, device: torch.device | str) -> CandidateBatch:
+        moved = _map_tensors(self, lambda t: t.to(device), batched_only=False)
+        return dataclasses.replace(moved, rollout=self.rollout.to(device))
+
+    def select(self, index_B: torch.Tensor) -> CandidateBatch:
+        picked = _map_tensors(self, lambda t: t[index_B], batched_only=True)
+        return dataclasses.replace(picked, rollout=self.rollout.select(index_B))
