@@ -184,7 +184,9 @@ def test_expected_reward_matches_monte_carlo() -> None:
     assert hits_NT.all(-1).float().mean().item() == pytest.approx(0.378, abs=0.005)
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+# The token tasks draw their held-out set from the seed; digits_bandit's is the fixed test
+# split (tests/test_digits_bandit.py).
+@pytest.mark.parametrize("name", [n for n in TASKS if n != "digits_bandit"])
 def test_eval_sets_deterministic_per_seed_and_distinct_from_training(name: str) -> None:
     task = make_task(name, TaskConfig(eval_batches=3, eval_batch_size=50))
     a, b, other = task.eval_prompts(0), task.eval_prompts(0), task.eval_prompts(1)

@@ -124,7 +124,8 @@ def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
             assert SCHEMA[key].timing == "eval", key
 
 
-@pytest.mark.parametrize("task", [t for t in TASKS if t != "token_reversal"])
+@pytest.mark.parametrize("task", [t for t in TASKS
+                                  if t not in ("token_reversal", "digits_bandit")])
 def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
     options = dataclasses.replace(SMALL_TASK, score_len=2)
     result = train(_cfg(tmp_path, "reinforce", task=task, task_options=options, num_steps=2,
@@ -330,3 +331,9 @@ def test_a_crash_keeps_finished_steps_and_records_the_failure(tmp_path: Path,
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "failed" and status["steps"] == 3
     assert "reward server went away" in status["error"]
+
+
+def test_threads_option_does_not_leak_past_the_run(tmp_path: Path) -> None:
+    before = torch.get_num_threads()
+    train(_cfg(tmp_path, method="dg", num_steps=1, eval_every=0, threads=1))
+    assert torch.get_num_threads() == before

@@ -1,8 +1,8 @@
 """Run directories and resumable checkpoints.
 
 A checkpoint holds the policy, value head and reference weights, the optimizer state, the
-run's generator state, and the loop state (step, KL coefficient, fallback streak and the
-staleness queue), so a resumed run continues bit for bit.
+run's generator state, and the loop state (step, KL coefficient, fallback streak, the
+staleness queue and the replay buffer), so a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def save(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
         "step": state.step, "beta": state.beta, "fallback_streak": state.fallback_streak,
         "queue": [{f.name: getattr(b, f.name) for f in dataclasses.fields(b)}
                   for b in state.queue],
+        "replay": None if state.replay is None else state.replay.state_dict(),
     }
     path = folder / f"step_{state.step}.pt"
     tmp = path.with_suffix(".tmp")
@@ -76,6 +77,8 @@ def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
             module.load_state_dict(payload[key])
     optimizer.load_state_dict(payload["optimizer"])
     generator.set_state(payload["generator"])
+    if state.replay is not None:
+        state.replay.load_state_dict(payload["replay"])
     return dataclasses.replace(
         state, step=payload["step"], beta=payload["beta"],
         fallback_streak=payload["fallback_streak"],

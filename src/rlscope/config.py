@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
 from rlscope.policy import ModelConfig
+from rlscope.replay import ReplayConfig, validate_replay
 from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
 from rlscope.tasks.noise import validate_noise
@@ -102,6 +103,7 @@ class TrainConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
         errors.append("optim.lr must be > 0 and optim.grad_clip >= 0")
     errors += task.validate() + cfg.sampling.validate() + cfg.model.validate()
     errors += validate_noise(cfg.task_options, task.family)
+    errors += validate_replay(cfg.replay, r.delay)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     return spec, task, d

@@ -40,6 +40,7 @@ from rlscope.methods.selection import mixed_groups
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
 from rlscope.policy.value_head import ValueHead
+from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
 from rlscope.sampling.sampler import generate
 from rlscope.tasks.base import Task, make_policy_for
@@ -57,6 +58,7 @@ class LoopState:
     beta: float = 0.0
     fallback_streak: int = 0
     queue: deque[RolloutBatch] = field(default_factory=deque)
+    replay: ReplayBuffer | None = None
 
 
 @dataclass
@@ -132,6 +134,7 @@ def train(cfg: TrainConfig) -> RunResult:
     spec, task, d = validate(cfg)
     r = cfg.run
     device = resolve_device(r.device)
+    threads_before = torch.get_num_threads()
     if r.threads:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
@@ -146,7 +149,8 @@ def train(cfg: TrainConfig) -> RunResult:
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
                                   capturable=use_graphs, fused=not use_graphs)
     generator = torch.Generator().manual_seed(r.seed)
-    state = LoopState(beta=spec.kl.coef)
+    state = LoopState(beta=spec.kl.coef, replay=ReplayBuffer(cfg.replay)
+                      if cfg.replay.replay_capacity > 0 else None)
     run_dir = Path(r.resume) if r.resume else checkpoint.new_run_dir(cfg, r.runs_dir)
     if r.resume:
         state = checkpoint.load(run_dir, policy, value_head, ref, optimizer, generator, state,
@@ -211,12 +215,17 @@ def train(cfg: TrainConfig) -> RunResult:
             fresh = score_rollouts(fresh, policy, task, cfg, want_expected, step)
             _sync(device)
             t_scored = time.perf_counter()
-            state.queue.append(fresh)
-            if len(state.queue) <= r.delay:
-                state.step = step + 1
-                display.update({})
-                continue
-            batch = state.queue.popleft()
+            if state.replay is not None:
+                state.replay.push(fresh)
+                drawn = state.replay.sample(r.delay, generator)
+                batch = fresh if drawn is None else drawn[0]
+            else:
+                state.queue.append(fresh)
+                if len(state.queue) <= r.delay:
+                    state.step = step + 1
+                    display.update({})
+                    continue
+                batch = state.queue.popleft()
             assert batch.rewards_B is not None and batch.raw_rewards_B is not None
             m |= est.reward_metrics(batch.rewards_B, batch.raw_rewards_B)
             if batch.noise_B is not None:
@@ -260,6 +269,8 @@ def train(cfg: TrainConfig) -> RunResult:
                 "time/step": t_end - t_step,
                 "throughput/sample_tokens_per_s": n_gen / max(t_sampled - t_step, 1e-9),
                 "throughput/learn_tokens_per_s": learn_tokens / max(t_end - t_learn, 1e-9)}
+            if state.replay is not None:
+                values |= state.replay.stats()
             if device.type == "cuda":
                 values["perf/peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
             if spec.kl.control == "adaptive" and "policy/kl_ref_seq_k1" in values:
@@ -283,6 +294,7 @@ def train(cfg: TrainConfig) -> RunResult:
             {"status": status, "steps": state.step, "error": repr(error)}))
         raise
     finally:
+        torch.set_num_threads(threads_before)
         display.close()
         for log in (metrics_log, eval_log, samples_log):
             log.close()

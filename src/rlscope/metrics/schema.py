@@ -123,6 +123,18 @@ METRICS: tuple[MetricDef, ...] = (
     _m("throughput/learn_tokens_per_s", "steps", "value", "step",
        "learner tokens (prompt + completion, all passes) / s"),
     _m("perf/peak_memory_mb", "steps", "max", "step", "peak device memory (CUDA only)"),
+    _m("replay/size", "steps", "value", "step", "batches stored in the replay buffer"),
+    _m("replay/age_mean", "steps", "value", "step", "mean age of the stored batches"),
+    _m("replay/age_max", "steps", "value", "step", "oldest stored batch"),
+    _m("replay/priority_mean", "steps", "value", "step", "mean push-time priority"),
+    _m("replay/eligible", "steps", "value", "step",
+       "stored batches old enough (age >= delay) to be drawn this step"),
+    _m("replay/batch_age", "steps", "value", "step",
+       "age of the batch trained on this step (0 = the fresh batch)"),
+    _m("replay/trained_age_mean", "steps", "value", "step",
+       "mean age of every batch trained on so far"),
+    _m("replay/age_hist_*", "steps", "sum", "step",
+       "cumulative count of trained batches per age bin (0, 1, 2–3, 4–7, ...)"),
     _m("eval/test_error", "prompts", "seq_mean", "eval", "held-out greedy error"),
     _m("eval/entropy", "tokens", "token_mean", "eval",
        "mean per-step entropy along greedy held-out rollouts"),
@@ -134,9 +146,17 @@ METRICS: tuple[MetricDef, ...] = (
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
 
 
+_FAMILIES = tuple(m.name[:-1] for m in METRICS if m.name.endswith("*"))
+
+
+def is_registered(name: str) -> bool:
+    """Whether ``name`` is in the schema; a name ending in ``*`` there covers a family."""
+    return name in SCHEMA or name.startswith(_FAMILIES)
+
+
 def unregistered(names: object) -> list[str]:
     """Names not in the schema (a test keeps this empty for everything a run writes)."""
-    return sorted(n for n in names if n not in SCHEMA and n != "step")  # type: ignore[attr-defined]
+    return sorted(n for n in names if not is_registered(n) and n != "step")  # type: ignore[attr-defined]
 
 
 def render_markdown() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import Scores, Task, TaskConfig
 from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
@@ -14,6 +15,7 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "chain_reversal": ChainReversalTask,
     "chain_arithmetic": ChainArithmeticTask,
     "format_answer": FormatAnswerTask,
+    "digits_bandit": DigitsBanditTask,
 }
 
 
