@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from rlscope.diagnostics import DiagnosticsConfig
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
 from rlscope.policy import ModelConfig
@@ -104,6 +105,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
 
 @dataclass(frozen=True)

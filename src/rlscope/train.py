@@ -24,6 +24,7 @@ import torch
 from rlscope import checkpoint
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.config import TrainConfig, to_dict, validate
+from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snapshot
 from rlscope.evaluation import evaluate
 from rlscope.learner import (
     LearnerInputs,
@@ -204,7 +205,9 @@ def train(cfg: TrainConfig) -> RunResult:
 
     try:
         for step in range(state.step, r.num_steps):
-            if step >= r.delay and (r.eval_every and (step - r.delay) % r.eval_every == 0):
+            eval_due = step >= r.delay and bool(r.eval_every) \
+                and (step - r.delay) % r.eval_every == 0
+            if eval_due:
                 run_eval(step)
             t_step = time.perf_counter()
             m: dict[str, torch.Tensor] = {}
@@ -253,7 +256,15 @@ def train(cfg: TrainConfig) -> RunResult:
             policy.train()
             n_rows = batch.batch_size
             mb_rows = max(n_rows // r.num_minibatches, 1)
+            if eval_due and cfg.diagnostics.grad_diagnostics:
+                m |= gradient_diagnostics(spec, policy, value_head, batch, inputs, state.beta,
+                                          temperature, replay_keep, cfg.optim.grad_clip)
+            if eval_due and cfg.diagnostics.entropy_diagnostics:
+                before = snapshot(policy, batch, inputs, temperature, replay_keep)
             updated = learn(batch, inputs, state.beta)
+            if eval_due and cfg.diagnostics.entropy_diagnostics:
+                after = snapshot(policy, batch, inputs, temperature, replay_keep)
+                m |= entropy_diagnostics(before, after, inputs)
             m |= update_metrics(updated, batch, inputs, spec.needs_labels,
                                 n_minibatches=-(-n_rows // mb_rows), grad_clip=cfg.optim.grad_clip)
             _sync(device)
