@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
+from rlscope.batch import RolloutBatch
+from rlscope.config import RunConfig, TrainConfig
 from rlscope.methods import METHODS
-from rlscope.methods.selection import SELECTIONS, mixed_groups
+from rlscope.methods.selection import SELECTIONS, fill_mixed_groups, mixed_groups
+from rlscope.tasks import TaskConfig
+from rlscope.train import train
 
 
 def _floats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -49,3 +56,55 @@ def test_grouped_presets_select_mixed_groups_by_default() -> None:
     assert {"grpo", "dr_grpo", "dapo"} <= grouped
     for name in grouped:
         assert METHODS[name].selection == "mixed_groups", name
+
+
+def test_fill_batch_resamples_until_mixed_groups_fill_it(tmp_path: Path) -> None:
+    """With --fill_batch every trained row belongs to a mixed group, the batch is full, and the
+    extra rounds are logged; without it the batch shrinks to the mixed groups."""
+    def run(fill: bool) -> list[dict[str, float]]:
+        return train(TrainConfig(
+            method="grpo", task_options=TaskConfig(seq_len=2, vocab=2, binary_reward=True,
+                                                   eval_batches=1, eval_batch_size=8),
+            run=RunConfig(num_steps=3, batch_size=32, group_size=4, fill_batch=fill,
+                          max_fill_rounds=20, eval_every=0, progress=False, device="cpu",
+                          runs_dir=str(tmp_path), name=f"fill{fill}"))).metrics
+
+    filled, plain = run(True), run(False)
+    assert all(row["group/mixed_rate"] == 1.0 and row["group/retained_rate"] == 1.0
+               for row in filled)
+    assert any(row["group/fill_rounds"] > 1 for row in filled)
+    assert any(row["group/retained_rate"] < 1.0 for row in plain)
+
+
+def test_fill_batch_that_cannot_fill_says_what_to_change() -> None:
+    g = torch.Generator().manual_seed(0)
+
+    def one_mixed_group() -> RolloutBatch:
+        rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+        return _rollout(rewards, g)
+
+    with pytest.raises(RuntimeError, match="max_fill_rounds"):
+        # one mixed group of 4 rows per round: 3 rounds give 12 of the 16 rows
+        fill_mixed_groups(one_mixed_group(), one_mixed_group, rows=16, group_size=4, max_rounds=3)
+
+
+def _rollout(rewards_B: torch.Tensor, g: torch.Generator) -> RolloutBatch:
+    B = rewards_B.shape[0]
+    return RolloutBatch(
+        prompt_tokens_BP=torch.randint(0, 2, (B, 3), generator=g), prompt_mask_BP=None,
+        completion_tokens_BT=torch.randint(0, 2, (B, 2), generator=g),
+        completion_mask_BT=torch.ones(B, 2), logp_sampler_BT=torch.zeros(B, 2),
+        logp_raw_BT=torch.zeros(B, 2), finished_by_stop_B=torch.zeros(B, dtype=torch.bool),
+        group_id_B=torch.arange(B) // 4, rewards_B=rewards_B)
+
+
+def test_fill_batch_keeps_exactly_the_mixed_groups_in_order() -> None:
+    g = torch.Generator().manual_seed(0)
+    first = _rollout(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]), g)
+    more = _rollout(torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0]), g)
+    batch, rounds = fill_mixed_groups(first, lambda: more, rows=8, group_size=4, max_rounds=2)
+    assert rounds == 2
+    assert torch.equal(batch.rewards_B, torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0]))
+    assert torch.equal(batch.completion_tokens_BT[:4], first.completion_tokens_BT[:4])
+    assert torch.equal(batch.completion_tokens_BT[4:], more.completion_tokens_BT[4:])
+    assert batch.group_id_B.unique().numel() == 2

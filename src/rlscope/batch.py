@@ -128,6 +128,30 @@ class RolloutBatch:
         return tokens, torch.cat([self.prompt_mask_BP, ones], dim=1)
 
 
+def concat_rollouts(batches: list[RolloutBatch]) -> RolloutBatch:
+    """Stack rollout batches row-wise (every batched tensor along dim 0).
+
+    All batches must share prompt and completion widths and carry the same optional fields;
+    group ids are renumbered so groups of different batches stay apart.
+    """
+    first = batches[0]
+    offset = 0
+    renumbered = []
+    for b in batches:
+        renumbered.append(dataclasses.replace(b, group_id_B=b.group_id_B + offset))
+        offset += int(b.group_id_B.max()) + 1 if b.batch_size else 0
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(first):
+        values = [getattr(b, f.name) for b in renumbered]
+        if not isinstance(values[0], torch.Tensor):
+            continue
+        if any(v is None or v.shape[1:] != values[0].shape[1:] for v in values):
+            raise ValueError(f"cannot stack rollouts: field {f.name} differs in presence or "
+                             f"shape across batches")
+        changes[f.name] = torch.cat(values)
+    return dataclasses.replace(first, **changes)
+
+
 @dataclass(frozen=True)
 class CandidateBatch:
     """K next-token candidates at every generated position of a behaviour rollout.

@@ -61,6 +61,11 @@ class RunConfig:
     minibatch."""
     delay: int = 0
     """Staleness: train on the batch sampled this many steps ago."""
+    fill_batch: bool = False
+    """With mixed-group selection, sample more prompts until mixed groups fill the batch
+    (DAPO's dynamic sampling)."""
+    max_fill_rounds: int = 4
+    """Generation rounds --fill_batch may use per step before it stops with an error."""
     eval_every: int = 20
     """Evaluate every this many steps (before the update) and after the last step; 0 = only
     at the end."""
@@ -162,6 +167,11 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if spec.grouped and r.num_minibatches > 1 and d.minibatch_size % d.group_size:
         errors.append(f"minibatch size {d.minibatch_size} must hold whole groups of "
                       f"{d.group_size}")
+    if r.fill_batch and spec.selection != "mixed_groups":
+        errors.append("run.fill_batch needs mixed-group selection: use a grouped method or "
+                      "--selection mixed_groups")
+    if r.max_fill_rounds < 1:
+        errors.append(f"run.max_fill_rounds={r.max_fill_rounds} must be >= 1")
     if r.micro_batch_size < 0:
         errors.append(f"run.micro_batch_size={r.micro_batch_size} must be >= 0")
     if r.delay < 0 or r.eval_every < 0 or r.num_seeds < 1 or r.jobs < 1:

@@ -37,7 +37,7 @@ from rlscope.learner import (
 )
 from rlscope.learner_graphs import GraphedUpdate
 from rlscope.methods.regularizers import adaptive_kl_update
-from rlscope.methods.selection import mixed_groups
+from rlscope.methods.selection import fill_mixed_groups, mixed_groups
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
 from rlscope.policy.value_head import ValueHead
@@ -187,6 +187,12 @@ def train(cfg: TrainConfig) -> RunResult:
     display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}", state.step)
     t_run = time.perf_counter()
 
+    def draw_scored(step: int) -> RolloutBatch:
+        """One more scored round of rollouts (for --fill_batch)."""
+        rollout = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
+                                  d.group_size, d.max_new_tokens)
+        return score_rollouts(rollout, policy, task, cfg, want_expected, step)
+
     def run_eval(step: int) -> None:
         t0 = time.perf_counter()
         policy.eval()
@@ -216,6 +222,11 @@ def train(cfg: TrainConfig) -> RunResult:
             _sync(device)
             t_sampled = time.perf_counter()
             fresh = score_rollouts(fresh, policy, task, cfg, want_expected, step)
+            if r.fill_batch:
+                fresh, fill_rounds = fill_mixed_groups(
+                    fresh, functools.partial(draw_scored, step), r.batch_size, d.group_size,
+                    r.max_fill_rounds)
+                m["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=device)
             _sync(device)
             t_scored = time.perf_counter()
             if state.replay is not None:

@@ -62,6 +62,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("group/mixed_rate", "groups", "frac", "rollout", "groups with reward std > 1e-6"),
     _m("group/retained_rate", "sequences", "frac", "rollout", "rows kept by selection"),
     _m("group/fallback", "steps", "value", "rollout", "1 when no group was mixed"),
+    _m("group/fill_rounds", "steps", "value", "rollout",
+       "generation rounds --fill_batch used to fill the batch with mixed groups"),
     _m("policy/entropy", "tokens", "token_mean", "first_pass",
        "categorical entropy of the learner's sampling distribution on action tokens, before "
        "the update"),
@@ -161,6 +163,14 @@ METRICS: tuple[MetricDef, ...] = (
     _m("eval/test_error_unscored", "prompts", "seq_mean", "eval",
        "held-out error on unscored positions (masked_reversal)"),
     _m("eval/chain_reward", "prompts", "seq_mean", "eval", "mean chain reward of greedy outputs"),
+    _m("eval/nll", "prompts", "seq_mean", "eval",
+       "mean −log π(next token) on held-out windows, teacher-forced (lm_bandit)"),
+    _m("eval/perplexity", "prompts", "value", "eval",
+       "exp of the mean held-out NLL of the next token (lm_bandit)"),
+    *(_m(f"eval/test_error_t{i}", "prompts", "seq_mean", "eval",
+         f"held-out greedy error on the {word} third of windows by the initial model's loss, "
+         "terciles fixed per seed (lm_bandit)")
+      for i, word in ((1, "easiest"), (2, "middle"), (3, "hardest"))),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
