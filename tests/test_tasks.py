@@ -3,14 +3,21 @@ expected reward, and the held-out evaluation sets."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from rlscope.batch import RolloutBatch
+from rlscope.config import OptimConfig, RunConfig, TrainConfig
+from rlscope.learner import forward_completion
+from rlscope.policy.tiny import TinyConfig, TinyTransformer
+from rlscope.sampling import SamplingConfig, generate
 from rlscope.tasks import TASKS, TaskConfig, make_task
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
+from rlscope.train import train
 
 
 def _rollout(targets: list[int], completions: list[list[int]], vocab: int) -> RolloutBatch:
@@ -221,3 +228,41 @@ def test_reversal_validation() -> None:
     assert any("vocab" in e for e in ReversalTask(TaskConfig(vocab=1)).validate())
     assert any("seq_len" in e for e in ReversalTask(TaskConfig(seq_len=0)).validate())
     assert any("eval_batch" in e for e in ReversalTask(TaskConfig(eval_batches=0)).validate())
+
+
+def test_binary_expected_reward_matches_monte_carlo() -> None:
+    """Exact P(exact match) from one teacher-forced pass equals the mean binary reward of
+    4,000 sampled completions of the same prompt (within 4 standard errors)."""
+    task = make_task("token_reversal", TaskConfig(vocab=2, seq_len=2, binary_reward=True))
+    torch.manual_seed(0)
+    policy = TinyTransformer(TinyConfig(vocab_size=task.vocab_size, max_len=8)).eval()
+    prompts = task.sample_prompts(torch.Generator().manual_seed(1), 1).repeat_interleave(4000)
+    seeds_B = torch.arange(4000)
+    rollout = generate(policy, prompts, SamplingConfig(), seeds_B, task.completion_len)
+    rewards_B = task.score(rollout).rewards_B
+    with torch.no_grad():
+        assert rollout.targets_BT is not None
+        first = rollout.select(torch.tensor([0]))
+        logp_BT = forward_completion(policy, first, rollout.targets_BT[:1], 1.0,
+                                     replay_keep=False).logp_BT
+    exact = float(task.expected_reward(logp_BT)[0])
+    mc = float(rewards_B.mean())
+    se = (exact * (1 - exact) / 4000) ** 0.5
+    assert 0.02 < exact < 0.98
+    assert abs(mc - exact) < 4 * se
+
+
+def test_grpo_on_a_trivially_easy_task_stops_out_of_regime(tmp_path: Path) -> None:
+    """Copy one bit: GRPO solves it within a few dozen steps, after which every group of 8 is
+    all-correct; 10 consecutive fallback batches end the run as out_of_regime."""
+    result = train(TrainConfig(
+        method="grpo", task_options=TaskConfig(vocab=2, seq_len=1, binary_reward=True,
+                                               eval_batches=1, eval_batch_size=16),
+        optim=OptimConfig(lr=3e-3),
+        run=RunConfig(num_steps=300, batch_size=32, eval_every=0, progress=False,
+                      device="cpu", runs_dir=str(tmp_path))))
+    assert result.status == "out_of_regime"
+    tail = result.metrics[-9:]
+    assert all(row["group/fallback"] == 1.0 and row["group/mixed_rate"] == 0.0 for row in tail)
+    assert len(result.metrics) < 300
+    assert json.loads((result.run_dir / "status.json").read_text())["status"] == "out_of_regime"
