@@ -108,12 +108,14 @@ def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
                    want_expected_reward: bool, step: int) -> RolloutBatch:
     """Attach the task's rewards, corrupted by the configured training reward noise, and,
     where the task exposes it and rewards are clean, the exact E[r | x] under the behaviour
-    policy (one teacher-forced pass over the targets). ``raw_rewards_B`` keeps the clean
-    rewards; ``noise_B`` marks the rows the noise replaced."""
+    policy (one teacher-forced pass over the targets). ``raw_rewards_B`` keeps the rewards
+    before noise and before the task's own shaping; ``noise_B`` marks the rows the noise
+    replaced."""
     scores = task.score(rollout)
     noise_cfg = cfg.task_options
-    # Every task's reward is exactly 1 on a fully correct output and below 1 otherwise.
-    correct_B = scores.rewards_B >= 1.0
+    raw_B = scores.rewards_B if scores.unshaped_rewards_B is None else scores.unshaped_rewards_B
+    # Every task's unshaped reward is exactly 1 on a fully correct output, below 1 otherwise.
+    correct_B = raw_B >= 1.0
     rewards_B, noise_B = apply_reward_noise(
         scores.rewards_B, rollout.completion_tokens_BT, rollout.completion_mask_BT,
         rollout.prompt_tokens_BP, correct_B, noise_cfg, task.family,
@@ -126,7 +128,7 @@ def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
                                          cfg.sampling.temperature, replay_keep=False).logp_BT
         expected = task.expected_reward(logp_BT)
     return dataclasses.replace(
-        rollout, rewards_B=rewards_B, raw_rewards_B=scores.rewards_B, noise_B=noise_B,
+        rollout, rewards_B=rewards_B, raw_rewards_B=raw_B, noise_B=noise_B,
         token_rewards_BT=scores.token_rewards_BT, expected_reward_B=expected,
         age_B=torch.zeros(rollout.batch_size, device=rollout.completion_tokens_BT.device))
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import Scores, Task, TaskConfig
 from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
+from rlscope.tasks.lm_bandit import LMBanditTask
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
 
 TASKS: dict[str, Callable[[TaskConfig], Task]] = {
@@ -16,6 +17,7 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "chain_arithmetic": ChainArithmeticTask,
     "format_answer": FormatAnswerTask,
     "digits_bandit": DigitsBanditTask,
+    "lm_bandit": LMBanditTask,
 }
 
 

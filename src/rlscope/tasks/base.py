@@ -39,6 +39,11 @@ class TaskConfig:
     reward_noise_mode: str = "none"
     """How a corrupted training reward changes: none, label_flip, random_reward,
     false_positive_action0, spurious_feature, false_positive_rare_token (docs/tasks.md)."""
+    context_len: int = 32
+    """lm_bandit: bytes of corpus text in each prompt (the action predicts the next byte)."""
+    lm_kl_shaping: float = 0.0
+    """lm_bandit: β of the KL-shaped training reward r − β(log π(a) − log π_ref(a)), π_ref the
+    frozen initial policy (0 = plain reward; not combinable with reward_noise)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class Scores:
 
     rewards_B: torch.Tensor
     token_rewards_BT: torch.Tensor | None = None
+    unshaped_rewards_B: torch.Tensor | None = None
+    """The task's reward before any shaping it applies (None when it applies none)."""
 
 
 class Task(Protocol):
