@@ -3,6 +3,7 @@ expected reward, and the held-out evaluation sets."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -266,3 +267,10 @@ def test_grpo_on_a_trivially_easy_task_stops_out_of_regime(tmp_path: Path) -> No
     assert all(row["group/fallback"] == 1.0 and row["group/mixed_rate"] == 0.0 for row in tail)
     assert len(result.metrics) < 300
     assert json.loads((result.run_dir / "status.json").read_text())["status"] == "out_of_regime"
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_task_options_are_task_config_fields(name: str) -> None:
+    fields = {f.name for f in dataclasses.fields(TaskConfig)}
+    options = make_task(name, TaskConfig()).options
+    assert options and set(options) <= fields

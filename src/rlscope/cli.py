@@ -108,14 +108,13 @@ def cmd_methods(args: list[str]) -> int:
 def cmd_tasks(args: list[str]) -> int:
     from rlscope.tasks import TASKS, TaskConfig, make_task
 
-    table = Table(title="tasks (options: rlscope train --help, 'task_options')")
-    table.add_column("task")
-    table.add_column("description")
-    table.add_column("doc")
+    table = Table(title="tasks (rlscope train --task NAME; details in docs/tasks.md)")
+    for col in ("task", "family", "what it is", "options"):
+        table.add_column(col)
     for name in TASKS:
         task = make_task(name, TaskConfig())
         doc = next(iter((type(task).__doc__ or "").strip().splitlines()), "")
-        table.add_row(name, task.describe(), doc)
+        table.add_row(name, task.family, doc, " ".join(f"--{o}" for o in task.options))
     Console().print(table)
     return 0
 

@@ -27,7 +27,7 @@ from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy import ModelConfig
 from rlscope.policy.base import Policy
 from rlscope.policy.mlp import MLPConfig, MLPPolicy
-from rlscope.tasks.base import Scores, TaskConfig
+from rlscope.tasks.base import NOISE_OPTIONS, Scores, TaskConfig
 from rlscope.tasks.noise import exposes_expected_reward
 
 N_PIXELS = 64
@@ -73,6 +73,7 @@ class DigitsBanditTask:
 
     name = "digits_bandit"
     family = "bandit"
+    options: tuple[str, ...] = NOISE_OPTIONS
     """Reward-noise family (`rlscope.tasks.noise`)."""
     has_labels = True
     vocab_size = MAX_LEVEL + 1

@@ -15,6 +15,9 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy
 
+EVAL_OPTIONS = ("eval_batches", "eval_batch_size")
+NOISE_OPTIONS = ("reward_noise", "reward_noise_mode")
+
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -68,6 +71,8 @@ class Task(Protocol):
     prompt_len: int
     completion_len: int
     """Default number of generated tokens."""
+    options: tuple[str, ...]
+    """The `TaskConfig` fields (command-line options) the task reads."""
     has_labels: bool
     """Whether prompts carry ground-truth targets (needed by the `ce` oracle)."""
 

@@ -44,7 +44,7 @@ from torch import nn
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy import ModelConfig, build_policy
 from rlscope.policy.base import Policy
-from rlscope.tasks.base import Scores, TaskConfig
+from rlscope.tasks.base import EVAL_OPTIONS, NOISE_OPTIONS, Scores, TaskConfig
 from rlscope.tasks.noise import exposes_expected_reward
 from rlscope.tokenizer import ByteTokenizer
 
@@ -85,6 +85,7 @@ class LMBanditTask:
 
     name = "lm_bandit"
     family = "bandit"
+    options: tuple[str, ...] = ("context_len", "lm_kl_shaping", *EVAL_OPTIONS, *NOISE_OPTIONS)
     """Reward-noise family (`rlscope.tasks.noise`): action 0 is the NUL byte."""
     has_labels = True
     completion_len = 1

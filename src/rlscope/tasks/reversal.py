@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.tasks.base import Scores, TaskConfig
+from rlscope.tasks.base import EVAL_OPTIONS, NOISE_OPTIONS, Scores, TaskConfig
 
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -29,6 +29,7 @@ class ReversalTask:
 
     name = "token_reversal"
     family = "sequence"
+    options: tuple[str, ...] = ("vocab", "seq_len", "binary_reward", *EVAL_OPTIONS, *NOISE_OPTIONS)
     has_labels = True
 
     def __init__(self, cfg: TaskConfig) -> None:
@@ -108,9 +109,10 @@ class ReversalTask:
 
 
 class MaskedReversalTask(ReversalTask):
-    """Reversal scored on the last ``score_len`` output positions only."""
+    """Reversal scored on the last score_len output positions only."""
 
     name = "masked_reversal"
+    options = ("vocab", "seq_len", "score_len", "binary_reward", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def _score_mask(self) -> torch.Tensor:
         mask = torch.zeros(self.cfg.seq_len)
@@ -144,6 +146,7 @@ class ChainReversalTask(ReversalTask):
     """Reversal with checkpoint rewards: first half, second half and whole exact, averaged."""
 
     name = "chain_reversal"
+    options = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def validate(self) -> list[str]:
         errors = super().validate()
