@@ -50,7 +50,7 @@ class PromptBatch:
     def to(self, device: torch.device | str) -> PromptBatch:
         return _map_tensors(self, lambda t: t.to(device), batched_only=False)
 
-    def select(self, index_B: torch.Tensor) -> PromptBatch:
+    def select(self, index_B: torch.Tensor | slice) -> PromptBatch:
         return _map_tensors(self, lambda t: t[index_B], batched_only=True)
 
     def repeat_interleave(self, k: int) -> PromptBatch:
@@ -111,8 +111,8 @@ class RolloutBatch:
     def to(self, device: torch.device | str) -> RolloutBatch:
         return _map_tensors(self, lambda t: t.to(device), batched_only=False)
 
-    def select(self, index_B: torch.Tensor) -> RolloutBatch:
-        """Rows ``index_B`` (a long index or a boolean mask) of every batched tensor."""
+    def select(self, index_B: torch.Tensor | slice) -> RolloutBatch:
+        """Rows ``index_B`` (a long index, a boolean mask or a slice) of every batched tensor."""
         return _map_tensors(self, lambda t: t[index_B], batched_only=True)
 
     def full_tokens(self) -> tuple[torch.Tensor, torch.Tensor | None]:

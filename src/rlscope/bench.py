@@ -7,6 +7,7 @@ cache against full recompute), plus absolute numbers for the machine it ran on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -80,7 +81,7 @@ def bench_sampler(cfg: BenchConfig, device: torch.device) -> dict[str, float]:
     for n in cfg.new_tokens:
         for use_cache in (True, False):
             scfg = SamplingConfig(use_cache=use_cache, decode_graphs=cfg.cuda_graphs)
-            secs = _timed(lambda s=scfg, n=n: generate(policy, prompts, s, seeds_B, n),
+            secs = _timed(functools.partial(generate, policy, prompts, scfg, seeds_B, n),
                           device, cfg.repeats)
             key = "cache" if use_cache else "recompute"
             out[f"sampler_{key}_tokens_per_s@{n}"] = cfg.batch_size * n / secs

@@ -39,6 +39,7 @@ from rlscope.learner import (
     micro_batch_loss,
     update,
 )
+from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
 from rlscope.sampling.graphs import capture
 
@@ -100,7 +101,7 @@ class GraphedUpdate:
     """Callable like ``learner.update(plan, policy, value_head, optimizer, ...)`` with the
     first four arguments bound; ``rows`` is the full batch size."""
 
-    def __init__(self, plan: UpdatePlan, policy: torch.nn.Module, value_head: ValueHead | None,
+    def __init__(self, plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
                  optimizer: torch.optim.Optimizer, rows: int) -> None:
         if rows % plan.num_minibatches:
             raise ValueError(f"{rows} rows do not split into {plan.num_minibatches} minibatches")

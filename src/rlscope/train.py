@@ -262,6 +262,7 @@ def train(cfg: TrainConfig) -> RunResult:
             inputs, prep_m = prepare(spec, batch, policy, value_head, ref, state.beta,
                                      d.group_size, temperature, replay_keep)
             m |= prep_m
+            assert batch.rewards_B is not None
             m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B,
                                        d.group_size)
             _sync(device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TypeVar
 
 from rlscope.methods.advantages import ADVANTAGES, GROUPED_ADVANTAGES
 from rlscope.methods.aggregation import AGGREGATIONS
@@ -149,9 +150,12 @@ class MethodConfig:
     """Clamp |A| to this value (0 = off)."""
 
 
-def _override(obj: object, **changes: object) -> object:
+_C = TypeVar("_C", AdvantageConfig, GateConfig, ObjectiveConfig, KLConfig, ValueConfig)
+
+
+def _override(obj: _C, **changes: object) -> _C:
     set_changes = {k: v for k, v in changes.items() if v is not None}
-    return dataclasses.replace(obj, **set_changes) if set_changes else obj  # type: ignore
+    return dataclasses.replace(obj, **set_changes) if set_changes else obj  # type: ignore[arg-type]
 
 
 def resolve_method(name: str, cfg: MethodConfig | None = None) -> MethodSpec:

@@ -90,7 +90,8 @@ class HFPolicy(nn.Module):
         self.model = model
         self.train(model.training)  # mirror the wrapped model's train/eval mode
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        get_head = getattr(model, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) else None
         head_weight = getattr(head, "weight", None)
         if head_weight is not None:
             self.vocab_size: int = int(head_weight.shape[0])

@@ -204,6 +204,7 @@ class TinyTransformer(nn.Module):
         mask_CL = torch.ones(C, P + C, dtype=torch.bool, device=device)
         mask_CL[:, P:] = torch.ones(C, C, dtype=torch.bool, device=device).tril()
         for block in self.blocks:
+            assert isinstance(block, Block)
             x_GPD, x_BCD = block.forward_shared_prefix(x_GPD, x_BCD, mask_CL)
         last_BD = self.ln_f(x_GPD[:, -1]).repeat_interleave(B // G, 0)
         hidden_BTD = torch.cat([last_BD[:, None], self.ln_f(x_BCD)], 1)

@@ -56,7 +56,7 @@ class ChainArithmeticTask(ReversalTask):
     """Copy the first H−1 tokens, then answer their sum mod V; checkpoint reward."""
 
     name = "chain_arithmetic"
-    options = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
+    options: tuple[str, ...] = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def validate(self) -> list[str]:
         return super().validate() + _checkpoint_errors(self.name, self.cfg)
@@ -85,7 +85,7 @@ class FormatAnswerTask(ReversalTask):
     """Emit an ANSWER tag, then (x0 + x1) mod V, then copy inputs 2..H−1; checkpoint reward."""
 
     name = "format_answer"
-    options = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
+    options: tuple[str, ...] = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def __init__(self, cfg: TaskConfig) -> None:
         super().__init__(cfg)

@@ -112,7 +112,8 @@ class MaskedReversalTask(ReversalTask):
     """Reversal scored on the last score_len output positions only."""
 
     name = "masked_reversal"
-    options = ("vocab", "seq_len", "score_len", "binary_reward", *EVAL_OPTIONS, *NOISE_OPTIONS)
+    options: tuple[str, ...] = ("vocab", "seq_len", "score_len", "binary_reward",
+                                *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def _score_mask(self) -> torch.Tensor:
         mask = torch.zeros(self.cfg.seq_len)
@@ -146,7 +147,7 @@ class ChainReversalTask(ReversalTask):
     """Reversal with checkpoint rewards: first half, second half and whole exact, averaged."""
 
     name = "chain_reversal"
-    options = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
+    options: tuple[str, ...] = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def validate(self) -> list[str]:
         errors = super().validate()
