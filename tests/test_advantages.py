@@ -271,3 +271,208 @@ def test_adv_clip_clamps_magnitude() -> None:
     torch.testing.assert_close(adv, want, **TOL)
     unclipped = compute_advantages(_grouped(rewards), AdvantageConfig("group_center", clip=0.0))
     assert float(unclipped.abs().max()) == 1.0
+
+
+# --------------------------------------------------------------------------- batch_zscore
+
+
+def test_batch_zscore_group_mean_over_batch_std() -> None:
+    # rewards 2, 0, 1 | 0.25, 0.75, 0.5: group means 1 and 0.5.
+    # Batch mean = 4.5 / 6 = 0.75; squared deviations from it:
+    #   1.5625, 0.5625, 0.0625, 0.25, 0, 0.0625 → sum 2.5, population var 2.5 / 6.
+    rewards = _t([[2.0, 0.0, 1.0, 0.25, 0.75, 0.5]])[0]
+    adv = compute_advantages(_grouped(rewards), AdvantageConfig("batch_zscore"))
+    d = math.sqrt(2.5 / 6) + 1e-8
+    want = _rows([(2.0 - 1.0) / d, (0.0 - 1.0) / d, (1.0 - 1.0) / d,
+                  (0.25 - 0.5) / d, (0.75 - 0.5) / d, (0.5 - 0.5) / d], LENGTHS_6)
+    torch.testing.assert_close(adv, want, **TOL)
+
+
+def test_batch_zscore_uniform_group_stays_zero_and_constant_batch_is_zero() -> None:
+    # Group 1 is uniform (0.5 × 3): centred 0 whatever the batch std.
+    adv = compute_advantages(_grouped(GROUPED_R), AdvantageConfig("batch_zscore"))
+    assert torch.equal(adv[3:], torch.zeros(3, 4, dtype=F64))
+    # batch mean 4.5/6 = 0.75; var = (1.25² + 0.75² + 0.25² + 3·0.25²) / 6
+    var = (1.25**2 + 0.75**2 + 0.25**2 + 3 * 0.25**2) / 6
+    torch.testing.assert_close(adv[0, 0], torch.tensor(1.0 / (math.sqrt(var) + 1e-8),
+                                                       dtype=F64), **TOL)
+    flat = compute_advantages(_grouped(torch.full((6,), 0.3, dtype=F64)),
+                              AdvantageConfig("batch_zscore"))
+    assert torch.equal(flat, torch.zeros(6, 4, dtype=F64))
+
+
+# --------------------------------------------------------------------------- reinforce_pp
+
+
+def _whiten_rows(raw: list[list[float]], lengths: tuple[int, ...]) -> torch.Tensor:
+    valid = [raw[i][t] for i, n in enumerate(lengths) for t in range(n)]
+    mean = sum(valid) / len(valid)
+    std = math.sqrt(sum((v - mean) ** 2 for v in valid) / len(valid))
+    return _t([[(raw[i][t] - mean) / (std + 1e-8) if t < n else 0.0 for t in range(4)]
+               for i, n in enumerate(lengths)])
+
+
+def test_reinforce_pp_discounted_return_to_go_then_whiten() -> None:
+    # γ = 0.5, rewards 1, −0.5, 0.25 on the last valid token (lengths 4, 2, 3), plus KL shaping.
+    # row 0: per-token r = [0.1, 0, −0.2, 0.3 + 1]          → G_3 = 1.3,
+    #        G_2 = −0.2 + 0.5·1.3 = 0.45, G_1 = 0 + 0.5·0.45 = 0.225, G_0 = 0.1 + 0.5·0.225
+    # row 1: per-token r = [0, 0.2 − 0.5] (shaping past the end ignored)
+    #        G_1 = −0.3, G_0 = 0 + 0.5·(−0.3) = −0.15
+    # row 2: per-token r = [0, 0, 0.25] → G = [0.0625, 0.125, 0.25]
+    token_r = _t([[0.1, 0.0, -0.2, 0.3],
+                  [0.0, 0.2, 9.0, 9.0],
+                  [0.0, 0.0, 0.0, 9.0]])
+    x = AdvantageInputs(rewards_B=_t([[1.0, -0.5, 0.25]])[0], mask_BT=MASK_3x4,
+                        token_rewards_BT=token_r)
+    adv = compute_advantages(x, AdvantageConfig("reinforce_pp", gamma=0.5))
+    raw = [[0.1 + 0.5 * 0.225, 0.225, 0.45, 1.3],
+           [-0.15, -0.3, 0.0, 0.0],
+           [0.0625, 0.125, 0.25, 0.0]]
+    torch.testing.assert_close(adv, _whiten_rows(raw, (4, 2, 3)), **TOL)
+
+
+def test_reinforce_pp_gamma_one_is_whitened_reward_on_every_token() -> None:
+    # γ = 1, no shaping: G_t = r on every valid token. Valid values: 1×4, 0×2, 0.5×3 →
+    # mean = (4 + 1.5) / 9, then whiten.
+    x = AdvantageInputs(rewards_B=_t([[1.0, 0.0, 0.5]])[0], mask_BT=MASK_3x4)
+    adv = compute_advantages(x, AdvantageConfig("reinforce_pp", gamma=1.0))
+    raw = [[1.0] * 4, [0.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.0]]
+    torch.testing.assert_close(adv, _whiten_rows(raw, (4, 2, 3)), **TOL)
+
+
+def test_reinforce_pp_baseline_subtracts_group_mean_first() -> None:
+    # Group means 1 and 0.5 → centred rewards 1, −1, 0, −0.25, 0.25, 0; γ = 1 so G_t = the
+    # centred reward on each valid token (lengths 4, 2, 3, 4, 1, 3); then whiten over 17 tokens.
+    rewards = _t([[2.0, 0.0, 1.0, 0.25, 0.75, 0.5]])[0]
+    adv = compute_advantages(_grouped(rewards), AdvantageConfig("reinforce_pp_baseline"))
+    centred = [1.0, -1.0, 0.0, -0.25, 0.25, 0.0]
+    raw = [[c] * 4 for c in centred]
+    torch.testing.assert_close(adv, _whiten_rows(raw, LENGTHS_6), **TOL)
+
+
+# --------------------------------------------------------------------------- rtg
+
+
+def test_rtg_fraction_of_correct_scored_suffix_minus_sum_p2() -> None:
+    # No score mask: scored = loss mask. correct:
+    #   row 0: 1 0 1 1 → suffix correct 3 2 2 1 over 4 3 2 1 scored
+    #   row 1: 0 1 | (1 1 past the end, ignored) → 1 1 over 2 1
+    #   row 2: 1 1 0 | → 2 1 0 over 3 2 1
+    correct = _t([[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0]])
+    x = AdvantageInputs(rewards_B=REWARDS_3, mask_BT=MASK_3x4, sum_p2_BT=SUM_P2,
+                        token_correct_BT=correct)
+    adv = compute_advantages(x, AdvantageConfig("rtg"))
+    want = _t([[3 / 4 - 0.5, 2 / 3 - 0.6, 2 / 2 - 0.7, 1 / 1 - 0.8],
+               [1 / 2 - 0.3, 1 / 1 - 0.9, 0.0, 0.0],
+               [2 / 3 - 1.0, 1 / 2 - 0.25, 0 / 1 - 0.5, 0.0]])
+    torch.testing.assert_close(adv, want, **TOL)
+
+
+def test_rtg_score_mask_counts_only_scored_positions_and_zeroes_baseline() -> None:
+    # Only positions 2, 3 scored. row 0 correct at 2, 3 wrong: suffix (correct, scored) =
+    # t0 (1, 2), t1 (1, 2), t2 (1, 2), t3 (0, 1). row 1 has no scored valid position:
+    # rtg = 0 / max(1, 0) = 0 and b = 0. row 2: correct at 2 → (1,1) at t0..t2.
+    score = _t([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    correct = _t([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    x = AdvantageInputs(rewards_B=REWARDS_3, mask_BT=MASK_3x4, sum_p2_BT=SUM_P2,
+                        score_mask_BT=score, token_correct_BT=correct)
+    adv = compute_advantages(x, AdvantageConfig("rtg"))
+    want = _t([[1 / 2 - 0.0, 1 / 2 - 0.0, 1 / 2 - 0.7, 0 / 1 - 0.8],
+               [0.0, 0.0, 0.0, 0.0],
+               [1 / 1 - 0.0, 1 / 1 - 0.0, 1 / 1 - 0.5, 0.0]])
+    torch.testing.assert_close(adv, want, **TOL)
+
+
+def test_rtg_missing_inputs_raise() -> None:
+    with pytest.raises(ValueError, match="token_correct_BT"):
+        compute_advantages(AdvantageInputs(REWARDS_3, MASK_3x4, sum_p2_BT=SUM_P2),
+                           AdvantageConfig("rtg"))
+    with pytest.raises(ValueError, match="sum_p2_BT"):
+        compute_advantages(AdvantageInputs(REWARDS_3, MASK_3x4,
+                                           token_correct_BT=torch.ones(3, 4, dtype=F64)),
+                           AdvantageConfig("rtg"))
+
+
+# --------------------------------------------------------------------------- tempo
+
+
+def test_tempo_prefix_tree_values() -> None:
+    # One group of 4, lengths 3, 3, 2, 4. Tokens (−1 = padding):
+    #   a: 5 6 7 | r = 1      b: 5 6 8 | r = 0      c: 5 9 | r = 1      d: 4 4 4 4 | r = 0
+    # mean_g = 0.5, std_g = 0.5.  V(s_0) = 0.5 for everyone.
+    # a, b share "5 6": V_a(1) = V_a(2) = mean(a, b, c after "5") → V(1) = (1+0+1)/3 = 2/3,
+    #   V(2) (prefix "5 6") = (1+0)/2 = 1/2, V(3) = r (last token).
+    # c: V(1) = 2/3, V(2) = r_c = 1.   d: V(1..3) = 0 (alone), V(4) = r_d = 0.
+    tokens = torch.tensor([[5, 6, 7, -1], [5, 6, 8, -1], [5, 9, -1, -1], [4, 4, 4, 4]])
+    mask = _t([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0],
+               [1.0, 1.0, 1.0, 1.0]])
+    x = AdvantageInputs(rewards_B=_t([[1.0, 0.0, 1.0, 0.0]])[0], mask_BT=mask, group_size=4,
+                        completion_tokens_BT=tokens)
+    adv = compute_advantages(x, AdvantageConfig("tempo"))
+    s = 0.5
+    want = _t([[(0.5 + 2 / 3 - 0.5) / s, (0.5 + 0.5 - 2 / 3) / s, (0.5 + 1.0 - 0.5) / s, 0.0],
+               [(-0.5 + 2 / 3 - 0.5) / s, (-0.5 + 0.5 - 2 / 3) / s, (-0.5 + 0.0 - 0.5) / s,
+                0.0],
+               [(0.5 + 2 / 3 - 0.5) / s, (0.5 + 1.0 - 2 / 3) / s, 0.0, 0.0],
+               [(-0.5 + 0.0 - 0.5) / s, (-0.5 + 0.0 - 0.0) / s, (-0.5 + 0.0 - 0.0) / s,
+                (-0.5 + 0.0 - 0.0) / s]])
+    torch.testing.assert_close(adv, want, **TOL)
+    # Telescoping: Σ_t (V(t+1) − V(t)) = r_i − mean_g, so row sums are (n_i + 1)(r_i − mean)/σ.
+    torch.testing.assert_close(adv.sum(1), _t([[4 * 1.0, 4 * -1.0, 3 * 1.0, 5 * -1.0]])[0],
+                               **TOL)
+
+
+def test_tempo_uniform_group_is_zero_and_needs_tokens() -> None:
+    tokens = torch.tensor([[1, 2, 3, 4]] * 6)
+    x = AdvantageInputs(rewards_B=GROUPED_R, mask_BT=MASK_6x4, group_size=3,
+                        completion_tokens_BT=tokens)
+    adv = compute_advantages(x, AdvantageConfig("tempo"))
+    assert torch.equal(adv[3:], torch.zeros(3, 4, dtype=F64))
+    with pytest.raises(ValueError, match="completion_tokens_BT"):
+        compute_advantages(_grouped(GROUPED_R), AdvantageConfig("tempo"))
+
+
+# --------------------------------------------------------------------------- maxrl
+
+
+def test_maxrl_mean_normalised() -> None:
+    # Group 0: 1, 0, 1 → mean 2/3. Group 1: 0, 0, 0 → mean 0 → A = 0 / 1e-8 = 0.
+    rewards = _t([[1.0, 0.0, 1.0, 0.0, 0.0, 0.0]])[0]
+    adv = compute_advantages(_grouped(rewards), AdvantageConfig("maxrl"))
+    m = 2 / 3
+    want = _rows([(1.0 - m) / (m + 1e-8), (0.0 - m) / (m + 1e-8), (1.0 - m) / (m + 1e-8),
+                  0.0, 0.0, 0.0], LENGTHS_6)
+    torch.testing.assert_close(adv, want, **TOL)
+
+
+# --------------------------------------------------------------------------- remax
+
+
+def test_remax_greedy_baseline_and_missing_input() -> None:
+    x = AdvantageInputs(rewards_B=_t([[1.0, 0.0, 0.25]])[0], mask_BT=MASK_3x4,
+                        greedy_rewards_B=_t([[0.5, 0.5, 1.0]])[0])
+    adv = compute_advantages(x, AdvantageConfig("remax"))
+    torch.testing.assert_close(adv, _rows([1.0 - 0.5, 0.0 - 0.5, 0.25 - 1.0], (4, 2, 3)),
+                               **TOL)
+    with pytest.raises(ValueError, match="greedy_rewards_B"):
+        compute_advantages(AdvantageInputs(REWARDS_3, MASK_3x4), AdvantageConfig("remax"))
+
+
+# --------------------------------------------------------------------------- passk
+
+
+def test_passk_only_best_gets_gap_to_second() -> None:
+    # Group 0: 2, 0, 1 → best row 0 gets 2 − 1. Group 1: 0.25, 0.75, 0.5 → row 4 gets 0.75 − 0.5.
+    rewards = _t([[2.0, 0.0, 1.0, 0.25, 0.75, 0.5]])[0]
+    adv = compute_advantages(_grouped(rewards), AdvantageConfig("passk"))
+    torch.testing.assert_close(adv, _rows([2.0 - 1.0, 0.0, 0.0, 0.0, 0.75 - 0.5, 0.0],
+                                          LENGTHS_6), **TOL)
+
+
+def test_passk_tie_at_the_top_gives_zero() -> None:
+    # Group 0: 1, 0, 1 → r_max = r_second = 1 → all 0. Group 1: 0.5 × 3 → all 0.
+    rewards = _t([[1.0, 0.0, 1.0, 0.5, 0.5, 0.5]])[0]
+    adv = compute_advantages(_grouped(rewards), AdvantageConfig("passk"))
+    assert torch.equal(adv, torch.zeros(6, 4, dtype=F64))
+    with pytest.raises(ValueError, match="group_size > 1"):
+        compute_advantages(AdvantageInputs(REWARDS_3, MASK_3x4), AdvantageConfig("passk"))

@@ -29,7 +29,7 @@ from rlscope.methods import (
     validate_method,
 )
 from rlscope.methods.aggregation import AGGREGATIONS, aggregate
-from rlscope.methods.gates import GATES
+from rlscope.methods.gates import GATES, GateInputs
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
 from rlscope.methods.spec import (
     AdvantageConfig,
@@ -71,7 +71,7 @@ def _logit_grad(objective: str, cfg: ObjectiveConfig, gate: GateConfig, agg: str
     tokens = torch.randint(0, 5, (3, 4), generator=g)
     adv = torch.randn(3, 4, generator=g, dtype=F64) * MASK_3x4
     logp = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
-    weight, _ = GATES[gate.name](adv, logp.detach(), gate)
+    weight, _ = GATES[gate.name](GateInputs(adv, logp.detach()), gate)
     loss_BT, _ = OBJECTIVES[objective](PolicyTerms(logp, logp.detach(), weight, MASK_3x4), cfg)
     aggregate(loss_BT, MASK_3x4, agg, float(MASK_3x4.sum()), 3.0, 4).backward()
     assert logits.grad is not None

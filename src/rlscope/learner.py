@@ -18,7 +18,7 @@ import torch
 from rlscope.batch import RolloutBatch, _map_tensors
 from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
 from rlscope.methods.aggregation import aggregate
-from rlscope.methods.gates import GATES
+from rlscope.methods.gates import GATES, GateInputs, probs_mean_BT
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
 from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, value_loss
 from rlscope.methods.spec import MethodSpec
@@ -49,7 +49,9 @@ class LearnerInputs:
     ``adv_BT``: advantages. ``mask_BT``: the loss mask the objective uses (the score mask for
     label-trained methods). ``tokens_BT``: the completion the learner is teacher-forced on.
     ``logp_old_BT``: behaviour log-probs. ``ref_logp_BT``, ``old_values_BT`` and
-    ``returns_BT`` are present when the method needs them.
+    ``returns_BT`` are present when the method needs them. ``uncertainty_B`` (per-sample reward
+    std, `methods.gates.reward_uncertainty_B`) and ``age_B`` (staleness in optimizer steps)
+    feed the gates that read them; None otherwise.
     """
 
     adv_BT: torch.Tensor
@@ -59,6 +61,8 @@ class LearnerInputs:
     ref_logp_BT: torch.Tensor | None = None
     old_values_BT: torch.Tensor | None = None
     returns_BT: torch.Tensor | None = None
+    uncertainty_B: torch.Tensor | None = None
+    age_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -202,7 +206,9 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
         return aggregate(x_BT, mask_BT, spec.agg, den.n_tokens, den.n_seqs, den.max_len)
 
     logp_d_BT = fwd.logp_BT.detach()
-    weight_BT, stats = GATES[spec.gate.name](inputs.adv_BT, logp_d_BT, spec.gate)
+    gate_in = GateInputs(inputs.adv_BT, logp_d_BT, inputs.uncertainty_B,
+                         probs_mean_BT(logp_d_BT, fwd.logp_BTV.shape[-1]), inputs.age_B)
+    weight_BT, stats = GATES[spec.gate.name](gate_in, spec.gate)
     terms = PolicyTerms(fwd.logp_BT, inputs.logp_old_BT, weight_BT, mask_BT)
     obj_BT, obj_stats = OBJECTIVES[spec.objective.name](terms, spec.objective)
     stats = stats | obj_stats

@@ -26,7 +26,13 @@ class AdvantageInputs:
     - ``sum_p2_BT``: Σ_v π(v | prefix)² from the current learner (detached), the ``expected``
       fallback baseline. ``score_mask_BT``: scored positions (baseline is 0 elsewhere).
     - ``values_BT``: critic values V(s_t) before each generated token. ``token_rewards_BT``:
-      extra per-token rewards (KL shaping), added on every token for ``gae``.
+      extra per-token rewards (KL shaping), added on every token for ``gae`` and
+      ``reinforce_pp``.
+    - ``token_correct_BT``: 1 where the generated token equals the target token at that
+      position, else 0 (``rtg``); only read at scored positions.
+    - ``completion_tokens_BT``: the generated token ids, aligned with ``mask_BT`` (``tempo``
+      compares them to find shared prefixes within a group).
+    - ``greedy_rewards_B``: reward of a greedy rollout of each row's prompt (``remax``).
     """
 
     rewards_B: torch.Tensor
@@ -37,6 +43,9 @@ class AdvantageInputs:
     score_mask_BT: torch.Tensor | None = None
     values_BT: torch.Tensor | None = None
     token_rewards_BT: torch.Tensor | None = None
+    token_correct_BT: torch.Tensor | None = None
+    completion_tokens_BT: torch.Tensor | None = None
+    greedy_rewards_B: torch.Tensor | None = None
 
 
 def _groups(x_B: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -164,6 +173,166 @@ def gae(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
     return gae_with_returns(x, cfg)[0]
 
 
+def batch_zscore(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """A_i = (r_i − mean_g) / (std_B + 1e-8): group mean removed, whole-batch reward std.
+
+    std_B is the population std of all B scalar rewards (not of the centred values);
+    ``cfg.std_floor`` clamps it from below; A = 0 everywhere when std_B ≤ 1e-8.
+    Source: Lite-PPO (Liu et al., arXiv:2508.08221). Regime: grouped batches (G > 1; with G = 1
+    every advantage is 0), any scalar reward.
+    """
+    r_GK = _groups(x.rewards_B, x.group_size)
+    centred_GK = r_GK - r_GK.mean(-1, keepdim=True)
+    std = x.rewards_B.std(unbiased=False)
+    adv_GK = torch.where(std > EPS, centred_GK / (std.clamp_min(cfg.std_floor) + EPS),
+                         torch.zeros_like(centred_GK))
+    return _broadcast(adv_GK.reshape(-1), x.mask_BT)
+
+
+def discounted_rtg(rewards_BT: torch.Tensor, mask_BT: torch.Tensor,
+                   gamma: float) -> torch.Tensor:
+    """G_t = Σ_{k ≥ t} γ^(k − t) m_k r_k per row, ``[B, T]``, 0 where masked.
+
+    The discount counts positions, so a masked hole inside a row still costs a factor γ.
+    """
+    running_B = torch.zeros_like(rewards_BT[:, 0])
+    cols = []
+    for t in range(rewards_BT.shape[1] - 1, -1, -1):
+        running_B = rewards_BT[:, t] * mask_BT[:, t] + gamma * running_B
+        cols.append(running_B * mask_BT[:, t])
+    return torch.stack(cols[::-1], 1)
+
+
+def _reinforce_pp_from(rewards_B: torch.Tensor, x: AdvantageInputs,
+                       cfg: AdvantageConfig) -> torch.Tensor:
+    rewards_BT = last_token_rewards(rewards_B, x.mask_BT)
+    if x.token_rewards_BT is not None:
+        rewards_BT = rewards_BT + x.token_rewards_BT * x.mask_BT
+    return whiten(discounted_rtg(rewards_BT, x.mask_BT, cfg.gamma), x.mask_BT)
+
+
+def reinforce_pp(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """REINFORCE++: per-token return-to-go with γ = ``cfg.gamma``, whitened over valid tokens.
+
+    Per-token rewards: the scalar reward on each row's last valid token plus
+    ``token_rewards_BT`` (KL shaping) on every valid token. A_t = whiten(Σ_{k≥t} γ^(k−t) r_k)
+    over all valid tokens of the batch (population std, + 1e-8).
+    Source: REINFORCE++ (Hu, arXiv:2501.03262). Regime: any task, no critic; needs more than
+    one valid token with distinct returns for the whitening to be informative.
+    """
+    return _reinforce_pp_from(x.rewards_B, x, cfg)
+
+
+def reinforce_pp_baseline(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """REINFORCE++-baseline: r_i − mean_g first, then `reinforce_pp` (return-to-go, whiten).
+
+    Source: REINFORCE++ (Hu, arXiv:2501.03262). Regime: grouped batches (G > 1).
+    """
+    r_GK = _groups(x.rewards_B, x.group_size)
+    return _reinforce_pp_from((r_GK - r_GK.mean(-1, keepdim=True)).reshape(-1), x, cfg)
+
+
+def rtg(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """Token return-to-go for dense per-token correctness, minus the Σπ² baseline.
+
+    rtg_t = (scored correct tokens at positions ≥ t) / max(1, scored positions ≥ t) and
+    A_t = rtg_t − b_t with b_t = Σ_v π(v | prefix)² at scored positions and 0 elsewhere (the
+    per-token `expected` baseline; a sequence-level E[r | x] is not used because rtg_t is a
+    per-position quantity). Scored positions are ``score_mask_BT``, or ``mask_BT`` when absent.
+    Source: the delight-gradient sandbox (``dg_token``). Regime: token tasks with clean,
+    decomposable rewards (token_reversal, masked_reversal).
+    """
+    if x.token_correct_BT is None:
+        raise ValueError("advantage 'rtg' needs token_correct_BT (per-token correctness)")
+    if x.sum_p2_BT is None:
+        raise ValueError("advantage 'rtg' needs sum_p2_BT (the Σπ² baseline)")
+    scored_BT = x.mask_BT if x.score_mask_BT is None else x.score_mask_BT
+    correct_BT = x.token_correct_BT.to(scored_BT.dtype) * scored_BT
+    n_correct_BT = correct_BT.flip(1).cumsum(1).flip(1)
+    n_scored_BT = scored_BT.flip(1).cumsum(1).flip(1)
+    rtg_BT = n_correct_BT / n_scored_BT.clamp_min(1.0)
+    return (rtg_BT - x.sum_p2_BT * scored_BT) * x.mask_BT
+
+
+def tempo(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """Prefix-tree values within a group: A_{i,t} = ((r_i − mean_g) + V_i(t+1) − V_i(t)) / std_g.
+
+    Row i has n_i = (index of its last valid token) + 1 completion tokens y_i[0..n_i); s_t is
+    the state before token t, i.e. the prefix y_i[0..t). V_i(t) = mean reward of the group
+    members j with n_j ≥ t and y_j[k] = y_i[k] for every k < t (i is always one of them), so
+    V_i(0) = mean_g. After the last token V_i(n_i) = r_i (even if an identical completion in the
+    group scored differently). Holes in ``mask_BT`` do not cut the prefix; they only zero A.
+    std_g is the population std (clamped from below by ``cfg.std_floor``), A = 0 when
+    std_g ≤ 1e-8. The value increments telescope: Σ_t (V_i(t+1) − V_i(t)) = r_i − mean_g.
+    Source: TEMPO (prefix-tree values; METHODS.md records no arXiv id). Regime: grouped
+    sequence tasks (G > 1) with the completion token ids.
+    """
+    if x.completion_tokens_BT is None:
+        raise ValueError("advantage 'tempo' needs completion_tokens_BT (generated token ids)")
+    r_GK = _groups(x.rewards_B, x.group_size)
+    G, K = r_GK.shape
+    T = x.mask_BT.shape[1]
+    idx_T = torch.arange(T, device=x.mask_BT.device)
+    len_B = ((x.mask_BT > 0) * (idx_T + 1)).amax(-1)
+    valid_GKT = (idx_T < len_B[:, None]).view(G, K, T)
+    tok_GKT = x.completion_tokens_BT.reshape(G, K, T)
+    same_GKKT = ((tok_GKT[:, :, None] == tok_GKT[:, None]) & valid_GKT[:, :, None]
+                 & valid_GKT[:, None])
+    share_GKKT = torch.cat([torch.ones_like(same_GKKT[..., :1], dtype=r_GK.dtype),
+                            same_GKKT.to(r_GK.dtype).cumprod(-1)], -1)
+    value_GKT = ((share_GKKT * r_GK[:, None, :, None]).sum(2)
+                 / share_GKKT.sum(2).clamp_min(1.0))
+    is_last_GKT = (idx_T == (len_B - 1)[:, None]).view(G, K, T)
+    next_GKT = torch.where(is_last_GKT, r_GK[..., None], value_GKT[..., 1:])
+    mean_G1 = r_GK.mean(-1, keepdim=True)
+    std_G11 = r_GK.std(-1, unbiased=False, keepdim=True)[..., None]
+    num_GKT = (r_GK - mean_G1)[..., None] + next_GKT - value_GKT[..., :T]
+    adv_GKT = torch.where(std_G11 > EPS, num_GKT / std_G11.clamp_min(cfg.std_floor),
+                          torch.zeros_like(num_GKT))
+    return adv_GKT.reshape(G * K, T) * x.mask_BT
+
+
+def maxrl(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """A_i = (r_i − mean_g) / (mean_g + 1e-8): mean normalisation instead of std.
+
+    An all-fail group (mean_g = 0) gives A = 0. Source: MaxRL (METHODS.md records no arXiv id).
+    Regime: binary {0, 1} rewards with groups (G > 1), no reward noise; with negative rewards
+    mean_g can approach 0 from below and A explodes.
+    """
+    r_GK = _groups(x.rewards_B, x.group_size)
+    mean_G1 = r_GK.mean(-1, keepdim=True)
+    return _broadcast(((r_GK - mean_G1) / (mean_G1 + EPS)).reshape(-1), x.mask_BT)
+
+
+def remax(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """A = r − r_greedy, the reward of a greedy rollout of the same prompt as the baseline.
+
+    Source: ReMax (Li et al., arXiv:2310.10505). Regime: any task where the loop can roll out
+    greedily once per prompt (``greedy_rewards_B``).
+    """
+    if x.greedy_rewards_B is None:
+        raise ValueError("advantage 'remax' needs greedy_rewards_B (a greedy rollout's reward)")
+    return _broadcast(x.rewards_B - x.greedy_rewards_B, x.mask_BT)
+
+
+def passk(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """Best-of-group credit: the best sample gets r_max − r_second, every other sample 0.
+
+    r_second is the second-largest reward counting multiplicity, so a tie at the top gives the
+    whole group 0 (the first maximiser by index is "the best", with advantage 0). This is the
+    METHODS.md form (the gradient of the group max), not the paper's analytic pass@k advantage.
+    Source: Pass@k training (Chen et al., arXiv:2508.10751). Regime: grouped (G > 1).
+    """
+    r_GK = _groups(x.rewards_B, x.group_size)
+    if r_GK.shape[1] < 2:
+        raise ValueError("advantage 'passk' needs group_size > 1")
+    top_G2 = r_GK.topk(2, dim=-1).values
+    best_G1 = r_GK.argmax(-1, keepdim=True)
+    gap_G1 = top_G2[:, :1] - top_G2[:, 1:]
+    adv_GK = torch.zeros_like(r_GK).scatter(1, best_G1, gap_G1)
+    return _broadcast(adv_GK.reshape(-1), x.mask_BT)
+
+
 Estimator = Callable[[AdvantageInputs, AdvantageConfig], torch.Tensor]
 
 ADVANTAGES: dict[str, Estimator] = {
@@ -174,8 +343,17 @@ ADVANTAGES: dict[str, Estimator] = {
     "group_center": group_center,
     "rloo": rloo,
     "gae": gae,
+    "batch_zscore": batch_zscore,
+    "reinforce_pp": reinforce_pp,
+    "reinforce_pp_baseline": reinforce_pp_baseline,
+    "rtg": rtg,
+    "tempo": tempo,
+    "maxrl": maxrl,
+    "remax": remax,
+    "passk": passk,
 }
-GROUPED_ADVANTAGES = frozenset({"group_zscore", "group_center", "rloo"})
+GROUPED_ADVANTAGES = frozenset({"group_zscore", "group_center", "rloo", "batch_zscore",
+                                "reinforce_pp_baseline", "tempo", "maxrl", "passk"})
 
 
 def compute_advantages(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:

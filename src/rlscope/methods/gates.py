@@ -1,13 +1,15 @@
 """Influence gates: turn an advantage into the weight the objective uses (METHODS.md).
 
-A gate is a pure function ``(adv_BT, logp_BT, cfg) -> (weight_BT, stats)`` where ``logp_BT``
-is the current learner's log-prob of the sampled token, detached. ``stats`` holds per-token
-detached tensors the metric schema reduces over valid tokens.
+A gate is a pure function ``(x: GateInputs, cfg) -> (weight_BT, stats)``. ``x.logp_BT`` is the
+current learner's log-prob of the sampled token, detached; the optional inputs are read only by
+the gates that need them, which raise a ValueError naming the missing input. ``stats`` holds
+per-token (B, T) detached tensors the metric schema reduces over valid tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -16,23 +18,161 @@ from rlscope.methods.spec import GateConfig
 GateOut = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
-def no_gate(adv_BT: torch.Tensor, logp_BT: torch.Tensor, cfg: GateConfig) -> GateOut:
+@dataclass(frozen=True)
+class GateInputs:
+    """What a gate reads; all tensors detached.
+
+    - ``adv_BT``: advantages.
+    - ``logp_BT``: the current learner's log-prob ℓ of the sampled token.
+    - ``uncertainty_B``: reward uncertainty u per sample — the within-group reward std (the
+      population std of the group's scalar rewards) for grouped batches, or the single
+      whole-batch reward std broadcast to every sample for ungrouped ones; see
+      `reward_uncertainty_B`. Read by the ``uncertainty_*`` gates.
+    - ``probs_mean_BT``: mean_v π(v | prefix) over the vocabulary, read by ``entropy_guard``.
+      A distribution over V tokens sums to 1, so this is exactly 1/V at every position (also
+      under a top-k/top-p kept set, whose dropped tokens have probability 0); `probs_mean_BT`
+      builds it.
+    - ``age_B``: how many optimizer steps ago each sample was drawn, read by ``freshness``.
+    """
+
+    adv_BT: torch.Tensor
+    logp_BT: torch.Tensor
+    uncertainty_B: torch.Tensor | None = None
+    probs_mean_BT: torch.Tensor | None = None
+    age_B: torch.Tensor | None = None
+
+
+def probs_mean_BT(logp_BT: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """mean_v π(v | prefix) = 1/V for every position, shaped and typed like ``logp_BT``."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size={vocab_size} must be >= 1")
+    return torch.full_like(logp_BT, 1.0 / vocab_size)
+
+
+def reward_uncertainty_B(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per-sample reward uncertainty u, shape (B,).
+
+    With ``group_size > 1`` (rows of a group contiguous) u is the population std of the
+    sample's group rewards; with ``group_size == 1`` it is the population std of all B rewards,
+    broadcast to every sample (the ungrouped fallback of METHODS.md).
+    """
+    if rewards_B.dim() != 1:
+        raise ValueError(f"rewards_B must be 1-D, got shape {tuple(rewards_B.shape)}")
+    B = rewards_B.shape[0]
+    if group_size < 1 or B % group_size != 0:
+        raise ValueError(f"group_size={group_size} must be >= 1 and divide the batch size {B}")
+    if group_size == 1:
+        return rewards_B.std(unbiased=False).expand(B).clone()
+    std_G1 = rewards_B.view(-1, group_size).std(-1, unbiased=False, keepdim=True)
+    return std_G1.expand(-1, group_size).reshape(B)
+
+
+def _require(value: torch.Tensor | None, name: str, gate: str) -> torch.Tensor:
+    if value is None:
+        raise ValueError(f"gate {gate!r} needs GateInputs.{name}, which is None")
+    return value
+
+
+def _per_token(x_B: torch.Tensor, like_BT: torch.Tensor) -> torch.Tensor:
+    """A per-sample (B,) tensor broadcast to (B, T) in ``like_BT``'s dtype."""
+    return x_B.to(like_BT.dtype)[:, None].expand_as(like_BT)
+
+
+def _delight_gate(adv_BT: torch.Tensor, logp_BT: torch.Tensor, eta: float) -> torch.Tensor:
+    return torch.sigmoid(adv_BT * (-logp_BT) / eta)
+
+
+def no_gate(x: GateInputs, cfg: GateConfig) -> GateOut:
     """w = A."""
-    return adv_BT, {}
+    return x.adv_BT, {}
 
 
-def delight(adv_BT: torch.Tensor, logp_BT: torch.Tensor, cfg: GateConfig) -> GateOut:
+def delight(x: GateInputs, cfg: GateConfig) -> GateOut:
     """Delightful policy gradient: g = σ(A·(−ℓ)/η), w = g·A.
 
     Surprising successes (A > 0, low π(a)) pass; surprising failures are damped. As η → ∞,
     g → 1/2 and the update is REINFORCE / 2. Source: the delight-gradient sandbox (DG).
     Regime: η > 0; any advantage estimator.
     """
-    gate_BT = torch.sigmoid(adv_BT * (-logp_BT) / cfg.eta)
-    return gate_BT * adv_BT, {"gate_mean": gate_BT}
+    gate_BT = _delight_gate(x.adv_BT, x.logp_BT, cfg.eta)
+    return gate_BT * x.adv_BT, {"gate_mean": gate_BT}
 
 
-GATES: dict[str, Callable[[torch.Tensor, torch.Tensor, GateConfig], GateOut]] = {
+def uncertainty_shift(x: GateInputs, cfg: GateConfig) -> GateOut:
+    """UncertaintyDG: g = σ((A·(−ℓ) − s·u)/η), w = g·A.
+
+    Uncertain rewards (large u) shift the gate down. s = 0 is DG exactly. Source: the
+    delight-gradient sandbox. Regime: η > 0, s ≥ 0; needs ``uncertainty_B``.
+    """
+    u_BT = _per_token(_require(x.uncertainty_B, "uncertainty_B", "uncertainty_shift"), x.adv_BT)
+    gate_BT = torch.sigmoid((x.adv_BT * (-x.logp_BT) - cfg.s * u_BT) / cfg.eta)
+    return gate_BT * x.adv_BT, {"gate_mean": gate_BT, "uncertainty_mean": u_BT}
+
+
+def uncertainty_filter(x: GateInputs, cfg: GateConfig) -> GateOut:
+    """FilteredDG: w = 1[u ≤ τ] · σ(A·(−ℓ)/η) · A.
+
+    Samples whose reward std exceeds τ are dropped; the kept ones get the DG weight, so a τ
+    above every std is DG bit for bit. Source: the delight-gradient sandbox. Regime: η > 0;
+    needs ``uncertainty_B``. Logs ``kept_frac`` and ``uncertainty_mean``.
+    """
+    u_BT = _per_token(_require(x.uncertainty_B, "uncertainty_B", "uncertainty_filter"),
+                      x.adv_BT)
+    keep_BT = (u_BT <= cfg.tau).to(x.adv_BT.dtype)
+    gate_BT = _delight_gate(x.adv_BT, x.logp_BT, cfg.eta)
+    weight_BT = gate_BT * x.adv_BT * keep_BT
+    return weight_BT, {"gate_mean": gate_BT, "kept_frac": keep_BT, "uncertainty_mean": u_BT}
+
+
+def uncertainty_shrink(x: GateInputs, cfg: GateConfig) -> GateOut:
+    """RewardVarianceDG: A′ = A/(1 + s·u); w = σ(A′·(−ℓ)/η)·A′.
+
+    The advantage is shrunk by the reward uncertainty before the DG gate; u = 0 is DG exactly.
+    Source: the delight-gradient sandbox. Regime: η > 0, s·u > −1; needs ``uncertainty_B``.
+    """
+    u_BT = _per_token(_require(x.uncertainty_B, "uncertainty_B", "uncertainty_shrink"),
+                      x.adv_BT)
+    adv_BT = x.adv_BT / (1.0 + cfg.s * u_BT)
+    gate_BT = _delight_gate(adv_BT, x.logp_BT, cfg.eta)
+    return gate_BT * adv_BT, {"gate_mean": gate_BT, "uncertainty_mean": u_BT}
+
+
+def entropy_guard(x: GateInputs, cfg: GateConfig) -> GateOut:
+    """DGEntropyGuard: DG weight × (1 − s·clamp(π(a) − mean_v π(v), 0, 1)) where A > 0.
+
+    Damps positive updates on tokens already more likely than the vocabulary average (1/V),
+    which would otherwise collapse entropy; A ≤ 0 keeps the DG weight. s = ``guard_scale``;
+    s = 0 is DG exactly. Source: the delight-gradient sandbox. Regime: η > 0, 0 ≤ s ≤ 1;
+    needs ``probs_mean_BT``. Logs ``entropy_guard_mean`` (the factor, 1 where A ≤ 0).
+    """
+    mean_BT = _require(x.probs_mean_BT, "probs_mean_BT", "entropy_guard")
+    excess_BT = (x.logp_BT.exp() - mean_BT).clamp(0.0, 1.0)
+    factor_BT = torch.where(x.adv_BT > 0, 1.0 - cfg.guard_scale * excess_BT,
+                            torch.ones_like(excess_BT))
+    gate_BT = _delight_gate(x.adv_BT, x.logp_BT, cfg.eta)
+    weight_BT = gate_BT * x.adv_BT * factor_BT
+    return weight_BT, {"gate_mean": gate_BT, "entropy_guard_mean": factor_BT}
+
+
+def freshness(x: GateInputs, cfg: GateConfig) -> GateOut:
+    """FreshDG: DG weight × exp(−λ_age · age), λ_age = ``gate_age_decay``.
+
+    Replayed (stale) batches count less; age 0 is DG exactly. Source: the delight-gradient
+    sandbox. Regime: η > 0, λ_age ≥ 0; needs ``age_B``. Logs ``freshness_weight``, ``batch_age``.
+    """
+    age_BT = _per_token(_require(x.age_B, "age_B", "freshness"), x.adv_BT)
+    fresh_BT = torch.exp(-cfg.gate_age_decay * age_BT)
+    gate_BT = _delight_gate(x.adv_BT, x.logp_BT, cfg.eta)
+    weight_BT = gate_BT * x.adv_BT * fresh_BT
+    return weight_BT, {"gate_mean": gate_BT, "freshness_weight": fresh_BT, "batch_age": age_BT}
+
+
+GATES: dict[str, Callable[[GateInputs, GateConfig], GateOut]] = {
     "none": no_gate,
     "delight": delight,
+    "uncertainty_shift": uncertainty_shift,
+    "uncertainty_filter": uncertainty_filter,
+    "uncertainty_shrink": uncertainty_shrink,
+    "entropy_guard": entropy_guard,
+    "freshness": freshness,
 }

@@ -32,6 +32,15 @@ class GateConfig:
     name: str = "none"
     eta: float = 1.0
     """Temperature η of the delight sigmoid."""
+    s: float = 1.0
+    """Uncertainty scale s of ``uncertainty_shift`` (subtracted s·u) and ``uncertainty_shrink``
+    (A / (1 + s·u))."""
+    tau: float = 0.5
+    """Threshold τ of ``uncertainty_filter``: samples with reward std u > τ are dropped."""
+    guard_scale: float = 0.5
+    """Scale s of ``entropy_guard``: A > 0 weights × (1 − s·clamp(π(a) − 1/V, 0, 1))."""
+    gate_age_decay: float = 0.02
+    """λ_age of ``freshness``: weights × exp(−λ_age · batch age)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,18 @@ class ObjectiveConfig:
     """Dual-clip constant c > 1 caps the loss at −c·A for A < 0 (0 = off)."""
     cap: float = 10.0
     """Importance-weight cap of the is_capped objectives."""
+    cispo_max: float = 5.0
+    """CISPO ε_max: the stop-gradient importance weight is min(ρ, ε_max)."""
+    r2vpo_lambda: float = 1.0
+    """R²VPO λ: weight of the ratio-variance penalty λ(ρ − 1)²."""
+    sapo_tau_pos: float = 1.0
+    """SAPO temperature τ of the soft gate for A > 0."""
+    sapo_tau_neg: float = 1.05
+    """SAPO temperature τ of the soft gate for A < 0."""
+    dro_beta: float = 0.05
+    """DRO β: weight of the quadratic penalty (β/2)(ℓ − ℓ_μ)²."""
+    pmd_tau: float = 1.0
+    """PMD-mean τ scaling the summed log-ratio of a sequence."""
 
 
 @dataclass(frozen=True)
