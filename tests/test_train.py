@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ import torch
 
 from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
 from rlscope.methods import METHODS, MethodConfig
-from rlscope.metrics.schema import SCHEMA, unregistered
+from rlscope.metrics.schema import metric_def, unregistered
 from rlscope.metrics.sinks import read_jsonl
 from rlscope.policy import ModelConfig
+from rlscope.replay import ReplayConfig
 from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TASKS, Scores, TaskConfig
 from rlscope.tasks.reversal import ReversalTask
@@ -100,16 +102,52 @@ def test_same_seed_same_metrics_other_seed_differs(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------- schema
 
-ALL_METHODS = ["grpo", "ppo", "dg", "ce", "dapo", "rloo", "dr_grpo", "reinforce", "pg"]
+ALL_METHODS = list(METHODS)
 
 
-def test_every_preset_is_covered() -> None:
-    assert set(ALL_METHODS) == set(METHODS)
+def _in_regime(cfg: TrainConfig) -> TrainConfig:
+    """The smallest change that puts each preset inside its valid regime."""
+    needs = METHODS[cfg.method].requires
+    if "replay" in needs or "staleness" in needs:
+        cfg = dataclasses.replace(cfg, replay=ReplayConfig(replay_capacity=4))
+    if "binary_rewards" in needs:
+        cfg = dataclasses.replace(cfg, task_options=dataclasses.replace(
+            cfg.task_options, binary_reward=True))
+    return cfg
+
+
+def test_every_preset_runs_with_finite_metrics_in_regime(tmp_path: Path) -> None:
+    """Every preset: validated, 3 steps on token_reversal, every logged number finite."""
+    for method in METHODS:
+        result = train(_in_regime(_cfg(tmp_path, method, num_steps=3, eval_every=0,
+                                       name=method)))
+        for row in result.metrics:
+            bad = [k for k, v in row.items() if not math.isfinite(v)]
+            assert not bad, (method, bad)
+
+
+# Outside each regime: no replay or delay for the replay and freshness presets, reward noise
+# for dg_token (noisy rewards do not decompose), non-binary rewards for maxrl.
+NOISY = dataclasses.replace(SMALL_TASK, reward_noise=0.1, reward_noise_mode="label_flip")
+OUT_OF_REGIME = {"replay_dg": {}, "fresh_dg": {}, "dg_token": {"task_options": NOISY},
+                 "maxrl": {}}
+
+
+def test_every_preset_with_requirements_has_an_out_of_regime_case() -> None:
+    assert set(OUT_OF_REGIME) == {m for m in METHODS if METHODS[m].requires}
+
+
+@pytest.mark.parametrize("method", sorted(OUT_OF_REGIME))
+def test_presets_are_rejected_outside_their_regime_with_the_reason(tmp_path: Path,
+                                                                   method: str) -> None:
+    with pytest.raises(ConfigError, match=f"method '{method}' (needs|weighs)"):
+        validate(_cfg(tmp_path, method, **OUT_OF_REGIME[method]))
+    assert not (tmp_path / method).exists()
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
-    result = train(_cfg(tmp_path, method, num_steps=3, eval_every=2, name=method))
+    result = train(_in_regime(_cfg(tmp_path, method, num_steps=3, eval_every=2, name=method)))
     metrics = read_jsonl(result.run_dir / "metrics.jsonl")
     evals = read_jsonl(result.run_dir / "eval.jsonl")
     assert len(metrics) == 3 and [e["step"] for e in evals] == [0, 2, 3]
@@ -118,10 +156,10 @@ def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
     # timing in the schema matches where the key was written
     for key in metrics[0]:
         if key != "step":
-            assert SCHEMA[key].timing != "eval", key
+            assert metric_def(key).timing != "eval", key
     for key in evals[0]:
         if key != "step" and key != "time/eval":
-            assert SCHEMA[key].timing == "eval", key
+            assert metric_def(key).timing == "eval", key
 
 
 # The bandits have their own option sets and eval tests (test_digits_bandit, test_lm_bandit).

@@ -150,6 +150,9 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if cfg.task not in TASKS:
         raise ConfigError(f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}")
     spec = resolve_method(cfg.method, cfg.components)
+    # METHODS.md has one λ_age: the freshness gate reads --replay_age_decay
+    spec = dataclasses.replace(spec, gate=dataclasses.replace(
+        spec.gate, gate_age_decay=cfg.replay.replay_age_decay))
     task = make_task(cfg.task, cfg.task_options)
     d = derive(cfg, spec, task)
     r = cfg.run
@@ -185,9 +188,32 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     errors += task.validate() + cfg.sampling.validate() + cfg.model.validate()
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
+    errors += requirement_errors(cfg, spec, task)
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     return spec, task, d
+
+
+def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
+    """Why the run cannot give the method what its ``requires`` names (empty when it can)."""
+    noisy = cfg.task_options.reward_noise > 0
+    replay = cfg.replay.replay_capacity > 0
+    checks = {
+        "replay": (replay, "needs a replay buffer: set --replay_capacity > 0"),
+        "staleness": (replay or cfg.run.delay > 0,
+                      "weighs batches by age, so it needs staleness: set --delay > 0 or "
+                      "--replay_capacity > 0"),
+        "token_rewards": (getattr(task, "decomposable_token_rewards", False) and not noisy
+                          and not cfg.task_options.binary_reward,
+                          "needs clean, non-binary rewards that decompose over tokens "
+                          "(token_reversal or masked_reversal, no --binary_reward, no "
+                          "--reward_noise)"),
+        "binary_rewards": (getattr(task, "binary_rewards", False),
+                           "needs binary rewards (a bandit task, or --binary_reward)"),
+        "clean_rewards": (not noisy, "needs clean rewards: drop --reward_noise"),
+    }
+    return [f"method {cfg.method!r} {message}" for need in spec.requires
+            for ok, message in [checks[need]] if not ok]
 
 
 def to_dict(cfg: object) -> dict[str, object]:

@@ -18,7 +18,7 @@ import torch
 from rlscope.batch import RolloutBatch, _map_tensors
 from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
 from rlscope.methods.aggregation import aggregate
-from rlscope.methods.gates import GATES, GateInputs, probs_mean_BT
+from rlscope.methods.gates import GATES, GateInputs, probs_mean_BT, reward_uncertainty_B
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
 from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, value_loss
 from rlscope.methods.spec import MethodSpec
@@ -28,8 +28,9 @@ from rlscope.policy.value_head import ValueHead
 from rlscope.sampling.processors import processed_logprobs
 
 # Advantage estimators whose baseline reads the current learner's distribution, or the exact
-# expected reward where the task exposes it.
+# expected reward where the task exposes it (`expected`), or always reads it (`rtg`).
 NEEDS_LEARNER_PROBS = frozenset({"expected"})
+ALWAYS_NEEDS_LEARNER_PROBS = frozenset({"rtg"})
 
 
 def wants_expected_reward(spec: MethodSpec, top_k: int, top_p: float) -> bool:
@@ -131,7 +132,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         tokens_BT, mask_BT = batch.targets_BT, batch.score_mask_BT.to(batch.logp_raw_BT.dtype)
     else:
         tokens_BT, mask_BT = batch.completion_tokens_BT, batch.completion_mask_BT
-    needs_probs = spec.advantage.name in NEEDS_LEARNER_PROBS and batch.expected_reward_B is None
+    needs_probs = spec.advantage.name in ALWAYS_NEEDS_LEARNER_PROBS or (
+        spec.advantage.name in NEEDS_LEARNER_PROBS and batch.expected_reward_B is None)
     sum_p2_BT = values_BT = ref_logp_BT = token_rewards_BT = None
     if needs_probs or spec.needs_value:
         fwd = forward_completion(policy, batch, tokens_BT, temperature, replay_keep, group_size)
@@ -151,7 +153,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     x = AdvantageInputs(rewards_B=batch.rewards_B, mask_BT=mask_BT, group_size=group_size,
                         expected_reward_B=batch.expected_reward_B, sum_p2_BT=sum_p2_BT,
                         score_mask_BT=batch.score_mask_BT, values_BT=values_BT,
-                        token_rewards_BT=token_rewards_BT)
+                        token_rewards_BT=token_rewards_BT,
+                        token_correct_BT=batch.token_rewards_BT, completion_tokens_BT=tokens_BT)
     returns_BT = None
     if spec.needs_value:
         adv_BT, returns_BT = gae_with_returns(x, spec.advantage)
@@ -159,9 +162,12 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         metrics |= value_metrics(values_BT, returns_BT, mask_BT)
     else:
         adv_BT = compute_advantages(x, spec.advantage)
+    age_B = batch.age_B if batch.age_B is not None else torch.zeros_like(batch.rewards_B)
     inputs = LearnerInputs(adv_BT=adv_BT, mask_BT=mask_BT, tokens_BT=tokens_BT,
                            logp_old_BT=batch.logp_sampler_BT, ref_logp_BT=ref_logp_BT,
-                           old_values_BT=values_BT, returns_BT=returns_BT)
+                           old_values_BT=values_BT, returns_BT=returns_BT,
+                           uncertainty_B=reward_uncertainty_B(batch.rewards_B, group_size),
+                           age_B=age_B)
     return inputs, metrics
 
 

@@ -76,6 +76,87 @@ METHODS: dict[str, MethodSpec] = {
         source="delight-gradient sandbox", regime="on-policy; any task",
         advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
         objective=ObjectiveConfig("score")),
+    "traj_pg": MethodSpec(
+        description="Policy gradient with a capped sequence-level importance weight.",
+        source="importance-weighted PG", regime="on- or slightly off-policy",
+        advantage=AdvantageConfig("expected"),
+        objective=ObjectiveConfig("traj_is_capped", cap=10.0)),
+    "gspo": MethodSpec(
+        description="Group z-scores with one clipped ratio per sequence (geometric mean).",
+        source="Zheng et al. 2507.18071", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("gspo", clip_low=3e-4, clip_high=4e-4),
+        agg="seq_mean_token_mean", selection="mixed_groups", grouped=True),
+    "cispo": MethodSpec(
+        description="Clipped importance weights as coefficients; no token's gradient is zeroed.",
+        source="MiniMax-M1 2506.13585", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("cispo"),
+        selection="mixed_groups", grouped=True),
+    "sapo": MethodSpec(
+        description="Soft, sigmoid-gated trust region instead of a hard clip.",
+        source="SAPO (soft adaptive policy optimisation)", regime="grouped sampling",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("sapo"),
+        selection="mixed_groups", grouped=True),
+    "reinforce_pp": MethodSpec(
+        description="REINFORCE++: group-mean baseline, batch-whitened returns, PPO clip.",
+        source="Hu 2501.03262", regime="grouped sampling",
+        advantage=AdvantageConfig("reinforce_pp_baseline"), objective=ObjectiveConfig("ppo_clip"),
+        selection="mixed_groups", grouped=True),
+    "replay_dg": MethodSpec(
+        description="DG trained on batches drawn from a replay buffer.",
+        source="delight-gradient sandbox", regime="needs a replay buffer",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight"),
+        objective=ObjectiveConfig("score"), requires=("replay",)),
+    "fresh_dg": MethodSpec(
+        description="DG whose weights decay with the batch's age.",
+        source="delight-gradient sandbox", regime="needs staleness (delay or replay)",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("freshness"),
+        objective=ObjectiveConfig("score"), requires=("staleness",)),
+    "dg_entropy_guard": MethodSpec(
+        description="DG that damps positive updates on already-likely tokens.",
+        source="delight-gradient sandbox", regime="any task",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("entropy_guard"),
+        objective=ObjectiveConfig("score")),
+    "uncertainty_dg": MethodSpec(
+        description="DG whose gate is shifted down by the reward's spread.",
+        source="delight-gradient sandbox", regime="noisy rewards",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("uncertainty_shift"),
+        objective=ObjectiveConfig("score")),
+    "filtered_dg": MethodSpec(
+        description="DG that drops samples whose reward spread exceeds a threshold.",
+        source="delight-gradient sandbox", regime="noisy rewards",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("uncertainty_filter"),
+        objective=ObjectiveConfig("score")),
+    "reward_variance_dg": MethodSpec(
+        description="DG with advantages shrunk by the reward's spread.",
+        source="delight-gradient sandbox", regime="noisy rewards",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("uncertainty_shrink"),
+        objective=ObjectiveConfig("score")),
+    "dg_token": MethodSpec(
+        description="DG with token-level return-to-go credit.",
+        source="delight-gradient sandbox",
+        regime="token tasks with clean, non-binary, decomposable rewards",
+        advantage=AdvantageConfig("rtg"), gate=GateConfig("delight"),
+        objective=ObjectiveConfig("score"), requires=("token_rewards",)),
+    "aspo": MethodSpec(
+        description="Asymmetric importance weights: μ/π for gains, π/μ for losses.",
+        source="ASPO", regime="any task; reduces to REINFORCE on-policy",
+        advantage=AdvantageConfig("expected"),
+        objective=ObjectiveConfig("aspo", clip_low=0.2, clip_high=0.28)),
+    "r2vpo": MethodSpec(
+        description="Ratio-variance-penalised policy gradient, differentiated through ρ.",
+        source="R2VPO", regime="any task; reduces to REINFORCE on-policy",
+        advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("r2vpo")),
+    "tempo": MethodSpec(
+        description="Prefix-tree values within a group as token-level credit.",
+        source="TEMPO", regime="grouped sampling",
+        advantage=AdvantageConfig("tempo"), objective=ObjectiveConfig("is_capped", cap=10.0),
+        selection="mixed_groups", grouped=True),
+    "maxrl": MethodSpec(
+        description="Group advantages normalised by the group's mean reward.",
+        source="MaxRL", regime="binary rewards with groups, no reward noise",
+        advantage=AdvantageConfig("maxrl"), objective=ObjectiveConfig("is_capped", cap=10.0),
+        selection="mixed_groups", grouped=True, requires=("binary_rewards", "clean_rewards")),
 }
 
 
@@ -112,6 +193,18 @@ class MethodConfig:
     """Override sample selection (none, mixed_groups)."""
     eta: float | None = None
     """Delight gate temperature η (> 0)."""
+    uncertainty_scale: float | None = None
+    """Scale s of the uncertainty_shift / uncertainty_shrink gates."""
+    filter_tau: float | None = None
+    """Reward-spread threshold τ of the uncertainty_filter gate."""
+    guard_scale: float | None = None
+    """Scale s of the entropy_guard gate."""
+    cispo_max: float | None = None
+    """CISPO importance-weight cap ε_max (> 0)."""
+    r2vpo_lambda: float | None = None
+    """R2VPO ratio-variance penalty λ (>= 0)."""
+    dro_beta: float | None = None
+    """DRO squared log-ratio penalty β (>= 0)."""
     clip_low: float | None = None
     """PPO ε_low (>= 0)."""
     clip_high: float | None = None
@@ -167,9 +260,12 @@ def resolve_method(name: str, cfg: MethodConfig | None = None) -> MethodSpec:
         spec,
         advantage=_override(spec.advantage, name=cfg.advantage, gamma=cfg.gamma, lam=cfg.lam,
                             std_floor=cfg.adv_std_floor, clip=cfg.adv_clip),
-        gate=_override(spec.gate, name=cfg.gate, eta=cfg.eta),
+        gate=_override(spec.gate, name=cfg.gate, eta=cfg.eta, s=cfg.uncertainty_scale,
+                       tau=cfg.filter_tau, guard_scale=cfg.guard_scale),
         objective=_override(spec.objective, name=cfg.objective, clip_low=cfg.clip_low,
-                            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, cap=cfg.is_cap),
+                            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, cap=cfg.is_cap,
+                            cispo_max=cfg.cispo_max, r2vpo_lambda=cfg.r2vpo_lambda,
+                            dro_beta=cfg.dro_beta),
         agg=cfg.agg or spec.agg,
         kl=_override(spec.kl, coef=cfg.kl_coef, estimator=cfg.kl_estimator,
                      target=cfg.kl_target, place=cfg.kl_place, control=cfg.kl_control,
@@ -216,8 +312,15 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
         errors.append(f"method.dual_clip={o.dual_clip} must be > 1 (or 0 to turn it off)")
     if o.cap <= 0:
         errors.append(f"method.is_cap={o.cap} must be > 0")
-    if spec.gate.eta <= 0:
-        errors.append(f"method.eta={spec.gate.eta} must be > 0")
+    g = spec.gate
+    if g.eta <= 0:
+        errors.append(f"method.eta={g.eta} must be > 0")
+    if g.s < 0 or g.tau <= 0 or not 0 <= g.guard_scale <= 1:
+        errors.append("method.uncertainty_scale must be >= 0, method.filter_tau > 0 and "
+                      "method.guard_scale in [0, 1]")
+    if o.cispo_max <= 0 or o.r2vpo_lambda < 0 or o.dro_beta < 0:
+        errors.append("method.cispo_max must be > 0, method.r2vpo_lambda and method.dro_beta "
+                      ">= 0")
     if spec.kl.coef < 0:
         errors.append(f"method.kl_coef={spec.kl.coef} must be >= 0")
     if spec.kl.place == "reward" and not spec.needs_value and spec.kl.coef > 0:

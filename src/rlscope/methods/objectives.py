@@ -151,7 +151,7 @@ def aspo(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     w_BT = torch.where(pos_BT, (1.0 / rho_BT).clamp_max(1.0 + cfg.clip_high),
                        rho_BT.clamp_min(1.0 - cfg.clip_low))
     loss_BT = -x.logp_BT * (w_BT * adv_BT).detach()
-    return loss_BT, {"ratio_mean": rho_BT, "aspo_weight_mean": w_BT,
+    return loss_BT, {"aspo_ratio_mean": rho_BT, "aspo_weight_mean": w_BT,
                      "aspo_pos_frac": pos_BT.to(rho_BT.dtype)}
 
 

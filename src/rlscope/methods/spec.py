@@ -40,7 +40,8 @@ class GateConfig:
     guard_scale: float = 0.5
     """Scale s of ``entropy_guard``: A > 0 weights × (1 − s·clamp(π(a) − 1/V, 0, 1))."""
     gate_age_decay: float = 0.02
-    """λ_age of ``freshness``: weights × exp(−λ_age · batch age)."""
+    """λ_age of ``freshness``: weights × exp(−λ_age · batch age). `rlscope.config.validate`
+    sets it from ``--replay_age_decay`` (METHODS.md's single λ_age)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,11 @@ class MethodSpec:
     selection: str = "none"
     grouped: bool = False
     """Needs grouped sampling (group_size > 1, batch divisible by the group size)."""
+    requires: tuple[str, ...] = ()
+    """What the run must provide (checked by `rlscope.config.validate`): ``replay`` (a replay
+    buffer), ``staleness`` (delay or replay), ``token_rewards`` (a task with clean, non-binary
+    rewards that decompose over tokens), ``binary_rewards``, ``clean_rewards`` (no reward
+    noise)."""
 
     @property
     def needs_value(self) -> bool:

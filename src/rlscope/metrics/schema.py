@@ -83,6 +83,22 @@ METRICS: tuple[MetricDef, ...] = (
        "k1 KL to the reference summed over each sequence (the adaptive controller's input)"),
     _m("policy/gate_mean", "tokens", "token_mean", "last_pass", "mean delight gate σ(A·(−ℓ)/η)"),
     _m("policy/iw_mean", "tokens", "token_mean", "last_pass", "mean capped importance weight"),
+    *(_m(f"policy/{n}", "tokens", red, "last_pass", d) for n, red, d in (
+        ("cispo_capped_frac", "frac", "tokens whose CISPO weight hit ε_max"),
+        ("aspo_ratio_mean", "token_mean", "ASPO: mean ratio π/μ"),
+        ("aspo_weight_mean", "token_mean", "ASPO: mean asymmetric weight"),
+        ("aspo_pos_frac", "frac", "ASPO: tokens with A > 0"),
+        ("var_penalty_mean", "token_mean", "R2VPO: mean ratio-variance penalty λ(ρ − 1)²"),
+        ("sapo_gate_mean", "token_mean", "SAPO: mean soft gate σ(τ(ρ − 1))"),
+        ("dro_penalty_mean", "token_mean", "DRO: mean (β/2)(ℓ − ℓ_μ)²"),
+        ("log_growth_weight", "token_mean", "log-growth weight A·(1/π or 1)"),
+        ("pmd_seq_loss", "token_mean", "PMD-mean: per-sequence squared error"),
+        ("kept_frac", "frac", "uncertainty filter: tokens of samples kept (u ≤ τ)"),
+        ("uncertainty_mean", "token_mean", "mean reward spread u seen by the gate"),
+        ("entropy_guard_mean", "token_mean", "mean entropy-guard factor"),
+        ("freshness_weight", "token_mean", "mean freshness factor exp(−λ_age·age)"),
+        ("batch_age", "token_mean", "age of the trained batch, as the freshness gate saw it"),
+    )),
     _m("sampler/logp_diff_mean", "tokens", "token_mean", "first_pass",
        "mean |ℓ_learner − ℓ_sampler| before the update: sampler/learner mismatch"),
     _m("sampler/logp_diff_max", "tokens", "max", "first_pass", "largest |ℓ_learner − ℓ_sampler|"),
@@ -177,6 +193,16 @@ SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
 
 
 _FAMILIES = tuple(m.name[:-1] for m in METRICS if m.name.endswith("*"))
+
+
+def metric_def(name: str) -> MetricDef:
+    """The schema entry of ``name`` (a ``*`` entry covers a family); KeyError if none."""
+    if name in SCHEMA:
+        return SCHEMA[name]
+    for m in METRICS:
+        if m.name.endswith("*") and name.startswith(m.name[:-1]):
+            return m
+    raise KeyError(name)
 
 
 def is_registered(name: str) -> bool:

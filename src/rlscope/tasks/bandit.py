@@ -73,6 +73,7 @@ class DigitsBanditTask:
 
     name = "digits_bandit"
     family = "bandit"
+    binary_rewards = True
     options: tuple[str, ...] = NOISE_OPTIONS
     """Reward-noise family (`rlscope.tasks.noise`)."""
     has_labels = True

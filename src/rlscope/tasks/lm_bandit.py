@@ -85,6 +85,11 @@ class LMBanditTask:
 
     name = "lm_bandit"
     family = "bandit"
+
+    @property
+    def binary_rewards(self) -> bool:
+        """0/1 rewards unless KL shaping makes them real-valued."""
+        return self.cfg.lm_kl_shaping == 0
     options: tuple[str, ...] = ("context_len", "lm_kl_shaping", *EVAL_OPTIONS, *NOISE_OPTIONS)
     """Reward-noise family (`rlscope.tasks.noise`): action 0 is the NUL byte."""
     has_labels = True

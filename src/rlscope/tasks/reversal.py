@@ -29,6 +29,8 @@ class ReversalTask:
 
     name = "token_reversal"
     family = "sequence"
+    decomposable_token_rewards = True
+    """The reward is the mean of per-position matches (dense credit is exact)."""
     options: tuple[str, ...] = ("vocab", "seq_len", "binary_reward", *EVAL_OPTIONS, *NOISE_OPTIONS)
     has_labels = True
 
@@ -42,6 +44,10 @@ class ReversalTask:
 
     def _score_mask(self) -> torch.Tensor:
         return torch.ones(self.cfg.seq_len)
+
+    @property
+    def binary_rewards(self) -> bool:
+        return self.cfg.binary_reward
 
     def validate(self) -> list[str]:
         errors = []
@@ -147,6 +153,7 @@ class ChainReversalTask(ReversalTask):
     """Reversal with checkpoint rewards: first half, second half and whole exact, averaged."""
 
     name = "chain_reversal"
+    decomposable_token_rewards = False
     options: tuple[str, ...] = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def validate(self) -> list[str]:
