@@ -39,13 +39,7 @@ def _ragged(seed: int = 0, lens: tuple[int, ...] = PROMPT_LENS
     """Prompts of ``lens`` and their left-padded batch (pad id 0, attention mask)."""
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in lens]
-    P = max(lens)
-    tokens_BP = torch.zeros(len(prompts), P, dtype=torch.long)
-    mask_BP = torch.zeros(len(prompts), P, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        tokens_BP[i, P - len(p):] = p
-        mask_BP[i, P - len(p):] = 1
-    return prompts, PromptBatch(tokens_BP=tokens_BP, attention_mask_BP=mask_BP)
+    return prompts, PromptBatch.left_padded(prompts)
 
 
 def _seeds(n: int, offset: int = 0) -> torch.Tensor:
@@ -313,13 +307,7 @@ def hf_policy(request: pytest.FixtureRequest) -> torch.nn.Module:
 def _hf_ragged(seed: int) -> tuple[list[torch.Tensor], PromptBatch]:
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(1, HF_VOCAB, (n,), generator=g) for n in PROMPT_LENS]
-    P = max(PROMPT_LENS)
-    tokens_BP = torch.zeros(len(prompts), P, dtype=torch.long)
-    mask_BP = torch.zeros(len(prompts), P, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        tokens_BP[i, P - len(p):] = p
-        mask_BP[i, P - len(p):] = 1
-    return prompts, PromptBatch(tokens_BP=tokens_BP, attention_mask_BP=mask_BP)
+    return prompts, PromptBatch.left_padded(prompts)
 
 
 def test_hf_same_seed_same_rollout(hf_policy: torch.nn.Module) -> None:

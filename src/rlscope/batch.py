@@ -47,6 +47,17 @@ class PromptBatch:
     def batch_size(self) -> int:
         return int(self.tokens_BP.shape[0])
 
+    @classmethod
+    def left_padded(cls, prompts: list[torch.Tensor], pad_id: int = 0) -> PromptBatch:
+        """Ragged 1-D prompts as one left-padded batch with its attention mask."""
+        P = max(int(p.numel()) for p in prompts)
+        tokens_BP = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+        mask_BP = torch.zeros(len(prompts), P, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            tokens_BP[i, P - p.numel():] = p
+            mask_BP[i, P - p.numel():] = 1
+        return cls(tokens_BP=tokens_BP, attention_mask_BP=mask_BP)
+
     def to(self, device: torch.device | str) -> PromptBatch:
         return _map_tensors(self, lambda t: t.to(device), batched_only=False)
 

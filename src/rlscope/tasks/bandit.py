@@ -27,7 +27,7 @@ from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy import ModelConfig
 from rlscope.policy.base import Policy
 from rlscope.policy.mlp import MLPConfig, MLPPolicy
-from rlscope.tasks.base import NOISE_OPTIONS, Scores, TaskConfig
+from rlscope.tasks.base import NOISE_OPTIONS, Scores, TaskConfig, first_token_correct
 from rlscope.tasks.noise import exposes_expected_reward
 
 N_PIXELS = 64
@@ -136,15 +136,8 @@ class DigitsBanditTask:
         """The whole test split in its fixed order, one batch (the same for every seed)."""
         return [self._prompts(self.data.test_tokens_MP, self.data.test_labels_M)]
 
-    def _correct(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B]`` float: the first completion token counted and equal to the label."""
-        if batch.targets_BT is None:
-            raise ValueError(f"{self.name}: rollout batch carries no targets")
-        return ((batch.completion_tokens_BT[:, 0] == batch.targets_BT[:, 0])
-                & batch.completion_mask_BT[:, 0].bool()).float()
-
     def score(self, batch: RolloutBatch) -> Scores:
-        correct_B = self._correct(batch)
+        correct_B = first_token_correct(batch, self.name)
         return Scores(rewards_B=correct_B, token_rewards_BT=correct_B[:, None])
 
     def expected_reward(self, logp_targets_BT: torch.Tensor) -> torch.Tensor | None:
@@ -155,4 +148,4 @@ class DigitsBanditTask:
 
     def eval_metrics(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
         """``test_error`` per row: 1 − [greedy action = label]."""
-        return {"test_error": 1.0 - self._correct(batch)}
+        return {"test_error": 1.0 - first_token_correct(batch, self.name)}

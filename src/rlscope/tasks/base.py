@@ -59,6 +59,15 @@ class Scores:
     """The task's reward before any shaping it applies (None when it applies none)."""
 
 
+def first_token_correct(batch: RolloutBatch, task_name: str) -> torch.Tensor:
+    """``[B]`` float for one-action tasks: the first completion token counts and equals the
+    target."""
+    if batch.targets_BT is None:
+        raise ValueError(f"{task_name}: rollout batch carries no targets")
+    return ((batch.completion_tokens_BT[:, 0] == batch.targets_BT[:, 0])
+            & batch.completion_mask_BT[:, 0].bool()).float()
+
+
 class Task(Protocol):
     """A registered task. Attributes describe the interface the loop relies on."""
 

@@ -44,7 +44,13 @@ from torch import nn
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy import ModelConfig, build_policy
 from rlscope.policy.base import Policy
-from rlscope.tasks.base import EVAL_OPTIONS, NOISE_OPTIONS, Scores, TaskConfig
+from rlscope.tasks.base import (
+    EVAL_OPTIONS,
+    NOISE_OPTIONS,
+    Scores,
+    TaskConfig,
+    first_token_correct,
+)
 from rlscope.tasks.noise import exposes_expected_reward
 from rlscope.tokenizer import ByteTokenizer
 
@@ -251,17 +257,10 @@ class LMBanditTask:
 
     # ------------------------------------------------------------------ scoring
 
-    def _correct(self, batch: RolloutBatch) -> torch.Tensor:
-        """``[B]`` float: the first completion token counted and equal to the next byte."""
-        if batch.targets_BT is None:
-            raise ValueError(f"{self.name}: rollout batch carries no targets")
-        return ((batch.completion_tokens_BT[:, 0] == batch.targets_BT[:, 0])
-                & batch.completion_mask_BT[:, 0].bool()).float()
-
     def score(self, batch: RolloutBatch) -> Scores:
         """r = [a = next byte]; with β = ``lm_kl_shaping`` > 0,
         r − β(ℓ − ℓ_ref), ℓ = ``logp_raw_BT[:, 0]`` and ℓ_ref = log π_ref(a | x)."""
-        correct_B = rewards_B = self._correct(batch)
+        correct_B = rewards_B = first_token_correct(batch, self.name)
         beta = self.cfg.lm_kl_shaping
         if beta > 0:
             action_B = batch.completion_tokens_BT[:, 0]
@@ -291,7 +290,7 @@ class LMBanditTask:
                              "eval_prompts(seed) first")
         assert batch.targets_BT is not None
         next_B = batch.targets_BT[:, 0]
-        error_B = 1.0 - self._correct(batch)
+        error_B = 1.0 - first_token_correct(batch, self.name)
         logp_BV = self._next_logp(self.policy, batch.prompt_tokens_BP, batch.prompt_mask_BP)
         nll_B = -logp_BV.gather(-1, next_B[:, None])[:, 0]
         out = {"test_error": error_B, "nll": nll_B,
