@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+from rlscope.methods import METHODS
+from rlscope.methods.catalog import render_markdown as render_methods
 from rlscope.metrics.schema import render_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -10,3 +12,9 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 def test_metrics_doc_is_current() -> None:
     assert (DOCS / "metrics.md").read_text() == render_markdown(), (
         "docs/metrics.md is stale: python -m rlscope.metrics.schema > docs/metrics.md")
+
+
+def test_methods_doc_is_current() -> None:
+    assert (DOCS / "methods.md").read_text() == render_methods(), (
+        "docs/methods.md is stale: python -m rlscope.methods.catalog > docs/methods.md")
+    assert all(f"| `{name}` |" in render_methods() for name in METHODS)

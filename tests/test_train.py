@@ -110,14 +110,17 @@ def _in_regime(cfg: TrainConfig) -> TrainConfig:
     needs = METHODS[cfg.method].requires
     if "replay" in needs or "staleness" in needs:
         cfg = dataclasses.replace(cfg, replay=ReplayConfig(replay_capacity=4))
-    if "binary_rewards" in needs:
+    if "bandit" in needs:
+        cfg = dataclasses.replace(cfg, task="digits_bandit", task_options=TaskConfig())
+    elif "binary_rewards" in needs:
         cfg = dataclasses.replace(cfg, task_options=dataclasses.replace(
             cfg.task_options, binary_reward=True))
     return cfg
 
 
 def test_every_preset_runs_with_finite_metrics_in_regime(tmp_path: Path) -> None:
-    """Every preset: validated, 3 steps on token_reversal, every logged number finite."""
+    """Every preset: validated, 3 steps in its regime (token_reversal, or digits_bandit for
+    bandit-only presets), every logged number finite."""
     for method in METHODS:
         result = train(_in_regime(_cfg(tmp_path, method, num_steps=3, eval_every=0,
                                        name=method)))
@@ -130,7 +133,7 @@ def test_every_preset_runs_with_finite_metrics_in_regime(tmp_path: Path) -> None
 # for dg_token (noisy rewards do not decompose), non-binary rewards for maxrl.
 NOISY = dataclasses.replace(SMALL_TASK, reward_noise=0.1, reward_noise_mode="label_flip")
 OUT_OF_REGIME = {"replay_dg": {}, "fresh_dg": {}, "dg_token": {"task_options": NOISY},
-                 "maxrl": {}}
+                 "maxrl": {}, "log_growth": {}}
 
 
 def test_every_preset_with_requirements_has_an_out_of_regime_case() -> None:

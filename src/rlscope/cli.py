@@ -77,6 +77,7 @@ def cmd_bench(args: list[str]) -> int:
 
 def cmd_methods(args: list[str]) -> int:
     from rlscope.methods import METHODS, canonical_method_name
+    from rlscope.methods.catalog import kl_summary, objective_summary
 
     console = Console()
     if args and args[0] not in ("-h", "--help"):
@@ -97,10 +98,8 @@ def cmd_methods(args: list[str]) -> int:
                 "description"):
         table.add_column(col)
     for name, spec in METHODS.items():
-        kl = (f"{spec.kl.estimator} {spec.kl.target} {spec.kl.place} β={spec.kl.coef:g}"
-              if spec.kl.coef > 0 else "—")
-        table.add_row(name, spec.advantage.name, spec.gate.name, spec.objective.name, spec.agg,
-                      kl, spec.selection, spec.description)
+        table.add_row(name, spec.advantage.name, spec.gate.name, objective_summary(spec),
+                      spec.agg, kl_summary(spec), spec.selection, spec.description)
     console.print(table)
     return 0
 

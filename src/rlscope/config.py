@@ -211,6 +211,8 @@ def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[s
         "binary_rewards": (getattr(task, "binary_rewards", False),
                            "needs binary rewards (a bandit task, or --binary_reward)"),
         "clean_rewards": (not noisy, "needs clean rewards: drop --reward_noise"),
+        "bandit": (task.family == "bandit", "is for one-action (bandit) tasks: use "
+                   "--task digits_bandit or lm_bandit"),
     }
     return [f"method {cfg.method!r} {message}" for need in spec.requires
             for ok, message in [checks[need]] if not ok]

@@ -52,7 +52,9 @@ class LearnerInputs:
     ``logp_old_BT``: behaviour log-probs. ``ref_logp_BT``, ``old_values_BT`` and
     ``returns_BT`` are present when the method needs them. ``uncertainty_B`` (per-sample reward
     std, `methods.gates.reward_uncertainty_B`) and ``age_B`` (staleness in optimizer steps)
-    feed the gates that read them; None otherwise.
+    feed the gates that read them; ``rewards_B`` and ``baseline_B`` (E[r | x] where exposed,
+    else the batch mean reward) feed the objectives that read sequence rewards (pmd_mean,
+    log_growth's success flag r ≥ 1).
     """
 
     adv_BT: torch.Tensor
@@ -64,6 +66,8 @@ class LearnerInputs:
     returns_BT: torch.Tensor | None = None
     uncertainty_B: torch.Tensor | None = None
     age_B: torch.Tensor | None = None
+    rewards_B: torch.Tensor | None = None
+    baseline_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -167,7 +171,9 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
                            logp_old_BT=batch.logp_sampler_BT, ref_logp_BT=ref_logp_BT,
                            old_values_BT=values_BT, returns_BT=returns_BT,
                            uncertainty_B=reward_uncertainty_B(batch.rewards_B, group_size),
-                           age_B=age_B)
+                           age_B=age_B, rewards_B=batch.rewards_B,
+                           baseline_B=batch.expected_reward_B if batch.expected_reward_B
+                           is not None else batch.rewards_B.mean().expand_as(batch.rewards_B))
     return inputs, metrics
 
 
@@ -215,7 +221,9 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     gate_in = GateInputs(inputs.adv_BT, logp_d_BT, inputs.uncertainty_B,
                          probs_mean_BT(logp_d_BT, fwd.logp_BTV.shape[-1]), inputs.age_B)
     weight_BT, stats = GATES[spec.gate.name](gate_in, spec.gate)
-    terms = PolicyTerms(fwd.logp_BT, inputs.logp_old_BT, weight_BT, mask_BT)
+    terms = PolicyTerms(fwd.logp_BT, inputs.logp_old_BT, weight_BT, mask_BT,
+                        success_B=None if inputs.rewards_B is None else inputs.rewards_B >= 1.0,
+                        rewards_B=inputs.rewards_B, baseline_B=inputs.baseline_B)
     obj_BT, obj_stats = OBJECTIVES[spec.objective.name](terms, spec.objective)
     stats = stats | obj_stats
     policy_loss = agg(obj_BT)

@@ -157,6 +157,16 @@ METHODS: dict[str, MethodSpec] = {
         source="MaxRL", regime="binary rewards with groups, no reward noise",
         advantage=AdvantageConfig("maxrl"), objective=ObjectiveConfig("is_capped", cap=10.0),
         selection="mixed_groups", grouped=True, requires=("binary_rewards", "clean_rewards")),
+    "log_growth": MethodSpec(
+        description="Kelly-style log-growth weights: successes weighted by 1/π(a).",
+        source="log-growth policy gradient", regime="binary bandits, no KL, no reward noise",
+        advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("log_growth"),
+        requires=("bandit", "binary_rewards", "clean_rewards")),
+    "pmd_mean": MethodSpec(
+        description="Policy mirror descent: regress τ·log-ratio onto the reward's surplus.",
+        source="PMD-mean", regime="any task; off-policy capable",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("pmd_mean"),
+        agg="seq_mean_token_sum"),
 }
 
 

@@ -122,7 +122,7 @@ class MethodSpec:
     """What the run must provide (checked by `rlscope.config.validate`): ``replay`` (a replay
     buffer), ``staleness`` (delay or replay), ``token_rewards`` (a task with clean, non-binary
     rewards that decompose over tokens), ``binary_rewards``, ``clean_rewards`` (no reward
-    noise)."""
+    noise), ``bandit`` (a one-action task)."""
 
     @property
     def needs_value(self) -> bool:
