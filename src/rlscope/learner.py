@@ -18,6 +18,7 @@ import torch
 from rlscope.batch import RolloutBatch, _map_tensors
 from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
 from rlscope.methods.aggregation import aggregate
+from rlscope.methods.corrections import CORRECTIONS
 from rlscope.methods.gates import GATES, GateInputs, probs_mean_BT, reward_uncertainty_B
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
 from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, value_loss
@@ -68,6 +69,8 @@ class LearnerInputs:
     age_B: torch.Tensor | None = None
     rewards_B: torch.Tensor | None = None
     baseline_B: torch.Tensor | None = None
+    is_weight_BT: torch.Tensor | None = None
+    """Off-policy correction weight multiplied into the per-token loss (None = none)."""
 
     @property
     def batch_size(self) -> int:
@@ -138,12 +141,20 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         tokens_BT, mask_BT = batch.completion_tokens_BT, batch.completion_mask_BT
     needs_probs = spec.advantage.name in ALWAYS_NEEDS_LEARNER_PROBS or (
         spec.advantage.name in NEEDS_LEARNER_PROBS and batch.expected_reward_B is None)
-    sum_p2_BT = values_BT = ref_logp_BT = token_rewards_BT = None
-    if needs_probs or spec.needs_value:
+    corrected = spec.correction.name != "none"
+    sum_p2_BT = values_BT = ref_logp_BT = token_rewards_BT = is_weight_BT = None
+    if needs_probs or spec.needs_value or corrected:
         fwd = forward_completion(policy, batch, tokens_BT, temperature, replay_keep, group_size)
         sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
         if value_head is not None:
             values_BT = value_head(fwd.hidden_BTD) * mask_BT
+        if corrected:
+            is_weight_BT, is_stats = CORRECTIONS[spec.correction.name](
+                fwd.logp_BT, batch.logp_sampler_BT, mask_BT, spec.correction)
+            active_BT = is_stats.get("is_capped", is_stats.get("is_masked"))
+            metrics["sampler/correction_weight_mean"] = masked_mean(is_weight_BT, mask_BT)
+            if active_BT is not None:
+                metrics["sampler/correction_active_frac"] = masked_mean(active_BT, mask_BT)
     if ref is not None:
         ref_logp_BT = forward_completion(ref, batch, tokens_BT, temperature, replay_keep,
                                          group_size).logp_BT
@@ -173,7 +184,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
                            uncertainty_B=reward_uncertainty_B(batch.rewards_B, group_size),
                            age_B=age_B, rewards_B=batch.rewards_B,
                            baseline_B=batch.expected_reward_B if batch.expected_reward_B
-                           is not None else batch.rewards_B.mean().expand_as(batch.rewards_B))
+                           is not None else batch.rewards_B.mean().expand_as(batch.rewards_B),
+                           is_weight_BT=is_weight_BT)
     return inputs, metrics
 
 
@@ -225,6 +237,8 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
                         success_B=None if inputs.rewards_B is None else inputs.rewards_B >= 1.0,
                         rewards_B=inputs.rewards_B, baseline_B=inputs.baseline_B)
     obj_BT, obj_stats = OBJECTIVES[spec.objective.name](terms, spec.objective)
+    if inputs.is_weight_BT is not None:
+        obj_BT = obj_BT * inputs.is_weight_BT
     stats = stats | obj_stats
     policy_loss = agg(obj_BT)
     loss = policy_loss

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from rlscope.methods.advantages import ADVANTAGES, GROUPED_ADVANTAGES
 from rlscope.methods.aggregation import AGGREGATIONS
+from rlscope.methods.corrections import CORRECTIONS, CorrectionConfig
 from rlscope.methods.gates import GATES
 from rlscope.methods.objectives import OBJECTIVES
 from rlscope.methods.regularizers import KL_ESTIMATORS
@@ -215,6 +216,17 @@ class MethodConfig:
     """R2VPO ratio-variance penalty λ (>= 0)."""
     dro_beta: float | None = None
     """DRO squared log-ratio penalty β (>= 0)."""
+    is_correction: str | None = None
+    """Sampler-vs-learner correction: none, token_truncate, token_mask, sequence_truncate,
+    sequence_mask."""
+    is_correction_cap: float | None = None
+    """C of the truncate corrections: weight min(π_learner/π_sampler, C)."""
+    is_band_low: float | None = None
+    """C_min of the mask corrections: ratios below it are dropped."""
+    is_band_high: float | None = None
+    """C_max of the mask corrections: ratios above it are dropped."""
+    is_geometric: bool | None = None
+    """Sequence corrections use the geometric mean of token ratios."""
     clip_low: float | None = None
     """PPO ε_low (>= 0)."""
     clip_high: float | None = None
@@ -253,7 +265,8 @@ class MethodConfig:
     """Clamp |A| to this value (0 = off)."""
 
 
-_C = TypeVar("_C", AdvantageConfig, GateConfig, ObjectiveConfig, KLConfig, ValueConfig)
+_C = TypeVar("_C", AdvantageConfig, GateConfig, ObjectiveConfig, KLConfig, ValueConfig,
+             CorrectionConfig)
 
 
 def _override(obj: _C, **changes: object) -> _C:
@@ -283,6 +296,9 @@ def resolve_method(name: str, cfg: MethodConfig | None = None) -> MethodSpec:
         entropy_coef=spec.entropy_coef if cfg.entropy_coef is None else cfg.entropy_coef,
         value=_override(spec.value, coef=cfg.vf_coef, clip=cfg.value_clip),
         selection=cfg.selection or spec.selection,
+        correction=_override(spec.correction, name=cfg.is_correction, cap=cfg.is_correction_cap,
+                             band_low=cfg.is_band_low, band_high=cfg.is_band_high,
+                             geometric=cfg.is_geometric),
     )
 
 
@@ -301,6 +317,11 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
     _choice(errors, "agg", spec.agg, AGGREGATIONS)
     _choice(errors, "selection", spec.selection, SELECTIONS)
     _choice(errors, "kl_estimator", spec.kl.estimator, KL_ESTIMATORS)
+    _choice(errors, "is_correction", spec.correction.name, CORRECTIONS)
+    c = spec.correction
+    if c.cap <= 0 or not 0 < c.band_low < c.band_high:
+        errors.append("method.is_correction_cap must be > 0 and 0 < is_band_low < "
+                      "is_band_high")
     _choice(errors, "kl_target", spec.kl.target, ("ref", "behaviour"))
     _choice(errors, "kl_place", spec.kl.place, ("loss", "reward"))
     _choice(errors, "kl_control", spec.kl.control, ("fixed", "adaptive"))

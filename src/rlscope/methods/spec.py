@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlscope.methods.corrections import CorrectionConfig
+
 
 @dataclass(frozen=True)
 class AdvantageConfig:
@@ -116,6 +118,8 @@ class MethodSpec:
     entropy_coef: float = 0.0
     value: ValueConfig = field(default_factory=ValueConfig)
     selection: str = "none"
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    """Sampler-vs-learner importance correction multiplied into the per-token loss."""
     grouped: bool = False
     """Needs grouped sampling (group_size > 1, batch divisible by the group size)."""
     requires: tuple[str, ...] = ()
