@@ -11,6 +11,8 @@ import math
 
 import pytest
 import torch
+from fp64 import F64
+from fp64 import t as _t
 
 from rlscope.methods.advantages import (
     ADVANTAGES,
@@ -24,7 +26,6 @@ from rlscope.methods.advantages import (
 )
 from rlscope.methods.spec import AdvantageConfig
 
-F64 = torch.float64
 TOL = {"atol": 1e-12, "rtol": 0.0}
 
 MASK_3x4 = torch.tensor([[1.0, 1.0, 1.0, 1.0],
@@ -43,10 +44,6 @@ def _rows(values: list[float], lengths: tuple[int, ...], T: int = 4) -> torch.Te
     """Per-sequence scalars broadcast over each row's valid tokens, 0 after."""
     return torch.tensor([[v] * n + [0.0] * (T - n) for v, n in zip(values, lengths, strict=True)],
                         dtype=F64)
-
-
-def _t(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
 
 
 # --------------------------------------------------------------------------- expected

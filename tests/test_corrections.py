@@ -10,15 +10,10 @@ import math
 
 import pytest
 import torch
+from fp64 import F64, TOL
+from fp64 import t as _t
 
 from rlscope.methods.corrections import CORRECTIONS, CorrectionConfig
-
-F64 = torch.float64
-TOL = {"atol": 1e-12, "rtol": 1e-12}
-
-
-def _t(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
 
 
 def _pair(rho: list[list[float]], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,8 @@ import math
 
 import pytest
 import torch
+from fp64 import F64, TOL
+from fp64 import t as _t
 
 from rlscope.methods.gates import (
     GATES,
@@ -20,13 +22,6 @@ from rlscope.methods.gates import (
     reward_uncertainty_B,
 )
 from rlscope.methods.spec import GateConfig
-
-F64 = torch.float64
-TOL = {"atol": 1e-12, "rtol": 1e-12}
-
-
-def _t(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
 
 
 def _v(values: list[float]) -> torch.Tensor:

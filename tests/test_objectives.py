@@ -10,17 +10,12 @@ import math
 
 import pytest
 import torch
+from fp64 import F64, TOL
+from fp64 import t as _t
 
 from rlscope.methods.gates import GATES, GateInputs
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms, ratio
 from rlscope.methods.spec import GateConfig, ObjectiveConfig
-
-F64 = torch.float64
-TOL = {"atol": 1e-12, "rtol": 1e-12}
-
-
-def _t(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
 
 
 def _sigmoid(x: float) -> float:

@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from fp64 import F64, TOL
+from fp64 import t as _t
 
 from rlscope.methods.regularizers import (
     KL_ESTIMATORS,
@@ -17,14 +19,6 @@ from rlscope.methods.regularizers import (
     value_loss,
 )
 from rlscope.methods.spec import KLConfig, ValueConfig
-
-F64 = torch.float64
-TOL = {"atol": 1e-12, "rtol": 1e-12}
-
-
-def _t(rows: list[list[float]]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=F64)
-
 
 # d = ℓ − ℓ_target = 0, 1, −1, 2 (ℓ_target = −1 everywhere).
 LOGP = _t([[-1.0, 0.0, -2.0, 1.0]])
