@@ -28,7 +28,6 @@ from rlscope.methods.spec import MethodSpec
 from rlscope.metrics.estimators import masked_mean
 from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
-from rlscope.sampling.processors import processed_logprobs
 
 
 @dataclass(frozen=True)
@@ -57,18 +56,10 @@ class Snapshot:
 def snapshot(policy: Policy, batch: RolloutBatch, inputs: LearnerInputs, temperature: float,
              replay_keep: bool) -> Snapshot:
     """The policy's view of ``batch``'s action tokens (one no-grad forward)."""
-    P, T = batch.prompt_len, inputs.tokens_BT.shape[1]
-    tokens_BL = torch.cat([batch.prompt_tokens_BP, inputs.tokens_BT], 1)
-    mask_BL = None
-    if batch.prompt_mask_BP is not None:
-        mask_BL = torch.cat([batch.prompt_mask_BP, torch.ones_like(inputs.tokens_BT)], 1)
-    logits_BTV = policy.forward(tokens_BL, mask_BL)[0][:, P - 1:P - 1 + T]
-    keep_BTV = batch.keep_mask_BTV if replay_keep else None
-    logp_BTV = processed_logprobs(logits_BTV, temperature if temperature > 0 else 1.0, keep_BTV)
-    tokens_BT1 = inputs.tokens_BT[..., None]
-    return Snapshot(chosen_logit_BT=logits_BTV.gather(-1, tokens_BT1)[..., 0],
-                    logp_BT=logp_BTV.gather(-1, tokens_BT1)[..., 0],
-                    entropy_BT=entropy_from_logp(logp_BTV))
+    fwd = forward_completion(policy, batch, inputs.tokens_BT, temperature, replay_keep)
+    chosen_BT = fwd.logits_BTV.gather(-1, inputs.tokens_BT[..., None])[..., 0]
+    return Snapshot(chosen_logit_BT=chosen_BT.float(), logp_BT=fwd.logp_BT,
+                    entropy_BT=entropy_from_logp(fwd.logp_BTV))
 
 
 def _tertile_means(key_BT: torch.Tensor, value_BT: torch.Tensor, mask_BT: torch.Tensor

@@ -82,11 +82,13 @@ class LearnerInputs:
 
 @dataclass(frozen=True)
 class Forward:
-    """One teacher-forced forward: log-probs of the completion under the sampling distribution."""
+    """One teacher-forced forward at the completion positions: log-probs of the completion under
+    the sampling distribution, that distribution, the raw logits and the hidden states."""
 
     logp_BT: torch.Tensor
     logp_BTV: torch.Tensor
     hidden_BTD: torch.Tensor
+    logits_BTV: torch.Tensor
 
 
 # The `RolloutBatch` fields `forward_completion` (hence the loss) reads: the CUDA-graph
@@ -124,7 +126,7 @@ def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Ten
     keep_BTV = batch.keep_mask_BTV if replay_keep else None
     logp_BTV = processed_logprobs(logits_BTV, temperature if temperature > 0 else 1.0, keep_BTV)
     logp_BT = logp_BTV.gather(-1, tokens_BT[..., None]).squeeze(-1)
-    return Forward(logp_BT, logp_BTV, hidden_BTD)
+    return Forward(logp_BT, logp_BTV, hidden_BTD, logits_BTV)
 
 
 @torch.no_grad()
