@@ -52,8 +52,13 @@ def test_std_threshold_is_1e_6() -> None:
 
 def test_grouped_presets_select_mixed_groups_by_default() -> None:
     assert SELECTIONS == ("none", "mixed_groups")
-    grouped = {name for name, spec in METHODS.items() if spec.grouped}
-    assert {"grpo", "dr_grpo", "dapo"} <= grouped
+    """Every preset that compares the rollouts of a group; the candidate presets (tpo_token,
+    grpo_token) compare next-token candidates instead, so a group of equal rollout rewards
+    still carries signal and they keep every rollout (docs/architecture.md)."""
+    grouped = {name for name, spec in METHODS.items()
+               if spec.grouped and not spec.needs_candidates}
+    assert {"grpo", "dr_grpo", "dapo", "tpo", "tpo_no_anchor", "group_pg"} <= grouped
+    assert all(METHODS[n].selection == "none" for n in ("tpo_token", "grpo_token"))
     for name in grouped:
         assert METHODS[name].selection == "mixed_groups", name
 

@@ -167,6 +167,10 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if r.num_minibatches >= 1 and r.batch_size % r.num_minibatches:
         errors.append(f"run.batch_size={r.batch_size} is not divisible by "
                       f"run.num_minibatches={r.num_minibatches}")
+    if spec.needs_whole_groups and d.micro_batch_size % d.group_size:
+        errors.append(f"run.micro_batch_size={d.micro_batch_size} must hold whole groups of "
+                      f"{d.group_size}: objective {spec.objective.name!r} compares the samples "
+                      "of a group")
     if spec.grouped and r.num_minibatches > 1 and d.minibatch_size % d.group_size:
         errors.append(f"minibatch size {d.minibatch_size} must hold whole groups of "
                       f"{d.group_size}")
@@ -213,6 +217,17 @@ def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[s
         "clean_rewards": (not noisy, "needs clean rewards: drop --reward_noise"),
         "bandit": (task.family == "bandit", "is for one-action (bandit) tasks: use "
                    "--task digits_bandit or lm_bandit"),
+        "on_policy": (not replay and cfg.run.delay == 0,
+                      "is defined on-policy (its targets come from the behaviour policy of "
+                      "this very step): drop --delay and --replay_capacity"),
+        "single_epoch": (cfg.run.inner_epochs == 1 and cfg.run.num_minibatches == 1,
+                         "takes one on-policy step per batch: set --inner_epochs 1 and "
+                         "--num_minibatches 1"),
+        "token_labels": (task.has_labels and task.family != "bandit",
+                         "trains on the task's per-token labels at the actor's prefixes: use a "
+                         "sequence task with labels (token_reversal, masked_reversal, "
+                         "chain_reversal)"),
+        "no_kl": (spec.kl.coef == 0, "has no KL term by definition: drop --kl_coef"),
     }
     return [f"method {cfg.method!r} {message}" for need in spec.requires
             for ok, message in [checks[need]] if not ok]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlscope.batch import RolloutBatch, _map_tensors
+from rlscope.batch import CandidateBatch, RolloutBatch, _map_tensors
 from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
 from rlscope.methods.aggregation import aggregate
 from rlscope.methods.corrections import CORRECTIONS
@@ -31,7 +31,7 @@ from rlscope.sampling.processors import processed_logprobs
 # Advantage estimators whose baseline reads the current learner's distribution, or the exact
 # expected reward where the task exposes it (`expected`), or always reads it (`rtg`).
 NEEDS_LEARNER_PROBS = frozenset({"expected"})
-ALWAYS_NEEDS_LEARNER_PROBS = frozenset({"rtg"})
+ALWAYS_NEEDS_LEARNER_PROBS = frozenset({"rtg", "oracle_token"})
 
 
 def wants_expected_reward(spec: MethodSpec, top_k: int, top_p: float) -> bool:
@@ -71,6 +71,15 @@ class LearnerInputs:
     baseline_B: torch.Tensor | None = None
     is_weight_BT: torch.Tensor | None = None
     """Off-policy correction weight multiplied into the per-token loss (None = none)."""
+    candidates_BTK: torch.Tensor | None = None
+    """Next-token candidates of a `CandidateBatch` (``tpo_token``, ``grpo_token``), with their
+    behaviour log-probs ``cand_logp_old_BTK`` and dense rewards ``cand_rewards_BTK``."""
+    cand_logp_old_BTK: torch.Tensor | None = None
+    cand_rewards_BTK: torch.Tensor | None = None
+    labels_BT: torch.Tensor | None = None
+    """The task's labels at the actor's positions and ``label_mask_BT`` its scored positions
+    (``self_distill``, ``scope_lite``)."""
+    label_mask_BT: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -132,8 +141,11 @@ def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Ten
 @torch.no_grad()
 def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: ValueHead | None,
             ref: Policy | None, beta: float, group_size: int, temperature: float,
-            replay_keep: bool) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
-    """Advantages and every fixed per-row quantity of the update, plus rollout metrics."""
+            replay_keep: bool, candidates: CandidateBatch | None = None
+            ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
+    """Advantages and every fixed per-row quantity of the update, plus rollout metrics.
+
+    ``candidates`` (rows aligned with ``batch``) feed the candidate objectives."""
     assert batch.rewards_B is not None
     metrics: dict[str, torch.Tensor] = {}
     if spec.needs_labels:
@@ -188,6 +200,18 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
                            baseline_B=batch.expected_reward_B if batch.expected_reward_B
                            is not None else batch.rewards_B.mean().expand_as(batch.rewards_B),
                            is_weight_BT=is_weight_BT)
+    if candidates is not None:
+        inputs = dataclasses.replace(
+            inputs, candidates_BTK=candidates.candidates_BTK,
+            cand_logp_old_BTK=candidates.logp_old_BTK, cand_rewards_BTK=candidates.rewards_BTK)
+        metrics["candidates/reward_mean"] = masked_mean(candidates.rewards_BTK.mean(-1), mask_BT)
+    if spec.needs_token_labels:
+        if batch.targets_BT is None:
+            raise ValueError(f"objective {spec.objective.name!r} needs the task's labels")
+        label_mask_BT = batch.score_mask_BT if batch.score_mask_BT is not None \
+            else torch.ones_like(mask_BT)
+        inputs = dataclasses.replace(inputs, labels_BT=batch.targets_BT,
+                                     label_mask_BT=label_mask_BT.to(mask_BT.dtype))
     return inputs, metrics
 
 
@@ -237,7 +261,13 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     weight_BT, stats = GATES[spec.gate.name](gate_in, spec.gate)
     terms = PolicyTerms(fwd.logp_BT, inputs.logp_old_BT, weight_BT, mask_BT,
                         success_B=None if inputs.rewards_B is None else inputs.rewards_B >= 1.0,
-                        rewards_B=inputs.rewards_B, baseline_B=inputs.baseline_B)
+                        rewards_B=inputs.rewards_B, baseline_B=inputs.baseline_B,
+                        logp_BTV=fwd.logp_BTV, group_size=group_size,
+                        candidates_BTK=inputs.candidates_BTK,
+                        cand_logp_old_BTK=inputs.cand_logp_old_BTK,
+                        cand_rewards_BTK=inputs.cand_rewards_BTK, tokens_BT=inputs.tokens_BT,
+                        targets_BT=inputs.labels_BT, label_mask_BT=inputs.label_mask_BT,
+                        gate_BT=stats.get("gate_mean"))
     obj_BT, obj_stats = OBJECTIVES[spec.objective.name](terms, spec.objective)
     if inputs.is_weight_BT is not None:
         obj_BT = obj_BT * inputs.is_weight_BT
@@ -312,6 +342,16 @@ class UpdateResult:
     grad_norms_S: torch.Tensor
 
 
+def minibatch_rows(n_rows: int, num_minibatches: int, group_size: int) -> int:
+    """Rows per minibatch: the batch split into ``num_minibatches``, in whole groups whenever
+    the rows are whole groups (selection keeps whole groups), so no group straddles two
+    optimizer steps; the last minibatch may be smaller."""
+    if group_size > 1 and n_rows % group_size == 0:
+        groups = n_rows // group_size
+        return group_size * max(-(-groups // num_minibatches), 1)
+    return max(n_rows // num_minibatches, 1)
+
+
 def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
            optimizer: torch.optim.Optimizer, batch: RolloutBatch, inputs: LearnerInputs,
            beta: float | torch.Tensor) -> UpdateResult:
@@ -319,7 +359,7 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
     steps, each accumulated over micro-batches (METHODS.md, "Training protocol")."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     n_rows = batch.batch_size
-    mb_rows = max(n_rows // plan.num_minibatches, 1)
+    mb_rows = minibatch_rows(n_rows, plan.num_minibatches, plan.group_size)
     micro = min(plan.micro_batch_size, mb_rows)
     # Micro-batches hold whole groups when both slice widths are multiples of the group size.
     G = plan.group_size

@@ -31,6 +31,7 @@ from rlscope.learner import (
     UpdatePlan,
     UpdateResult,
     forward_completion,
+    minibatch_rows,
     prepare,
     update,
     wants_expected_reward,
@@ -43,6 +44,7 @@ from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
+from rlscope.sampling.candidates import sample_candidates
 from rlscope.sampling.sampler import generate
 from rlscope.tasks.base import Task, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
@@ -259,8 +261,10 @@ def train(cfg: TrainConfig) -> RunResult:
                     break
                 batch = batch.select(keep_B)
             policy.eval()
+            candidates = sample_candidates(policy, batch, d.group_size, generator, temperature,
+                                           replay_keep) if spec.needs_candidates else None
             inputs, prep_m = prepare(spec, batch, policy, value_head, ref, state.beta,
-                                     d.group_size, temperature, replay_keep)
+                                     d.group_size, temperature, replay_keep, candidates)
             m |= prep_m
             assert batch.rewards_B is not None
             m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B,
@@ -269,7 +273,7 @@ def train(cfg: TrainConfig) -> RunResult:
             t_learn = time.perf_counter()
             policy.train()
             n_rows = batch.batch_size
-            mb_rows = max(n_rows // r.num_minibatches, 1)
+            mb_rows = minibatch_rows(n_rows, r.num_minibatches, d.group_size)
             if eval_due and cfg.diagnostics.grad_diagnostics:
                 m |= gradient_diagnostics(spec, policy, value_head, batch, inputs, state.beta,
                                           temperature, replay_keep, cfg.optim.grad_clip)

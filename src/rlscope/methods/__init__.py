@@ -27,6 +27,7 @@ from rlscope.methods.spec import (
     ObjectiveConfig,
     ValueConfig,
 )
+from rlscope.methods.tpo import OBJECTIVE_AGG
 
 _GRPO_KL = KLConfig(coef=0.04, estimator="k3", target="behaviour", place="loss")
 
@@ -66,7 +67,7 @@ METHODS: dict[str, MethodSpec] = {
         source="Yu et al. 2503.14476", regime="grouped sampling; no KL term",
         advantage=AdvantageConfig("group_zscore"),
         objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.28),
-        selection="mixed_groups", grouped=True),
+        selection="mixed_groups", grouped=True, requires=("no_kl",)),
     "rloo": MethodSpec(
         description="Leave-one-out baseline with the PPO clip.",
         source="Ahmadian et al. 2402.14740", regime="grouped sampling, group_size > 1",
@@ -162,12 +163,60 @@ METHODS: dict[str, MethodSpec] = {
         description="Kelly-style log-growth weights: successes weighted by 1/π(a).",
         source="log-growth policy gradient", regime="binary bandits, no KL, no reward noise",
         advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("log_growth"),
-        requires=("bandit", "binary_rewards", "clean_rewards")),
+        requires=("bandit", "binary_rewards", "clean_rewards", "no_kl")),
     "pmd_mean": MethodSpec(
         description="Policy mirror descent: regress τ·log-ratio onto the reward's surplus.",
         source="PMD-mean", regime="any task; off-policy capable",
         advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("pmd_mean"),
         agg="seq_mean_token_sum"),
+    "tpo": MethodSpec(
+        description="Fit a soft target over the group: behaviour anchor tilted by skill.",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("tpo"),
+        agg="seq_mean_token_sum", selection="mixed_groups", grouped=True),
+    "tpo_no_anchor": MethodSpec(
+        description="TPO ablation: the target is softmax(skill/η), no behaviour anchor.",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("tpo_no_anchor"),
+        agg="seq_mean_token_sum", selection="mixed_groups", grouped=True),
+    "group_pg": MethodSpec(
+        description="TPO's skill weights as a plain group policy gradient (no soft target).",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("group_pg"),
+        agg="seq_mean_token_sum", selection="mixed_groups", grouped=True),
+    "tpo_full_action": MethodSpec(
+        description="TPO over every action of a bandit: soft target from one sampled class.",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="bandit tasks, on-policy, one inner epoch, clean rewards",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("tpo_full_action"),
+        requires=("bandit", "on_policy", "single_epoch", "clean_rewards")),
+    "tpo_token": MethodSpec(
+        description="TPO per prefix over K next-token candidates with dense rewards.",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="token tasks with clean, decomposable rewards; K = group_size > 1; on-policy",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("tpo_token"),
+        grouped=True, requires=("token_rewards", "on_policy")),
+    "grpo_token": MethodSpec(
+        description="GRPO per prefix over K next-token candidates with dense rewards.",
+        source="TPO sandbox (the GRPO control of tpo_token)",
+        regime="token tasks with clean, decomposable rewards; K = group_size > 1; on-policy",
+        advantage=AdvantageConfig("zero"),
+        objective=ObjectiveConfig("grpo_token", clip_low=0.2, clip_high=0.2, candidate_kl=0.04),
+        grouped=True, requires=("token_rewards", "on_policy")),
+    "self_distill_dg": MethodSpec(
+        description="DG on a token oracle advantage plus gated label cross-entropy.",
+        source="delight-gradient sandbox", regime="sequence tasks with per-token labels",
+        advantage=AdvantageConfig("oracle_token"), gate=GateConfig("delight"),
+        objective=ObjectiveConfig("self_distill"), requires=("token_labels",)),
+    "scope_lite": MethodSpec(
+        description="DG plus label cross-entropy from each failure's first wrong token on.",
+        source="delight-gradient sandbox (SCOPE, lite)",
+        regime="sequence tasks with per-token labels",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight"),
+        objective=ObjectiveConfig("scope_lite"), requires=("token_labels",)),
 }
 
 
@@ -216,6 +265,12 @@ class MethodConfig:
     """R2VPO ratio-variance penalty λ (>= 0)."""
     dro_beta: float | None = None
     """DRO squared log-ratio penalty β (>= 0)."""
+    tpo_eta: float | None = None
+    """TPO-family temperature η of the soft target (> 0)."""
+    candidate_kl: float | None = None
+    """grpo_token: k3 penalty β to the candidates' behaviour log-probs (>= 0)."""
+    distill_alpha: float | None = None
+    """self_distill_dg / scope_lite: weight α of the label cross-entropy (>= 0)."""
     is_correction: str | None = None
     """Sampler-vs-learner correction: none, token_truncate, token_mask, sequence_truncate,
     sequence_mask."""
@@ -288,7 +343,8 @@ def resolve_method(name: str, cfg: MethodConfig | None = None) -> MethodSpec:
         objective=_override(spec.objective, name=cfg.objective, clip_low=cfg.clip_low,
                             clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, cap=cfg.is_cap,
                             cispo_max=cfg.cispo_max, r2vpo_lambda=cfg.r2vpo_lambda,
-                            dro_beta=cfg.dro_beta),
+                            dro_beta=cfg.dro_beta, tpo_eta=cfg.tpo_eta,
+                            candidate_kl=cfg.candidate_kl, distill_alpha=cfg.distill_alpha),
         agg=cfg.agg or spec.agg,
         kl=_override(spec.kl, coef=cfg.kl_coef, estimator=cfg.kl_estimator,
                      target=cfg.kl_target, place=cfg.kl_place, control=cfg.kl_control,
@@ -326,7 +382,13 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
     _choice(errors, "kl_place", spec.kl.place, ("loss", "reward"))
     _choice(errors, "kl_control", spec.kl.control, ("fixed", "adaptive"))
     grouped = (spec.grouped or spec.advantage.name in GROUPED_ADVANTAGES
-               or spec.selection == "mixed_groups")
+               or spec.selection == "mixed_groups" or spec.needs_whole_groups
+               or spec.needs_candidates)
+    own_agg = OBJECTIVE_AGG.get(spec.objective.name)
+    if own_agg is not None and spec.agg != own_agg:
+        errors.append(f"method.agg={spec.agg!r}: objective {spec.objective.name!r} is defined "
+                      f"with agg={own_agg!r} (its loss is a mean over "
+                      f"{'groups' if own_agg == 'seq_mean_token_sum' else 'prefixes'})")
     if grouped and group_size < 2:
         errors.append(f"run.group_size={group_size}: this method compares samples within a "
                       "group, so group_size must be > 1")
@@ -349,6 +411,10 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
     if g.s < 0 or g.tau <= 0 or not 0 <= g.guard_scale <= 1:
         errors.append("method.uncertainty_scale must be >= 0, method.filter_tau > 0 and "
                       "method.guard_scale in [0, 1]")
+    if o.tpo_eta <= 0:
+        errors.append(f"method.tpo_eta={o.tpo_eta} must be > 0")
+    if o.candidate_kl < 0 or o.distill_alpha < 0:
+        errors.append("method.candidate_kl and method.distill_alpha must be >= 0")
     if o.cispo_max <= 0 or o.r2vpo_lambda < 0 or o.dro_beta < 0:
         errors.append("method.cispo_max must be > 0, method.r2vpo_lambda and method.dro_beta "
                       ">= 0")

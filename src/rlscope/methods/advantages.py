@@ -254,6 +254,20 @@ def rtg(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
     return (rtg_BT - x.sum_p2_BT * scored_BT) * x.mask_BT
 
 
+def oracle_token(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """Per-token oracle advantage A_t = (1[a_t = y_t] − Σ_v π(v | prefix)²)·m_t.
+
+    m_t: scored positions (``score_mask_BT``, or ``mask_BT`` when absent); Σπ² from the current
+    learner (detached), the per-token `expected` baseline. Source: the delight-gradient sandbox
+    (``self_distill_dg``). Regime: sequence tasks with per-token labels.
+    """
+    if x.token_correct_BT is None or x.sum_p2_BT is None:
+        raise ValueError("advantage 'oracle_token' needs token_correct_BT and sum_p2_BT")
+    scored_BT = x.mask_BT if x.score_mask_BT is None else x.score_mask_BT
+    correct_BT = x.token_correct_BT.to(scored_BT.dtype)
+    return (correct_BT - x.sum_p2_BT) * scored_BT * x.mask_BT
+
+
 def tempo(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
     """Prefix-tree values within a group: A_{i,t} = ((r_i − mean_g) + V_i(t+1) − V_i(t)) / std_g.
 
@@ -347,6 +361,7 @@ ADVANTAGES: dict[str, Estimator] = {
     "reinforce_pp": reinforce_pp,
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "rtg": rtg,
+    "oracle_token": oracle_token,
     "tempo": tempo,
     "maxrl": maxrl,
     "remax": remax,

@@ -9,66 +9,28 @@ reduces over valid tokens.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from rlscope.methods.distill import scope_lite, self_distill
 from rlscope.methods.spec import ObjectiveConfig
-
-LOG_RATIO_CLAMP = 20.0
-
-
-@dataclass(frozen=True)
-class PolicyTerms:
-    """Inputs shared by all objectives.
-
-    ``logp_BT``: current learner log-prob of each action token (differentiable).
-    ``logp_old_BT``: behaviour log-prob ``ℓ_μ`` stored at sampling time.
-    ``weight_BT``: the gated advantage ``w`` (detached). ``mask_BT``: loss mask.
-    Optional, only for the objectives that need them (they raise ``ValueError`` when missing):
-    ``success_B``: per-row success flag (``log_growth``); ``rewards_B``: scalar sequence reward r
-    and ``baseline_B``: E[r | x] (exact if exposed, else the batch mean reward) (``pmd_mean``).
-    """
-
-    logp_BT: torch.Tensor
-    logp_old_BT: torch.Tensor
-    weight_BT: torch.Tensor
-    mask_BT: torch.Tensor
-    success_B: torch.Tensor | None = None
-    rewards_B: torch.Tensor | None = None
-    baseline_B: torch.Tensor | None = None
-
-
-ObjectiveOut = tuple[torch.Tensor, dict[str, torch.Tensor]]
-
-
-def ratio(logp_BT: torch.Tensor, logp_old_BT: torch.Tensor) -> torch.Tensor:
-    """ρ = exp(clamp(ℓ − ℓ_μ, −20, 20))."""
-    return torch.exp((logp_BT - logp_old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-
-
-def _seq_log_ratio_B(x: PolicyTerms) -> torch.Tensor:
-    """Σ_t m_t (ℓ_t − ℓ_μ,t) per sequence, shape [B] (differentiable through ℓ)."""
-    return ((x.logp_BT - x.logp_old_BT) * x.mask_BT.to(x.logp_BT.dtype)).sum(-1)
-
-
-def _clipped_surrogate(rho_BT: torch.Tensor, adv_BT: torch.Tensor, cfg: ObjectiveConfig
-                       ) -> ObjectiveOut:
-    """−min(ρA, clip(ρ, 1−ε_low, 1+ε_high)A) with optional dual clip, and its clip flags."""
-    unclipped_BT = rho_BT * adv_BT
-    clipped_BT = rho_BT.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv_BT
-    loss_BT = -torch.minimum(unclipped_BT, clipped_BT)
-    rho_d = rho_BT.detach()
-    low_BT = ((rho_d < 1.0 - cfg.clip_low) & (adv_BT < 0)).float()
-    high_BT = ((rho_d > 1.0 + cfg.clip_high) & (adv_BT > 0)).float()
-    stats = {"clipfrac_low": low_BT, "clipfrac_high": high_BT,
-             "clipfrac_region": torch.maximum(low_BT, high_BT)}
-    if cfg.dual_clip > 0:
-        cap_BT = -cfg.dual_clip * adv_BT
-        dual_BT = (adv_BT < 0) & (loss_BT.detach() > cap_BT)
-        loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, cap_BT), loss_BT)
-        stats["clipfrac_dual"] = dual_BT.float()
-    return loss_BT, stats
+from rlscope.methods.terms import (
+    LOG_RATIO_CLAMP,
+    ObjectiveOut,
+    PolicyTerms,
+    clipped_surrogate,
+    on_first_token,
+    ratio,
+    seq_log_ratio_B,
+)
+from rlscope.methods.tpo import (
+    group_pg,
+    grpo_token,
+    tpo,
+    tpo_full_action,
+    tpo_no_anchor,
+    tpo_token,
+)
 
 
 def score(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
@@ -93,7 +55,7 @@ def ppo_clip(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     Clip fractions: ``low`` (ρ < 1−ε_low, A < 0), ``high`` (ρ > 1+ε_high, A > 0), ``region``
     (either), ``dual`` (the dual cap binds).
     """
-    return _clipped_surrogate(ratio(x.logp_BT, x.logp_old_BT), x.weight_BT.detach(), cfg)
+    return clipped_surrogate(ratio(x.logp_BT, x.logp_old_BT), x.weight_BT.detach(), cfg)
 
 
 def traj_is_capped(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
@@ -104,7 +66,7 @@ def traj_is_capped(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     sequence) it equals `is_capped`. Regime: off-policy capable; the product ratio's variance
     grows with length, hence the cap. Logs ``iw_mean``.
     """
-    log_rho_B = _seq_log_ratio_B(x).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_rho_B = seq_log_ratio_B(x).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     iw_BT = torch.exp(log_rho_B).clamp_max(cfg.cap)[:, None].expand_as(x.logp_BT)
     return -x.logp_BT * (x.weight_BT * iw_BT).detach(), {"iw_mean": iw_BT}
 
@@ -119,9 +81,9 @@ def gspo(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     """
     mask_BT = x.mask_BT.to(x.logp_BT.dtype)
     n_B = mask_BT.sum(-1).clamp_min(1.0)
-    log_s_B = (_seq_log_ratio_B(x) / n_B).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_s_B = (seq_log_ratio_B(x) / n_B).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     s_BT = torch.exp(log_s_B)[:, None].expand_as(x.logp_BT)
-    return _clipped_surrogate(s_BT, x.weight_BT.detach(), cfg)
+    return clipped_surrogate(s_BT, x.weight_BT.detach(), cfg)
 
 
 def cispo(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
@@ -230,9 +192,8 @@ def pmd_mean(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
                          "mean reward)")
     mask_BT = x.mask_BT.to(x.logp_BT.dtype)
     target_B = (x.rewards_B - x.baseline_B).to(x.logp_BT.dtype).detach()
-    seq_loss_B = (cfg.pmd_tau * _seq_log_ratio_B(x) - target_B) ** 2
-    first_BT = (mask_BT > 0) & (mask_BT.cumsum(-1) == mask_BT)
-    loss_BT = torch.where(first_BT, seq_loss_B[:, None], torch.zeros_like(x.logp_BT))
+    seq_loss_B = (cfg.pmd_tau * seq_log_ratio_B(x) - target_B) ** 2
+    loss_BT = on_first_token(seq_loss_B, mask_BT)
     return loss_BT, {"pmd_seq_loss": seq_loss_B.detach()[:, None].expand_as(x.logp_BT)}
 
 
@@ -258,4 +219,14 @@ OBJECTIVES: dict[str, Callable[[PolicyTerms, ObjectiveConfig], ObjectiveOut]] = 
     "log_growth": log_growth,
     "pmd_mean": pmd_mean,
     "ce_oracle": ce_oracle,
+    "tpo": tpo,
+    "tpo_no_anchor": tpo_no_anchor,
+    "group_pg": group_pg,
+    "tpo_full_action": tpo_full_action,
+    "tpo_token": tpo_token,
+    "grpo_token": grpo_token,
+    "self_distill": self_distill,
+    "scope_lite": scope_lite,
 }
+
+__all__ = ["LOG_RATIO_CLAMP", "OBJECTIVES", "ObjectiveOut", "PolicyTerms", "ratio"]

@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 
 from rlscope.methods.corrections import CorrectionConfig
 
+GROUP_OBJECTIVES = frozenset({"tpo", "tpo_no_anchor", "group_pg"})
+"""Objectives over the samples of a group: micro-batches must hold whole groups."""
+CANDIDATE_OBJECTIVES = frozenset({"tpo_token", "grpo_token"})
+"""Objectives over next-token candidates: the loop samples a `CandidateBatch`."""
+LABEL_OBJECTIVES = frozenset({"self_distill", "scope_lite"})
+"""Objectives with a cross-entropy on the task's labels at the actor's prefixes."""
+
 
 @dataclass(frozen=True)
 class AdvantageConfig:
@@ -71,6 +78,12 @@ class ObjectiveConfig:
     """DRO β: weight of the quadratic penalty (β/2)(ℓ − ℓ_μ)²."""
     pmd_tau: float = 1.0
     """PMD-mean τ scaling the summed log-ratio of a sequence."""
+    tpo_eta: float = 1.0
+    """TPO-family temperature η: the target is softmax(anchor + skill/η)."""
+    candidate_kl: float = 0.04
+    """``grpo_token``: β of the k3 penalty to the behaviour log-probs of each candidate."""
+    distill_alpha: float = 0.5
+    """``self_distill`` / ``scope_lite``: weight α of the supervised cross-entropy term."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +139,9 @@ class MethodSpec:
     """What the run must provide (checked by `rlscope.config.validate`): ``replay`` (a replay
     buffer), ``staleness`` (delay or replay), ``token_rewards`` (a task with clean, non-binary
     rewards that decompose over tokens), ``binary_rewards``, ``clean_rewards`` (no reward
-    noise), ``bandit`` (a one-action task)."""
+    noise), ``bandit`` (a one-action task), ``on_policy`` (no delay, no replay),
+    ``single_epoch`` (one inner epoch of one minibatch), ``token_labels`` (a sequence task with
+    per-token labels), ``no_kl`` (the method is defined without a KL term)."""
 
     @property
     def needs_value(self) -> bool:
@@ -135,6 +150,21 @@ class MethodSpec:
     @property
     def needs_reference(self) -> bool:
         return self.kl.coef > 0 and self.kl.target == "ref"
+
+    @property
+    def needs_candidates(self) -> bool:
+        """The loop samples K = group_size next-token candidates per generated position."""
+        return self.objective.name in CANDIDATE_OBJECTIVES
+
+    @property
+    def needs_token_labels(self) -> bool:
+        """The objective reads the task's labels next to the actor's own tokens."""
+        return self.objective.name in LABEL_OBJECTIVES
+
+    @property
+    def needs_whole_groups(self) -> bool:
+        """The objective couples the rows of a group (micro-batches hold whole groups)."""
+        return self.objective.name in GROUP_OBJECTIVES
 
     @property
     def needs_labels(self) -> bool:
