@@ -142,25 +142,45 @@ def test_train_unparseable_value_exits_2(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_methods_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    """One line of components per preset, then its description."""
     assert main(["methods"]) == 0
-    out = capsys.readouterr().out
-    for name in METHODS:
-        assert name in out, name
-    assert "group_zscore" in out  # the advantage column
+    lines = capsys.readouterr().out.splitlines()
+    for name, spec in METHODS.items():
+        row = next(i for i, line in enumerate(lines) if line.split(" ", 1)[0] == name)
+        assert spec.advantage.name in lines[row] and spec.agg in lines[row], name
+        assert lines[row + 1].strip() == spec.description, name
+    grpo = next(line for line in lines if line.startswith("grpo "))
+    assert grpo.split(None, 1)[1] == ("group_zscore · ppo_clip ε 0.2/0.2 · token_mean · "
+                                      "KL k3→behaviour β 0.04 · mixed_groups")
 
 
 def test_methods_detail_accepts_aliases(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["methods", "DrGRPO"]) == 0
     out = capsys.readouterr().out
-    assert "dr_grpo" in out
-    assert METHODS["dr_grpo"].description[:30] in out
-    assert "group_center" in out and "seq_mean_token_sum" in out
+    assert out.startswith(f"dr_grpo: {METHODS['dr_grpo'].description}")
+    assert "group_center (--advantage)" in out and "seq_mean_token_sum (--agg)" in out
+    assert f"source         {METHODS['dr_grpo'].source}" in out
+    assert f"valid regime   {METHODS['dr_grpo'].regime}" in out
+    # the settings the objective reads, with their current values and flags
+    assert "clip_low 0.2 (--clip_low), clip_high 0.2 (--clip_high)" in out
+    assert "coef 0.04 (--kl_coef), estimator k3 (--kl_estimator)" in out
+
+
+def test_methods_detail_shows_component_docs_and_needs(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["methods", "replay_dg"]) == 0
+    out = capsys.readouterr().out
+    assert "run needs      replay" in out
+    assert "delight (--gate); eta 1.0 (--eta)" in out
+    assert "Delightful policy gradient: g = σ(A·(−ℓ)/η), w = g·A." in out
+    assert main(["methods", "tpo"]) == 0
+    assert "group_zscore (logged only" in capsys.readouterr().out
 
 
 def test_methods_unknown_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["methods", "nope"]) == 2
-    out = capsys.readouterr().out
-    assert "nope" in out and "grpo" in out
+    err = capsys.readouterr().err
+    assert "unknown method 'nope'" in err and "grpo" in err
 
 
 def test_tasks_lists_every_task(capsys: pytest.CaptureFixture[str]) -> None:

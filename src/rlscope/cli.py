@@ -5,7 +5,6 @@ Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers a
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 
@@ -76,31 +75,23 @@ def cmd_bench(args: list[str]) -> int:
 
 
 def cmd_methods(args: list[str]) -> int:
-    from rlscope.methods import METHODS, canonical_method_name
-    from rlscope.methods.catalog import kl_summary, objective_summary
+    from rlscope.methods.catalog import describe, render_list
 
-    console = Console()
-    if args and args[0] not in ("-h", "--help"):
-        try:
-            name = canonical_method_name(args[0])
-        except ValueError as e:
-            console.print(f"[red]error:[/red] {e}")
-            return 2
-        spec = METHODS[name]
-        console.print(f"[bold]{name}[/bold]: {spec.description}\n  source: {spec.source}\n"
-                      f"  valid regime: {spec.regime}")
-        for f in dataclasses.fields(spec):
-            if f.name not in ("description", "source", "regime"):
-                console.print(f"  {f.name}: {getattr(spec, f.name)}")
+    if args and args[0] in ("-h", "--help"):
+        sys.stdout.write("usage: rlscope methods [NAME]\n\nWithout NAME, list every "
+                         "update-rule preset with its components. With NAME (case-"
+                         "insensitive; CamelCase aliases work), show that preset in full:\n"
+                         "components, the settings each reads with their flags, source and "
+                         "valid regime.\n")
         return 0
-    table = Table(title="update-rule presets (rlscope methods NAME for details)")
-    for col in ("preset", "advantage", "gate", "objective", "agg", "KL", "selection",
-                "description"):
-        table.add_column(col)
-    for name, spec in METHODS.items():
-        table.add_row(name, spec.advantage.name, spec.gate.name, objective_summary(spec),
-                      spec.agg, kl_summary(spec), spec.selection, spec.description)
-    console.print(table)
+    if args:
+        try:
+            sys.stdout.write(describe(args[0]))
+        except ValueError as e:
+            sys.stderr.write(f"error: {e}\n")
+            return 2
+        return 0
+    sys.stdout.write(render_list())
     return 0
 
 
