@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from fp64 import F64, TOL
 from fp64 import t as _t
 
+from rlscope.config import RunConfig, TrainConfig
+from rlscope.methods import MethodConfig
 from rlscope.methods.gates import (
     GATES,
     GateInputs,
@@ -22,6 +25,8 @@ from rlscope.methods.gates import (
     reward_uncertainty_B,
 )
 from rlscope.methods.spec import GateConfig
+from rlscope.tasks import TaskConfig
+from rlscope.train import train
 
 
 def _v(values: list[float]) -> torch.Tensor:
@@ -192,3 +197,29 @@ def test_the_gates_move_away_from_delight_off_neutral() -> None:
     w, stats = GATES["uncertainty_filter"](x, GateConfig("uncertainty_filter", tau=0.2))
     assert torch.equal(w, torch.zeros_like(w))
     assert torch.equal(stats["kept_frac"], torch.zeros_like(w))
+
+
+def test_filtered_dg_above_every_std_trains_exactly_like_dg(tmp_path: Path) -> None:
+    """Through the real loop: rewards lie in [0, 1], so their std never exceeds 1/2; with
+    τ = 0.6 no sample is ever dropped and filtered_dg's run equals dg's bit for bit (the same
+    losses, the same evaluations, the same final parameters)."""
+    runs = {}
+    for method, components in (("dg", MethodConfig()),
+                               ("filtered_dg", MethodConfig(filter_tau=0.6))):
+        cfg = TrainConfig(method=method, components=components,
+                          task_options=TaskConfig(seq_len=4, eval_batches=1, eval_batch_size=16),
+                          run=RunConfig(batch_size=16, num_steps=6, eval_every=3, progress=False,
+                                        device="cpu", runs_dir=str(tmp_path), name=method,
+                                        log_samples=0))
+        runs[method] = train(cfg)
+    dg, filtered = runs["dg"], runs["filtered_dg"]
+    for a, b in zip(dg.metrics, filtered.metrics, strict=True):
+        assert a["loss/policy"] == b["loss/policy"]
+        assert a["policy/gate_mean"] == b["policy/gate_mean"]
+        assert b["policy/kept_frac"] == 1.0
+    assert [e["eval/test_error"] for e in dg.evals] == \
+        [e["eval/test_error"] for e in filtered.evals]
+    state_dg = torch.load(dg.run_dir / "checkpoints" / "step_6.pt", weights_only=False)
+    state_f = torch.load(filtered.run_dir / "checkpoints" / "step_6.pt", weights_only=False)
+    for key, value in state_dg["policy"].items():
+        assert torch.equal(value, state_f["policy"][key]), key
