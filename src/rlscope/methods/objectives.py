@@ -104,8 +104,9 @@ def aspo(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
 
     A > 0: w = min(μ/π, 1 + ε_high) = min(1/ρ, 1 + ε_high); A ≤ 0: w = max(ρ, 1 − ε_low).
     Flipping the ratio for positive tokens stops already-likely tokens from being pushed further.
-    Regime: off-policy capable; reduces to REINFORCE on-policy (w = 1). Logs ``ratio_mean`` (ρ),
-    ``aspo_weight_mean`` (w) and ``aspo_pos_frac`` (tokens with A > 0).
+    Regime: off-policy capable; reduces to REINFORCE on-policy (w = 1). Logs ``weight_mean`` (w)
+    and ``pos_frac`` (tokens with A > 0), METHODS.md's names; its ``ratio_mean`` (ρ) is the
+    ``policy/ratio_mean`` every method logs.
     """
     rho_BT = ratio(x.logp_BT, x.logp_old_BT).detach()
     adv_BT = x.weight_BT.detach()
@@ -113,8 +114,7 @@ def aspo(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     w_BT = torch.where(pos_BT, (1.0 / rho_BT).clamp_max(1.0 + cfg.clip_high),
                        rho_BT.clamp_min(1.0 - cfg.clip_low))
     loss_BT = -x.logp_BT * (w_BT * adv_BT).detach()
-    return loss_BT, {"aspo_ratio_mean": rho_BT, "aspo_weight_mean": w_BT,
-                     "aspo_pos_frac": pos_BT.to(rho_BT.dtype)}
+    return loss_BT, {"weight_mean": w_BT, "pos_frac": pos_BT.to(rho_BT.dtype)}
 
 
 def r2vpo(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:

@@ -87,9 +87,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("policy/iw_mean", "tokens", "token_mean", "last_pass", "mean capped importance weight"),
     *(_m(f"policy/{n}", "tokens", red, "last_pass", d) for n, red, d in (
         ("cispo_capped_frac", "frac", "tokens whose CISPO weight hit ε_max"),
-        ("aspo_ratio_mean", "token_mean", "ASPO: mean ratio π/μ"),
-        ("aspo_weight_mean", "token_mean", "ASPO: mean asymmetric weight"),
-        ("aspo_pos_frac", "frac", "ASPO: tokens with A > 0"),
+        ("weight_mean", "token_mean", "ASPO: mean asymmetric importance weight w"),
+        ("pos_frac", "frac", "ASPO: tokens with A > 0"),
         ("var_penalty_mean", "token_mean", "R2VPO: mean ratio-variance penalty λ(ρ − 1)²"),
         ("sapo_gate_mean", "token_mean", "SAPO: mean soft gate σ(τ(ρ − 1))"),
         ("dro_penalty_mean", "token_mean", "DRO: mean (β/2)(ℓ − ℓ_μ)²"),
