@@ -140,6 +140,7 @@ def test_kv_cache_beats_recompute_at_128_tokens() -> None:
     ("grpo", {"micro_batch_size": 12}, "mixed_groups"),  # padded rows, accumulation
     ("grpo", {"num_minibatches": 2}, "none"),             # two graphs per pass
     ("ppo", {}, None),                                    # value head, reference, adaptive β
+    ("tpo", {"micro_batch_size": 12, "group_size": 4}, "mixed_groups"),  # groups coupled
 ])
 def test_graphed_learner_equals_eager(method: str, run_kw: dict[str, Any],
                                       selection: str | None, dtype: torch.dtype) -> None:
@@ -165,7 +166,8 @@ def test_graphed_learner_equals_eager(method: str, run_kw: dict[str, Any],
     graph_opt = torch.optim.AdamW(twin_params, lr=1e-3, capturable=True)
     plan = UpdatePlan(spec=spec, inner_epochs=3, num_minibatches=run_kw.get("num_minibatches", 1),
                       micro_batch_size=run_kw.get("micro_batch_size", 48), max_len=6,
-                      grad_clip=1.0, temperature=1.0, replay_keep=True)
+                      grad_clip=1.0, temperature=1.0, replay_keep=True,
+                      group_size=run_kw.get("group_size", 1))
     graphed = GraphedUpdate(plan, twin[0], twin[1], graph_opt, rows=48)
     tol = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else \
         {"atol": 1e-10, "rtol": 1e-8}
@@ -196,16 +198,19 @@ def test_graphed_learner_equals_eager(method: str, run_kw: dict[str, Any],
     assert len(graphed.layouts) == 1
 
 
-def test_train_with_and_without_graphs_agree(tmp_path) -> None:
+@pytest.mark.parametrize("method", ["grpo", "tpo", "tpo_token", "self_distill_dg"])
+def test_train_with_and_without_graphs_agree(tmp_path, method: str) -> None:
     """Whole runs, graphs on and off, float64: the same rollouts and (up to capturable AdamW's
-    float32 bias correction) the same parameters."""
+    float32 bias correction) the same parameters. tpo couples a group's rows, tpo_token reads
+    candidates and self_distill_dg labels from the learner inputs the graphs copy."""
     def run(graphs: bool) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
-        cfg = TrainConfig(method="grpo", task_options=TaskConfig(seq_len=6, eval_batches=1,
+        cfg = TrainConfig(method=method, task_options=TaskConfig(seq_len=6, eval_batches=1,
                                                                  eval_batch_size=16),
                           model=ModelConfig(dtype="float64"),
                           run=RunConfig(num_steps=2, batch_size=32, inner_epochs=2,
                                         eval_every=1, device="cuda", progress=False,
-                                        runs_dir=str(tmp_path), cuda_graphs=graphs))
+                                        runs_dir=str(tmp_path), cuda_graphs=graphs,
+                                        name=f"{method}_{graphs}"))
         result = train(cfg)
         payload = torch.load(result.run_dir / "checkpoints" / "step_2.pt", weights_only=False)
         return payload["policy"], result.metrics

@@ -352,6 +352,12 @@ def minibatch_rows(n_rows: int, num_minibatches: int, group_size: int) -> int:
     return max(n_rows // num_minibatches, 1)
 
 
+def micro_group_size(micro: int, mb_rows: int, group_size: int) -> int:
+    """The group size a micro-batch may promise `micro_batch_loss`: ``group_size`` when both
+    slice widths are multiples of it (every micro-batch then holds whole groups), else 1."""
+    return group_size if micro % group_size == 0 and mb_rows % group_size == 0 else 1
+
+
 def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
            optimizer: torch.optim.Optimizer, batch: RolloutBatch, inputs: LearnerInputs,
            beta: float | torch.Tensor) -> UpdateResult:
@@ -361,9 +367,7 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
     n_rows = batch.batch_size
     mb_rows = minibatch_rows(n_rows, plan.num_minibatches, plan.group_size)
     micro = min(plan.micro_batch_size, mb_rows)
-    # Micro-batches hold whole groups when both slice widths are multiples of the group size.
-    G = plan.group_size
-    shared_group = G if micro % G == 0 and mb_rows % G == 0 else 1
+    shared_group = micro_group_size(micro, mb_rows, plan.group_size)
     first: list[MicroResult] = []
     grad_norms: list[torch.Tensor] = []
     for epoch in range(plan.inner_epochs):

@@ -37,6 +37,7 @@ from rlscope.learner import (
     UpdateResult,
     concat_results,
     micro_batch_loss,
+    micro_group_size,
     update,
 )
 from rlscope.policy.base import Policy
@@ -171,6 +172,7 @@ class GraphedUpdate:
         mb_rows = self.rows // plan.num_minibatches
         start, stop = j * mb_rows, (j + 1) * mb_rows
         micro = min(plan.micro_batch_size, mb_rows)
+        group_size = micro_group_size(micro, mb_rows, plan.group_size)
         den = Denominators(n_tokens=c.inputs.mask_BT[start:stop].sum(), n_seqs=c.n_seqs,
                            max_len=plan.max_len)
         self.optimizer.zero_grad(set_to_none=True)
@@ -179,7 +181,7 @@ class GraphedUpdate:
             rows = slice(s, min(s + micro, stop))
             res = micro_batch_loss(plan.spec, self.policy, self.value_head,
                                    c.batch.select(rows), c.inputs.select(rows), den, c.beta,
-                                   plan.temperature, plan.replay_keep)
+                                   plan.temperature, plan.replay_keep, group_size)
             res.loss.backward()
             results.append(res)
         norm = torch.nn.utils.clip_grad_norm_(
