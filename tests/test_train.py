@@ -384,3 +384,11 @@ def test_threads_option_does_not_leak_past_the_run(tmp_path: Path) -> None:
     before = torch.get_num_threads()
     train(_cfg(tmp_path, method="dg", num_steps=1, eval_every=0, threads=1))
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("method", sorted(m for m in METHODS if METHODS[m].grouped))
+def test_grouped_presets_are_rejected_without_groups(tmp_path: Path, method: str) -> None:
+    """Outside the grouped presets' regime: one sample per prompt, so nothing to compare."""
+    with pytest.raises(ConfigError, match=r"run.group_size=1: this method compares samples "
+                                          r"within a group, so group_size must be > 1"):
+        validate(_cfg(tmp_path, method, group_size=1))
