@@ -37,7 +37,13 @@ from rlscope.learner import (
 )
 from rlscope.learner_graphs import GraphedUpdate
 from rlscope.methods.regularizers import adaptive_kl_update
-from rlscope.methods.selection import fill_mixed_groups, mixed_groups
+from rlscope.methods.selection import (
+    KONDO_SEED_OFFSET,
+    fill_mixed_groups,
+    kondo_select,
+    mixed_groups,
+    step_generator,
+)
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
 from rlscope.policy.value_head import ValueHead
@@ -92,8 +98,9 @@ def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.Generator,
                     device: torch.device, num_prompts: int, group_size: int,
-                    max_new_tokens: int) -> RolloutBatch:
-    """Sample ``num_prompts × group_size`` rollouts (rows of a group are contiguous)."""
+                    max_new_tokens: int, with_sum_p2: bool = False) -> RolloutBatch:
+    """Sample ``num_prompts × group_size`` rollouts (rows of a group are contiguous);
+    ``with_sum_p2`` also records the behaviour distribution's Σ_v μ(v)² per token."""
     prompts = task.sample_prompts(generator, num_prompts).repeat_interleave(group_size)
     seeds_B = torch.randint(0, 2**62, (prompts.batch_size,), generator=generator)
     group_B = torch.arange(num_prompts).repeat_interleave(group_size)
@@ -101,7 +108,8 @@ def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.
     policy.eval()
     sampling = dataclasses.replace(
         cfg.sampling, decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
-    return generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B)
+    return generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B,
+                    with_sum_p2=with_sum_p2)
 
 
 def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainConfig,
@@ -192,7 +200,7 @@ def train(cfg: TrainConfig) -> RunResult:
     def draw_scored(step: int) -> RolloutBatch:
         """One more scored round of rollouts (for --fill_batch)."""
         rollout = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
-                                  d.group_size, d.max_new_tokens)
+                                  d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
         return score_rollouts(rollout, policy, task, cfg, want_expected, step)
 
     def run_eval(step: int) -> None:
@@ -220,7 +228,7 @@ def train(cfg: TrainConfig) -> RunResult:
             t_step = time.perf_counter()
             m: dict[str, torch.Tensor] = {}
             fresh = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
-                                    d.group_size, d.max_new_tokens)
+                                    d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
             _sync(device)
             t_sampled = time.perf_counter()
             fresh = score_rollouts(fresh, policy, task, cfg, want_expected, step)
@@ -257,6 +265,11 @@ def train(cfg: TrainConfig) -> RunResult:
                 if state.fallback_streak >= OUT_OF_REGIME_STREAK:
                     status = "out_of_regime"
                     break
+                batch = batch.select(keep_B)
+            if spec.selection == "kondo":
+                keep_B, select_m = kondo_select(batch, spec.keep_ratio, spec.gate.eta,
+                                                step_generator(r.seed, step, KONDO_SEED_OFFSET))
+                m |= select_m
                 batch = batch.select(keep_B)
             policy.eval()
             inputs, prep_m = prepare(spec, batch, policy, value_head, ref, state.beta,

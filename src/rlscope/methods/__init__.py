@@ -77,6 +77,13 @@ METHODS: dict[str, MethodSpec] = {
         source="delight-gradient sandbox", regime="on-policy; any task",
         advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
         objective=ObjectiveConfig("score")),
+    "kondo": MethodSpec(
+        description="DG on the samples kept by Kondo screening: each kept with probability "
+                    "σ((χ − λ)/η) of its behaviour-policy delight χ, before any learner forward.",
+        source="delight-gradient sandbox (Kondo screening)",
+        regime="ungrouped batches (group_size 1); 0 < keep_ratio <= 1",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
+        objective=ObjectiveConfig("score"), selection="kondo", keep_ratio=0.5),
     "traj_pg": MethodSpec(
         description="Policy gradient with a capped sequence-level importance weight.",
         source="importance-weighted PG", regime="on- or slightly off-policy",
@@ -201,7 +208,9 @@ class MethodConfig:
     """Override the token aggregation (token_mean, seq_mean_token_mean, seq_mean_token_sum,
     seq_mean_token_sum_norm, sum)."""
     selection: str | None = None
-    """Override sample selection (none, mixed_groups)."""
+    """Override sample selection (none, mixed_groups, kondo)."""
+    keep_ratio: float | None = None
+    """kondo selection: mean keep probability, in (0, 1] (1 keeps every sample)."""
     eta: float | None = None
     """Delight gate temperature η (> 0)."""
     uncertainty_scale: float | None = None
@@ -296,6 +305,7 @@ def resolve_method(name: str, cfg: MethodConfig | None = None) -> MethodSpec:
         entropy_coef=spec.entropy_coef if cfg.entropy_coef is None else cfg.entropy_coef,
         value=_override(spec.value, coef=cfg.vf_coef, clip=cfg.value_clip),
         selection=cfg.selection or spec.selection,
+        keep_ratio=spec.keep_ratio if cfg.keep_ratio is None else cfg.keep_ratio,
         correction=_override(spec.correction, name=cfg.is_correction, cap=cfg.is_correction_cap,
                              band_low=cfg.is_band_low, band_high=cfg.is_band_high,
                              geometric=cfg.is_geometric),
@@ -330,6 +340,12 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
     if grouped and group_size < 2:
         errors.append(f"run.group_size={group_size}: this method compares samples within a "
                       "group, so group_size must be > 1")
+    if spec.selection == "kondo" and (grouped or group_size > 1):
+        errors.append("method.selection='kondo' keeps or drops single samples, which would "
+                      "break groups: use an ungrouped advantage with run.group_size 1")
+    if not 0 < spec.keep_ratio <= 1:
+        errors.append(f"method.keep_ratio={spec.keep_ratio} must lie in (0, 1]: it is the "
+                      "fraction of samples kondo selection keeps on average")
     if group_size > 0 and batch_size % group_size:
         errors.append(f"run.batch_size={batch_size} is not divisible by "
                       f"run.group_size={group_size}")

@@ -27,6 +27,13 @@ def objective_summary(spec: MethodSpec) -> str:
     return o.name
 
 
+def selection_summary(spec: MethodSpec) -> str:
+    parts = [spec.selection]
+    if spec.selection == "kondo":
+        parts[0] = f"kondo (keep {spec.keep_ratio:g})"
+    return " + ".join(parts)
+
+
 def render_markdown() -> str:
     lines = [
         "# Update-rule presets",
@@ -47,8 +54,9 @@ def render_markdown() -> str:
                           + (("critic",) if spec.needs_value else ())) or "—"
         lines.append(
             f"| `{name}` | {spec.advantage.name} | {spec.gate.name} | "
-            f"{objective_summary(spec)} | {spec.agg} | {kl_summary(spec)} | {spec.selection} "
-            f"| {needs} | {spec.description} | {spec.source} | {spec.regime} |")
+            f"{objective_summary(spec)} | {spec.agg} | {kl_summary(spec)} | "
+            f"{selection_summary(spec)} | {needs} | {spec.description} | {spec.source} | "
+            f"{spec.regime} |")
     return "\n".join(lines) + "\n"
 
 

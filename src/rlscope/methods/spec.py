@@ -118,6 +118,10 @@ class MethodSpec:
     entropy_coef: float = 0.0
     value: ValueConfig = field(default_factory=ValueConfig)
     selection: str = "none"
+    """``none``, ``mixed_groups`` (keep groups whose rewards differ) or ``kondo`` (keep samples
+    by their delight before any learner forward)."""
+    keep_ratio: float = 0.5
+    """``kondo`` selection: the mean keep probability the threshold λ is solved for."""
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     """Sampler-vs-learner importance correction multiplied into the per-token loss."""
     grouped: bool = False
@@ -135,6 +139,12 @@ class MethodSpec:
     @property
     def needs_reference(self) -> bool:
         return self.kl.coef > 0 and self.kl.target == "ref"
+
+    @property
+    def needs_behaviour_sum_p2(self) -> bool:
+        """The sampler records Σ_v μ(v | prefix)² (kondo's baseline when E[r | x] is not
+        exposed)."""
+        return self.selection == "kondo"
 
     @property
     def needs_labels(self) -> bool:

@@ -64,6 +64,10 @@ METRICS: tuple[MetricDef, ...] = (
     _m("group/fallback", "steps", "value", "rollout", "1 when no group was mixed"),
     _m("group/fill_rounds", "steps", "value", "rollout",
        "generation rounds --fill_batch used to fill the batch with mixed groups"),
+    _m("select/kept_frac", "sequences", "frac", "rollout",
+       "kondo selection: rows kept for the update"),
+    _m("select/gate_prob_mean", "sequences", "seq_mean", "rollout",
+       "kondo selection: mean keep probability σ((χ − λ)/η) (the keep ratio, up to bisection)"),
     _m("policy/entropy", "tokens", "token_mean", "first_pass",
        "categorical entropy of the learner's sampling distribution on action tokens, before "
        "the update"),
