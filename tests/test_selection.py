@@ -1,4 +1,5 @@
-"""Selection (METHODS.md, "Selection"): `mixed_groups` and `kondo` screening."""
+"""Selection (METHODS.md, "Selection"): `mixed_groups`, `kondo` screening and overlong
+masking / shaping."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from rlscope.methods.selection import (
     kondo_select,
     kondo_threshold,
     mixed_groups,
+    overlong_mask,
+    overlong_penalty_B,
+    overlong_shaped,
 )
+from rlscope.methods.spec import OverlongConfig
 from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TaskConfig
 from rlscope.train import train
@@ -295,3 +300,102 @@ def test_kondo_rejects_groups(tmp_path: Path) -> None:
                 _small_run(tmp_path, "grpo", "x", MethodConfig(selection="kondo"))):
         with pytest.raises(ConfigError, match=r"kondo.*break groups"):
             validate(cfg)
+
+
+# -------------------------------------------------------------------------------- overlong
+
+
+def test_overlong_penalty_hand_computed() -> None:
+    # L_max = 8, default L_buf = 8 // 4 = 2, factor 1: penalty = min(−(|y| − 6)/2, 0)
+    # |y| = 5, 6, 7, 8 → 0, 0, −0.5, −1.
+    lengths = torch.tensor([5.0, 6.0, 7.0, 8.0])
+    torch.testing.assert_close(overlong_penalty_B(lengths, 8, OverlongConfig("penalty")),
+                               torch.tensor([0.0, 0.0, -0.5, -1.0]))
+    # L_buf = 4, factor 0.5: min(−(|y| − 4)/4 · 0.5, 0) → −0.125, −0.25, −0.375, −0.5.
+    torch.testing.assert_close(
+        overlong_penalty_B(lengths, 8, OverlongConfig("penalty", buffer=4, factor=0.5)),
+        torch.tensor([-0.125, -0.25, -0.375, -0.5]))
+    # L_max = 2: L_buf = max(1, 2 // 4) = 1 → |y| = 1, 2 → 0, −1.
+    torch.testing.assert_close(
+        overlong_penalty_B(torch.tensor([1.0, 2.0]), 2, OverlongConfig("penalty")),
+        torch.tensor([0.0, -1.0]))
+
+
+def _length_batch(lengths: list[int], stopped: list[bool], T: int) -> RolloutBatch:
+    B = len(lengths)
+    mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])
+    return RolloutBatch(
+        prompt_tokens_BP=torch.zeros(B, 2, dtype=torch.long), prompt_mask_BP=None,
+        completion_tokens_BT=torch.zeros(B, T, dtype=torch.long), completion_mask_BT=mask,
+        logp_sampler_BT=-mask, logp_raw_BT=-mask, finished_by_stop_B=torch.tensor(stopped),
+        group_id_B=torch.arange(B), rewards_B=torch.tensor([1.0, 0.5, 0.25]),
+        raw_rewards_B=torch.tensor([1.0, 0.5, 0.25]))
+
+
+def test_overlong_shaping_changes_rewards_not_raw_rewards() -> None:
+    # L_max = 4, L_buf = 1: lengths 4, 4, 2 → penalties −1, −1, 0 (by length, stop or not).
+    batch = _length_batch([4, 4, 2], [True, False, True], 4)
+    shaped = overlong_shaped(batch, 4, OverlongConfig("penalty"))
+    assert shaped.rewards_B is not None and shaped.raw_rewards_B is not None
+    assert shaped.rewards_B.tolist() == [0.0, -0.5, 0.25]
+    assert shaped.raw_rewards_B.tolist() == [1.0, 0.5, 0.25]
+
+
+def test_overlong_mask_drops_only_rows_truncated_without_a_stop() -> None:
+    # row 0 stopped on its 4th token (kept), row 1 hit 4 tokens without a stop (masked),
+    # row 2 stopped after 2 tokens (kept).
+    batch = _length_batch([4, 4, 2], [True, False, True], 4)
+    masked, stats = overlong_mask(batch, 4)
+    assert masked.completion_mask_BT.tolist() == [[1.0] * 4, [0.0] * 4, [1.0, 1.0, 0.0, 0.0]]
+    assert float(stats["select/overlong_masked_frac"]) == pytest.approx(1 / 3)
+    assert torch.equal(masked.completion_tokens_BT, batch.completion_tokens_BT)
+
+
+STOPS = SamplingConfig(stop_token_ids=(2,))  # SEP (id V = 2) ends a completion early
+
+
+def test_dapo_overlong_shaping_is_off_on_fixed_length_tasks(tmp_path: Path) -> None:
+    """On token_reversal without stop tokens every completion has L_max tokens: dapo's
+    overlong penalty is a no-op, bit for bit the run with --overlong none."""
+    spec, _, _ = validate(_small_run(tmp_path, "dapo", "x", group_size=4))
+    assert METHODS["dapo"].overlong.name == "penalty" and spec.overlong.name == "none"
+    spec, _, _ = validate(_small_run(tmp_path, "dapo", "x", sampling=STOPS, group_size=4))
+    assert spec.overlong.name == "penalty"
+    preset = train(_small_run(tmp_path, "dapo", "preset", group_size=4))
+    off = train(_small_run(tmp_path, "dapo", "off", MethodConfig(overlong="none"),
+                           group_size=4))
+    assert _untimed(preset.metrics) == _untimed(off.metrics)
+    assert all("reward/overlong_penalty_mean" not in r for r in preset.metrics)
+
+
+@pytest.mark.parametrize("mode", ["mask", "penalty"])
+def test_explicit_overlong_on_fixed_length_task_is_rejected(tmp_path: Path, mode: str) -> None:
+    with pytest.raises(ConfigError, match=rf"overlong='{mode}'.*no --stop_token_ids.*every "
+                       r"completion of task 'token_reversal' has exactly that length"):
+        validate(_small_run(tmp_path, "dg", "x", MethodConfig(overlong=mode)))
+    with pytest.raises(ConfigError, match="overlong_buffer=5 must be <= max_new_tokens=4"):
+        validate(_small_run(tmp_path, "dg", "x", MethodConfig(overlong=mode, overlong_buffer=5),
+                            sampling=STOPS))
+
+
+def test_dapo_with_stop_tokens_shapes_rewards(tmp_path: Path) -> None:
+    # L_max = 4, L_buf = 1: rows of 4 tokens lose 1, shorter rows nothing; no noise, so
+    # reward/mean = reward/raw_mean + the mean penalty = raw_mean − (rows of length 4) / 16.
+    result = train(_small_run(tmp_path, "dapo", "dapo", sampling=STOPS, group_size=4))
+    for r in result.metrics:
+        assert r["reward/mean"] == pytest.approx(
+            r["reward/raw_mean"] + r["reward/overlong_penalty_mean"], abs=1e-6)
+        assert -1.0 <= r["reward/overlong_penalty_mean"] <= 0.0
+    assert any(r["reward/overlong_penalty_mean"] < 0 for r in result.metrics)
+    assert any(r["length/min"] < 4 for r in result.metrics)
+
+
+def test_overlong_mask_drops_exactly_the_truncated_rows(tmp_path: Path) -> None:
+    # Rows without a stop ran to max_new_tokens (finish reason length): the masked fraction
+    # is the clip ratio.
+    result = train(_small_run(tmp_path, "dg", "mask", MethodConfig(overlong="mask"),
+                              sampling=STOPS))
+    for r in result.metrics:
+        assert r["select/overlong_masked_frac"] == pytest.approx(r["length/clip_ratio"])
+        assert all(math.isfinite(v) for v in r.values())
+    assert any(0 < r["select/overlong_masked_frac"] < 1 for r in result.metrics)

@@ -156,6 +156,11 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     task = make_task(cfg.task, cfg.task_options)
     d = derive(cfg, spec, task)
     r = cfg.run
+    errors += overlong_errors(cfg, spec, d)
+    if not variable_lengths(cfg, d):
+        # a preset's overlong handling (dapo) is a no-op when every completion has L_max tokens
+        spec = dataclasses.replace(spec, overlong=dataclasses.replace(spec.overlong,
+                                                                      name="none"))
     if r.batch_size < 1:
         errors.append(f"run.batch_size={r.batch_size} must be >= 1")
     if r.group_size < 0:
@@ -192,6 +197,29 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     return spec, task, d
+
+
+def variable_lengths(cfg: TrainConfig, d: Derived) -> bool:
+    """Whether completions can end before ``max_new_tokens`` (a stop token is configured and
+    more than one token is generated); otherwise every completion has exactly L_max tokens."""
+    return bool(cfg.sampling.stop_token_ids) and d.max_new_tokens > 1
+
+
+def overlong_errors(cfg: TrainConfig, spec: MethodSpec, d: Derived) -> list[str]:
+    """Why the configured overlong handling cannot act (empty when it can)."""
+    errors = []
+    explicit = cfg.components.overlong not in (None, "none")
+    if explicit and not variable_lengths(cfg, d):
+        errors.append(
+            f"method.overlong={cfg.components.overlong!r} acts on completions truncated at "
+            f"max_new_tokens={d.max_new_tokens} without a stop token, but with no "
+            "--stop_token_ids (or a single generated token) every completion of task "
+            f"{cfg.task!r} has exactly that length, so it would mask or penalise every row "
+            "alike: set --stop_token_ids or drop --overlong")
+    if spec.overlong.buffer > d.max_new_tokens:
+        errors.append(f"method.overlong_buffer={spec.overlong.buffer} must be <= "
+                      f"max_new_tokens={d.max_new_tokens}")
+    return errors
 
 
 def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:

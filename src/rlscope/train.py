@@ -42,6 +42,9 @@ from rlscope.methods.selection import (
     fill_mixed_groups,
     kondo_select,
     mixed_groups,
+    overlong_mask,
+    overlong_penalty_B,
+    overlong_shaped,
     step_generator,
 )
 from rlscope.metrics import estimators as est
@@ -197,11 +200,18 @@ def train(cfg: TrainConfig) -> RunResult:
     display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}", state.step)
     t_run = time.perf_counter()
 
+    def scored(rollout: RolloutBatch, step: int) -> RolloutBatch:
+        """Rewards, shaped by the method's overlong penalty where active."""
+        batch = score_rollouts(rollout, policy, task, cfg, want_expected, step)
+        if spec.overlong.name == "penalty":
+            batch = overlong_shaped(batch, d.max_new_tokens, spec.overlong)
+        return batch
+
     def draw_scored(step: int) -> RolloutBatch:
         """One more scored round of rollouts (for --fill_batch)."""
         rollout = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
                                   d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
-        return score_rollouts(rollout, policy, task, cfg, want_expected, step)
+        return scored(rollout, step)
 
     def run_eval(step: int) -> None:
         t0 = time.perf_counter()
@@ -231,7 +241,7 @@ def train(cfg: TrainConfig) -> RunResult:
                                     d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
             _sync(device)
             t_sampled = time.perf_counter()
-            fresh = score_rollouts(fresh, policy, task, cfg, want_expected, step)
+            fresh = scored(fresh, step)
             if r.fill_batch:
                 fresh, fill_rounds = fill_mixed_groups(
                     fresh, functools.partial(draw_scored, step), r.batch_size, d.group_size,
@@ -257,6 +267,9 @@ def train(cfg: TrainConfig) -> RunResult:
             m |= est.length_metrics(batch.completion_mask_BT, batch.finished_by_stop_B)
             m["policy/entropy_sampled"] = est.masked_mean(-batch.logp_sampler_BT,
                                                           batch.completion_mask_BT)
+            if spec.overlong.name == "penalty":
+                m["reward/overlong_penalty_mean"] = overlong_penalty_B(
+                    batch.completion_mask_BT.sum(-1), d.max_new_tokens, spec.overlong).mean()
             if spec.selection == "mixed_groups":
                 keep_B, group_m = mixed_groups(batch.rewards_B, d.group_size)
                 m |= group_m
@@ -271,6 +284,9 @@ def train(cfg: TrainConfig) -> RunResult:
                                                 step_generator(r.seed, step, KONDO_SEED_OFFSET))
                 m |= select_m
                 batch = batch.select(keep_B)
+            if spec.overlong.name == "mask":
+                batch, overlong_m = overlong_mask(batch, d.max_new_tokens)
+                m |= overlong_m
             policy.eval()
             inputs, prep_m = prepare(spec, batch, policy, value_head, ref, state.beta,
                                      d.group_size, temperature, replay_keep)

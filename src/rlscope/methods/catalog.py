@@ -31,6 +31,8 @@ def selection_summary(spec: MethodSpec) -> str:
     parts = [spec.selection]
     if spec.selection == "kondo":
         parts[0] = f"kondo (keep {spec.keep_ratio:g})"
+    if spec.overlong.name != "none":
+        parts.append(f"overlong {spec.overlong.name} (when lengths vary)")
     return " + ".join(parts)
 
 

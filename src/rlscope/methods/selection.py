@@ -1,21 +1,26 @@
-"""Sample selection before the update (METHODS.md, "Selection").
+"""Sample selection and length handling before the update (METHODS.md, "Selection").
 
 - `mixed_groups` (dynamic sampling, DAPO arXiv:2503.14476): keep only groups whose reward std
   is above 1e-6. If no group survives, keep everything and report a fallback.
   `fill_mixed_groups` resamples until the kept groups fill the batch (capped generation rounds).
 - `kondo`: keep each sample with probability σ((χ − λ)/η), χ its delight under the behaviour
   policy and λ solved so the mean probability is the keep ratio (`kondo_select`).
+- overlong handling (DAPO): `overlong_mask` drops rows truncated at the length limit from the
+  loss; `overlong_penalty_B` is the soft length penalty added to their rewards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from rlscope.batch import RolloutBatch, concat_rollouts
+from rlscope.methods.spec import OverlongConfig
 
 SELECTIONS = ("none", "mixed_groups", "kondo")
+OVERLONG = ("none", "mask", "penalty")
 MIXED_STD = 1e-6
 KONDO_BISECTION_STEPS = 20
 KONDO_SEED_OFFSET = 3_000_017
@@ -154,3 +159,47 @@ def kondo_select(batch: RolloutBatch, keep_ratio: float, eta: float,
     keep_B = torch.where(keep_B.any(), keep_B, fallback_B)
     return keep_B, {"select/kept_frac": keep_B.float().mean(),
                     "select/gate_prob_mean": prob_B.mean()}
+
+
+def overlong_buffer(cfg: OverlongConfig, max_len: int) -> int:
+    """L_buf in tokens: ``cfg.buffer``, or max(1, L_max // 4) when it is 0."""
+    return cfg.buffer if cfg.buffer > 0 else max(1, max_len // 4)
+
+
+def overlong_penalty_B(length_B: torch.Tensor, max_len: int, cfg: OverlongConfig
+                       ) -> torch.Tensor:
+    """DAPO's soft overlong penalty min(−(|y| − (L_max − L_buf))/L_buf · factor, 0), ``[B]``.
+
+    0 up to L_max − L_buf tokens, then falling linearly to −factor at L_max. Source: Yu et al.
+    arXiv:2503.14476 (overlong reward shaping). Regime: completions that can end early.
+    """
+    buf = overlong_buffer(cfg, max_len)
+    return (-(length_B - (max_len - buf)) / buf * cfg.factor).clamp_max(0.0)
+
+
+def overlong_shaped(batch: RolloutBatch, max_len: int, cfg: OverlongConfig) -> RolloutBatch:
+    """``batch`` with `overlong_penalty_B` of its lengths added to ``rewards_B``
+    (``raw_rewards_B`` stays unshaped)."""
+    assert batch.rewards_B is not None
+    penalty_B = overlong_penalty_B(batch.completion_mask_BT.sum(-1), max_len, cfg)
+    return dataclasses.replace(batch, rewards_B=batch.rewards_B + penalty_B.to(
+        batch.rewards_B.dtype))
+
+
+def truncated_B(batch: RolloutBatch, max_len: int) -> torch.Tensor:
+    """Rows that hit ``max_len`` tokens without a stop token (finish reason ``length``)."""
+    return ~batch.finished_by_stop_B.bool() & (batch.completion_mask_BT.sum(-1) >= max_len)
+
+
+def overlong_mask(batch: RolloutBatch, max_len: int
+                  ) -> tuple[RolloutBatch, dict[str, torch.Tensor]]:
+    """DAPO's overlong filtering: zero the loss mask of truncated rows (`truncated_B`).
+
+    The rows stay in the batch (group baselines still see their rewards) but contribute no
+    token to the loss or its token-mean denominator. Logs ``select/overlong_masked_frac``.
+    Source: Yu et al. arXiv:2503.14476. Regime: completions that can end early.
+    """
+    cut_B = truncated_B(batch, max_len)
+    mask_BT = batch.completion_mask_BT * (~cut_B)[:, None].to(batch.completion_mask_BT.dtype)
+    return (dataclasses.replace(batch, completion_mask_BT=mask_BT),
+            {"select/overlong_masked_frac": cut_B.float().mean()})

@@ -104,6 +104,21 @@ class ValueConfig:
 
 
 @dataclass(frozen=True)
+class OverlongConfig:
+    """Handling of completions that hit the length limit (METHODS.md, "Selection"; DAPO,
+    Yu et al. arXiv:2503.14476). Acts only where completions can end early (stop tokens);
+    `rlscope.config.validate` turns a preset's setting off on fixed-length tasks."""
+
+    name: str = "none"
+    """``none``, ``mask`` (zero the loss mask of rows truncated without a stop token) or
+    ``penalty`` (add min(−(|y| − (L_max − L_buf))/L_buf · factor, 0) to the reward)."""
+    buffer: int = 0
+    """L_buf, the soft-penalty window before L_max in tokens; 0 = max(1, L_max // 4)."""
+    factor: float = 1.0
+    """Penalty at |y| = L_max (the slope is factor / L_buf)."""
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One method preset. Fields are components; properties say what the loop must provide."""
 
@@ -122,6 +137,8 @@ class MethodSpec:
     by their delight before any learner forward)."""
     keep_ratio: float = 0.5
     """``kondo`` selection: the mean keep probability the threshold λ is solved for."""
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    """Masking or reward shaping of completions truncated at the length limit."""
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     """Sampler-vs-learner importance correction multiplied into the per-token loss."""
     grouped: bool = False

@@ -49,6 +49,8 @@ METRICS: tuple[MetricDef, ...] = (
        "mean reward before noise or shaping"),
     _m("reward/noise_rate", "sequences", "frac", "rollout",
        "rows whose training reward the configured reward noise replaced"),
+    _m("reward/overlong_penalty_mean", "sequences", "seq_mean", "rollout",
+       "--overlong penalty: mean length penalty added to the training reward"),
     _m("adv/mean", "tokens", "token_mean", "rollout", "mean advantage over valid tokens"),
     _m("adv/abs_mean", "tokens", "token_mean", "rollout", "mean |A|"),
     _m("adv/std", "tokens", "std", "rollout", "std of A over valid tokens"),
@@ -68,6 +70,9 @@ METRICS: tuple[MetricDef, ...] = (
        "kondo selection: rows kept for the update"),
     _m("select/gate_prob_mean", "sequences", "seq_mean", "rollout",
        "kondo selection: mean keep probability σ((χ − λ)/η) (the keep ratio, up to bisection)"),
+    _m("select/overlong_masked_frac", "sequences", "frac", "rollout",
+       "--overlong mask: rows truncated at max_new_tokens without a stop token, dropped from "
+       "the loss"),
     _m("policy/entropy", "tokens", "token_mean", "first_pass",
        "categorical entropy of the learner's sampling distribution on action tokens, before "
        "the update"),
