@@ -92,6 +92,8 @@ class RolloutBatch:
     - ``entropy_BT``: the raw policy's entropy at each generated position (evaluation only).
     - ``sum_p2_sampler_BT``: Σ_v μ(v | prefix)² of the behaviour (sampling) distribution at each
       generated position, recorded when the method asks (kondo's baseline), 0 after a stop.
+    - ``greedy_rewards_B``: training reward of a greedy rollout of the row's prompt (ReMax's
+      baseline), where the method asks for it.
     """
 
     prompt_tokens_BP: torch.Tensor
@@ -113,6 +115,7 @@ class RolloutBatch:
     age_B: torch.Tensor | None = None
     entropy_BT: torch.Tensor | None = None
     sum_p2_sampler_BT: torch.Tensor | None = None
+    greedy_rewards_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

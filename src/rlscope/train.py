@@ -47,17 +47,19 @@ from rlscope.methods.selection import (
     overlong_shaped,
     step_generator,
 )
+from rlscope.methods.spec import OverlongConfig
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
-from rlscope.sampling.sampler import generate
+from rlscope.sampling.sampler import SamplingConfig, generate
 from rlscope.tasks.base import Task, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
 
 OUT_OF_REGIME_STREAK = 10
+GREEDY_NOISE_SEED_OFFSET = 4_000_037
 
 
 @dataclass
@@ -116,12 +118,13 @@ def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.
 
 
 def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainConfig,
-                   want_expected_reward: bool, step: int) -> RolloutBatch:
+                   want_expected_reward: bool, step: int,
+                   noise: torch.Generator | None = None) -> RolloutBatch:
     """Attach the task's rewards, corrupted by the configured training reward noise, and,
     where the task exposes it and rewards are clean, the exact E[r | x] under the behaviour
     policy (one teacher-forced pass over the targets). ``raw_rewards_B`` keeps the rewards
     before noise and before the task's own shaping; ``noise_B`` marks the rows the noise
-    replaced."""
+    replaced. ``noise`` is the noise stream (default: the step's `noise_generator`)."""
     scores = task.score(rollout)
     noise_cfg = cfg.task_options
     raw_B = scores.rewards_B if scores.unshaped_rewards_B is None else scores.unshaped_rewards_B
@@ -130,7 +133,7 @@ def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
     rewards_B, noise_B = apply_reward_noise(
         scores.rewards_B, rollout.completion_tokens_BT, rollout.completion_mask_BT,
         rollout.prompt_tokens_BP, correct_B, noise_cfg, task.family,
-        noise_generator(cfg.run.seed, step))
+        noise_generator(cfg.run.seed, step) if noise is None else noise)
     expected = None
     if want_expected_reward and exposes_expected_reward(noise_cfg) \
             and rollout.targets_BT is not None:
@@ -142,6 +145,39 @@ def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
         rollout, rewards_B=rewards_B, raw_rewards_B=raw_B, noise_B=noise_B,
         token_rewards_BT=scores.token_rewards_BT, expected_reward_B=expected,
         age_B=torch.zeros(rollout.batch_size, device=rollout.completion_tokens_BT.device))
+
+
+@torch.no_grad()
+def greedy_rewards(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainConfig,
+                   overlong: OverlongConfig, group_size: int, max_new_tokens: int, step: int
+                   ) -> torch.Tensor:
+    """ReMax's baseline ``[B]``: the training reward of one greedy rollout per prompt (rows of a
+    group share theirs), decoded with the policy in eval mode.
+
+    The greedy completion gets the same reward function as the samples: the task's score, the
+    configured training reward noise (drawn from its own stream, so the samples' noise is
+    unchanged) and the method's overlong shaping where active. Source: Li et al.
+    arXiv:2310.10505. Regime: any task.
+    """
+    prompts = PromptBatch(
+        tokens_BP=rollout.prompt_tokens_BP[::group_size],
+        attention_mask_BP=None if rollout.prompt_mask_BP is None
+        else rollout.prompt_mask_BP[::group_size],
+        targets_BT=None if rollout.targets_BT is None else rollout.targets_BT[::group_size],
+        score_mask_BT=None if rollout.score_mask_BT is None
+        else rollout.score_mask_BT[::group_size])
+    policy.eval()
+    greedy_cfg = SamplingConfig(temperature=0.0, stop_token_ids=cfg.sampling.stop_token_ids,
+                                decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
+    seeds_B = torch.zeros(prompts.batch_size, dtype=torch.long,
+                          device=prompts.tokens_BP.device)
+    greedy = generate(policy, prompts, greedy_cfg, seeds_B, max_new_tokens)
+    scored = score_rollouts(greedy, policy, task, cfg, False, step, noise=step_generator(
+        cfg.run.seed, step, GREEDY_NOISE_SEED_OFFSET))
+    if overlong.name == "penalty":
+        scored = overlong_shaped(scored, max_new_tokens, overlong)
+    assert scored.rewards_B is not None
+    return scored.rewards_B.repeat_interleave(group_size)
 
 
 def train(cfg: TrainConfig) -> RunResult:
@@ -201,10 +237,15 @@ def train(cfg: TrainConfig) -> RunResult:
     t_run = time.perf_counter()
 
     def scored(rollout: RolloutBatch, step: int) -> RolloutBatch:
-        """Rewards, shaped by the method's overlong penalty where active."""
+        """Rewards (shaped by the method's overlong penalty where active) and, for ReMax, the
+        greedy baseline."""
         batch = score_rollouts(rollout, policy, task, cfg, want_expected, step)
         if spec.overlong.name == "penalty":
             batch = overlong_shaped(batch, d.max_new_tokens, spec.overlong)
+        if spec.needs_greedy_baseline:
+            greedy_B = greedy_rewards(rollout, policy, task, cfg, spec.overlong, d.group_size,
+                                      d.max_new_tokens, step)
+            batch = dataclasses.replace(batch, greedy_rewards_B=greedy_B)
         return batch
 
     def draw_scored(step: int) -> RolloutBatch:
@@ -270,6 +311,8 @@ def train(cfg: TrainConfig) -> RunResult:
             if spec.overlong.name == "penalty":
                 m["reward/overlong_penalty_mean"] = overlong_penalty_B(
                     batch.completion_mask_BT.sum(-1), d.max_new_tokens, spec.overlong).mean()
+            if batch.greedy_rewards_B is not None:
+                m["reward/greedy_mean"] = batch.greedy_rewards_B.mean()
             if spec.selection == "mixed_groups":
                 keep_B, group_m = mixed_groups(batch.rewards_B, d.group_size)
                 m |= group_m

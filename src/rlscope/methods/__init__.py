@@ -162,6 +162,11 @@ METHODS: dict[str, MethodSpec] = {
         source="TEMPO", regime="grouped sampling",
         advantage=AdvantageConfig("tempo"), objective=ObjectiveConfig("is_capped", cap=10.0),
         selection="mixed_groups", grouped=True),
+    "remax": MethodSpec(
+        description="REINFORCE with the reward of the prompt's greedy rollout as baseline.",
+        source="ReMax, Li et al. 2310.10505", regime="any task; one extra greedy decode per "
+        "prompt",
+        advantage=AdvantageConfig("remax"), objective=ObjectiveConfig("score")),
     "maxrl": MethodSpec(
         description="Group advantages normalised by the group's mean reward.",
         source="MaxRL", regime="binary rewards with groups, no reward noise",

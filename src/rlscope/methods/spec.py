@@ -158,6 +158,11 @@ class MethodSpec:
         return self.kl.coef > 0 and self.kl.target == "ref"
 
     @property
+    def needs_greedy_baseline(self) -> bool:
+        """The loop decodes each prompt greedily once and attaches its reward (ReMax)."""
+        return self.advantage.name == "remax"
+
+    @property
     def needs_behaviour_sum_p2(self) -> bool:
         """The sampler records Σ_v μ(v | prefix)² (kondo's baseline when E[r | x] is not
         exposed)."""

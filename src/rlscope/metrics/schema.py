@@ -51,6 +51,8 @@ METRICS: tuple[MetricDef, ...] = (
        "rows whose training reward the configured reward noise replaced"),
     _m("reward/overlong_penalty_mean", "sequences", "seq_mean", "rollout",
        "--overlong penalty: mean length penalty added to the training reward"),
+    _m("reward/greedy_mean", "sequences", "seq_mean", "rollout",
+       "ReMax: mean training reward of the greedy rollouts used as baseline"),
     _m("adv/mean", "tokens", "token_mean", "rollout", "mean advantage over valid tokens"),
     _m("adv/abs_mean", "tokens", "token_mean", "rollout", "mean |A|"),
     _m("adv/std", "tokens", "std", "rollout", "std of A over valid tokens"),
