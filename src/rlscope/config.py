@@ -211,9 +211,9 @@ def overlong_errors(cfg: TrainConfig, spec: MethodSpec, d: Derived) -> list[str]
     explicit = cfg.components.overlong not in (None, "none")
     if explicit and not variable_lengths(cfg, d):
         errors.append(
-            f"method.overlong={cfg.components.overlong!r} acts on completions truncated at "
-            f"max_new_tokens={d.max_new_tokens} without a stop token, but with no "
-            "--stop_token_ids (or a single generated token) every completion of task "
+            f"method.overlong={cfg.components.overlong!r} handles completions that reach "
+            f"max_new_tokens={d.max_new_tokens}, but with no --stop_token_ids (or a single "
+            "generated token) every completion of task "
             f"{cfg.task!r} has exactly that length, so it would mask or penalise every row "
             "alike: set --stop_token_ids or drop --overlong")
     if spec.overlong.buffer > d.max_new_tokens:
