@@ -357,10 +357,10 @@ STOPS = SamplingConfig(stop_token_ids=(2,))  # SEP (id V = 2) ends a completion 
 def test_dapo_overlong_shaping_is_off_on_fixed_length_tasks(tmp_path: Path) -> None:
     """On token_reversal without stop tokens every completion has L_max tokens: dapo's
     overlong penalty is a no-op, bit for bit the run with --overlong none."""
-    spec, _, _ = validate(_small_run(tmp_path, "dapo", "x", group_size=4))
-    assert METHODS["dapo"].overlong.name == "penalty" and spec.overlong.name == "none"
-    spec, _, _ = validate(_small_run(tmp_path, "dapo", "x", sampling=STOPS, group_size=4))
-    assert spec.overlong.name == "penalty"
+    spec, _, derived = validate(_small_run(tmp_path, "dapo", "x", group_size=4))
+    assert spec.overlong.name == "penalty" and derived.overlong == "none"
+    _, _, derived = validate(_small_run(tmp_path, "dapo", "x", sampling=STOPS, group_size=4))
+    assert derived.overlong == "penalty"
     preset = train(_small_run(tmp_path, "dapo", "preset", group_size=4))
     off = train(_small_run(tmp_path, "dapo", "off", MethodConfig(overlong="none"),
                            group_size=4))

@@ -183,6 +183,7 @@ def greedy_rewards(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
 def train(cfg: TrainConfig) -> RunResult:
     spec, task, d = validate(cfg)
     r = cfg.run
+    overlong = dataclasses.replace(spec.overlong, name=d.overlong)  # none on fixed lengths
     device = resolve_device(r.device)
     threads_before = torch.get_num_threads()
     if r.threads:
@@ -240,10 +241,10 @@ def train(cfg: TrainConfig) -> RunResult:
         """Rewards (shaped by the method's overlong penalty where active) and, for ReMax, the
         greedy baseline."""
         batch = score_rollouts(rollout, policy, task, cfg, want_expected, step)
-        if spec.overlong.name == "penalty":
-            batch = overlong_shaped(batch, d.max_new_tokens, spec.overlong)
+        if overlong.name == "penalty":
+            batch = overlong_shaped(batch, d.max_new_tokens, overlong)
         if spec.needs_greedy_baseline:
-            greedy_B = greedy_rewards(rollout, policy, task, cfg, spec.overlong, d.group_size,
+            greedy_B = greedy_rewards(rollout, policy, task, cfg, overlong, d.group_size,
                                       d.max_new_tokens, step)
             batch = dataclasses.replace(batch, greedy_rewards_B=greedy_B)
         return batch
@@ -308,9 +309,9 @@ def train(cfg: TrainConfig) -> RunResult:
             m |= est.length_metrics(batch.completion_mask_BT, batch.finished_by_stop_B)
             m["policy/entropy_sampled"] = est.masked_mean(-batch.logp_sampler_BT,
                                                           batch.completion_mask_BT)
-            if spec.overlong.name == "penalty":
+            if overlong.name == "penalty":
                 m["reward/overlong_penalty_mean"] = overlong_penalty_B(
-                    batch.completion_mask_BT.sum(-1), d.max_new_tokens, spec.overlong).mean()
+                    batch.completion_mask_BT.sum(-1), d.max_new_tokens, overlong).mean()
             if batch.greedy_rewards_B is not None:
                 m["reward/greedy_mean"] = batch.greedy_rewards_B.mean()
             if spec.selection == "mixed_groups":
@@ -327,7 +328,7 @@ def train(cfg: TrainConfig) -> RunResult:
                                                 step_generator(r.seed, step, KONDO_SEED_OFFSET))
                 m |= select_m
                 batch = batch.select(keep_B)
-            if spec.overlong.name == "mask":
+            if overlong.name == "mask":
                 batch, overlong_m = overlong_mask(batch, d.max_new_tokens)
                 m |= overlong_m
             policy.eval()

@@ -106,8 +106,9 @@ class ValueConfig:
 @dataclass(frozen=True)
 class OverlongConfig:
     """Handling of completions that hit the length limit (METHODS.md, "Selection"; DAPO,
-    Yu et al. arXiv:2503.14476). Acts only where completions can end early (stop tokens);
-    `rlscope.config.validate` turns a preset's setting off on fixed-length tasks."""
+    Yu et al. arXiv:2503.14476). Acts only where completions can end early (stop tokens):
+    `rlscope.config.derive` records the mode in force, ``Derived.overlong``, which is
+    ``none`` on fixed-length tasks."""
 
     name: str = "none"
     """``none``, ``mask`` (zero the loss mask of rows truncated without a stop token) or
