@@ -105,9 +105,10 @@ def test_graphed_sampler_equals_eager(cfg: SamplingConfig, padded: bool) -> None
             mask_BP[::3, :4] = 0
         prompts = PromptBatch(tokens_BP, mask_BP if padded else None).to("cuda")
         seeds_B = torch.randint(0, 2**62, (64,), generator=g).cuda()
-        out = generate(policy, prompts, cfg, seeds_B, 30, with_entropy=True)
+        out = generate(policy, prompts, cfg, seeds_B, 30, with_entropy=True, with_sum_p2=True)
         _assert_same_rollout(out, generate(policy, prompts, eager_cfg, seeds_B, 30,
-                                           with_entropy=True))
+                                           with_entropy=True, with_sum_p2=True))
+        assert out.sum_p2_sampler_BT is not None
         lengths.append(out.completion_tokens_BT.shape[1])
         with torch.no_grad():  # graphs read the parameters in place: they see updates
             for p in policy.parameters():

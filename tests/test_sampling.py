@@ -202,6 +202,32 @@ def test_stop_tokens_end_rows_and_mask_the_rest(policy: TinyTransformer, top_k: 
         assert (dead_BT & ~pad_kept_BT).any(), "pad never outside the kept set: test is vacuous"
 
 
+@pytest.mark.parametrize(("temperature", "top_k"), [(1.0, 0), (0.7, 3)],
+                         ids=["unfiltered", "T0.7-k3"])
+def test_recorded_sum_p2_is_that_of_the_sampling_distribution(policy: TinyTransformer,
+                                                              temperature: float,
+                                                              top_k: int) -> None:
+    """``with_sum_p2`` records Σ_v μ(v | prefix)² of the processed distribution (temperature
+    and kept set), 0 after a stop, and changes nothing else in the rollout."""
+    _, prompts = _ragged(seed=3, lens=(4, 6, 2, 5, 6, 3, 4, 5))
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k, stop_token_ids=(2, 5))
+    plain = generate(policy, prompts, cfg, _seeds(8), N_NEW)
+    out = generate(policy, prompts, cfg, _seeds(8), N_NEW, with_sum_p2=True)
+    assert plain.sum_p2_sampler_BT is None and out.sum_p2_sampler_BT is not None
+    assert torch.equal(out.completion_tokens_BT, plain.completion_tokens_BT)
+    assert torch.equal(out.logp_sampler_BT, plain.logp_sampler_BT)
+    mask_BT = out.completion_mask_BT
+    assert (mask_BT == 0).any(), "no row stopped early: test is vacuous"
+    logits_BTV = _full_logits(policy, out)
+    keep_BTV = _reference_keep_BTV(logits_BTV, temperature, top_k, 1.0)
+    mu_BTV = (logits_BTV / temperature).masked_fill(~keep_BTV, float("-inf")).softmax(-1)
+    expected_BT = mu_BTV.square().sum(-1) * mask_BT
+    torch.testing.assert_close(out.sum_p2_sampler_BT.double(), expected_BT, atol=ATOL, rtol=0)
+    # a distribution over V = 7 symbols: 1/7 <= Σμ² <= 1 wherever a token was generated
+    alive = out.sum_p2_sampler_BT[mask_BT.bool()]
+    assert (alive >= 1 / VOCAB - ATOL).all() and (alive <= 1 + ATOL).all()
+
+
 def test_every_row_stops_at_once(policy: TinyTransformer) -> None:
     _, prompts = _ragged()
     out = generate(policy, prompts, SamplingConfig(stop_token_ids=tuple(range(VOCAB))),

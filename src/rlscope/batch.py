@@ -90,6 +90,10 @@ class RolloutBatch:
     - ``expected_reward_B``: exact E[r | x] under the behaviour policy where the task exposes it.
     - ``age_B``: how many optimizer steps ago the rows were sampled (staleness).
     - ``entropy_BT``: the raw policy's entropy at each generated position (evaluation only).
+    - ``sum_p2_sampler_BT``: Σ_v μ(v | prefix)² of the behaviour (sampling) distribution at each
+      generated position, recorded when the method asks (kondo's baseline), 0 after a stop.
+    - ``greedy_rewards_B``: training reward of a greedy rollout of the row's prompt (ReMax's
+      baseline), where the method asks for it.
     """
 
     prompt_tokens_BP: torch.Tensor
@@ -110,6 +114,8 @@ class RolloutBatch:
     expected_reward_B: torch.Tensor | None = None
     age_B: torch.Tensor | None = None
     entropy_BT: torch.Tensor | None = None
+    sum_p2_sampler_BT: torch.Tensor | None = None
+    greedy_rewards_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -122,6 +122,9 @@ class Derived:
     max_new_tokens: int
     micro_batch_size: int
     minibatch_size: int
+    overlong: str = "none"
+    """The method's overlong handling in force: its own where completions can end early
+    (`variable_lengths`), else ``none`` (on fixed-length completions it is a no-op)."""
 
 
 class ConfigError(ValueError):
@@ -131,12 +134,14 @@ class ConfigError(ValueError):
 def derive(cfg: TrainConfig, spec: MethodSpec, task: Task) -> Derived:
     group = cfg.run.group_size or (8 if spec.grouped else 1)
     minibatch = max(cfg.run.batch_size // max(cfg.run.num_minibatches, 1), 1)
+    max_new_tokens = cfg.sampling.max_new_tokens or task.completion_len
     return Derived(
         group_size=group,
         num_prompts=cfg.run.batch_size // max(group, 1),
-        max_new_tokens=cfg.sampling.max_new_tokens or task.completion_len,
+        max_new_tokens=max_new_tokens,
         micro_batch_size=cfg.run.micro_batch_size or minibatch,
         minibatch_size=minibatch,
+        overlong=spec.overlong.name if variable_lengths(cfg, max_new_tokens) else "none",
     )
 
 
@@ -156,6 +161,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     task = make_task(cfg.task, cfg.task_options)
     d = derive(cfg, spec, task)
     r = cfg.run
+    errors += overlong_errors(cfg, spec, d)
     if r.batch_size < 1:
         errors.append(f"run.batch_size={r.batch_size} must be >= 1")
     if r.group_size < 0:
@@ -196,6 +202,29 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     return spec, task, d
+
+
+def variable_lengths(cfg: TrainConfig, max_new_tokens: int) -> bool:
+    """Whether completions can end before ``max_new_tokens`` (a stop token is configured and
+    more than one token is generated); otherwise every completion has exactly L_max tokens."""
+    return bool(cfg.sampling.stop_token_ids) and max_new_tokens > 1
+
+
+def overlong_errors(cfg: TrainConfig, spec: MethodSpec, d: Derived) -> list[str]:
+    """Why the configured overlong handling cannot act (empty when it can)."""
+    errors = []
+    explicit = cfg.components.overlong not in (None, "none")
+    if explicit and not variable_lengths(cfg, d.max_new_tokens):
+        errors.append(
+            f"method.overlong={cfg.components.overlong!r} handles completions that reach "
+            f"max_new_tokens={d.max_new_tokens}, but with no --stop_token_ids (or a single "
+            "generated token) every completion of task "
+            f"{cfg.task!r} has exactly that length, so it would mask or penalise every row "
+            "alike: set --stop_token_ids or drop --overlong")
+    if spec.overlong.buffer > d.max_new_tokens:
+        errors.append(f"method.overlong_buffer={spec.overlong.buffer} must be <= "
+                      f"max_new_tokens={d.max_new_tokens}")
+    return errors
 
 
 def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:

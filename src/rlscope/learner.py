@@ -183,7 +183,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
                         expected_reward_B=batch.expected_reward_B, sum_p2_BT=sum_p2_BT,
                         score_mask_BT=batch.score_mask_BT, values_BT=values_BT,
                         token_rewards_BT=token_rewards_BT,
-                        token_correct_BT=batch.token_rewards_BT, completion_tokens_BT=tokens_BT)
+                        token_correct_BT=batch.token_rewards_BT, completion_tokens_BT=tokens_BT,
+                        greedy_rewards_B=batch.greedy_rewards_B)
     returns_BT = None
     if spec.needs_value:
         adv_BT, returns_BT = gae_with_returns(x, spec.advantage)

@@ -38,19 +38,30 @@ from rlscope.learner import (
 )
 from rlscope.learner_graphs import GraphedUpdate
 from rlscope.methods.regularizers import adaptive_kl_update
-from rlscope.methods.selection import fill_mixed_groups, mixed_groups
+from rlscope.methods.selection import (
+    KONDO_SEED_OFFSET,
+    fill_mixed_groups,
+    kondo_select,
+    mixed_groups,
+    overlong_mask,
+    overlong_penalty_B,
+    overlong_shaped,
+    step_generator,
+)
+from rlscope.methods.spec import OverlongConfig
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
 from rlscope.sampling.candidates import sample_candidates
-from rlscope.sampling.sampler import generate
+from rlscope.sampling.sampler import SamplingConfig, generate
 from rlscope.tasks.base import Task, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
 
 OUT_OF_REGIME_STREAK = 10
+GREEDY_NOISE_SEED_OFFSET = 4_000_037
 
 
 @dataclass
@@ -94,8 +105,9 @@ def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.Generator,
                     device: torch.device, num_prompts: int, group_size: int,
-                    max_new_tokens: int) -> RolloutBatch:
-    """Sample ``num_prompts × group_size`` rollouts (rows of a group are contiguous)."""
+                    max_new_tokens: int, with_sum_p2: bool = False) -> RolloutBatch:
+    """Sample ``num_prompts × group_size`` rollouts (rows of a group are contiguous);
+    ``with_sum_p2`` also records the behaviour distribution's Σ_v μ(v)² per token."""
     prompts = task.sample_prompts(generator, num_prompts).repeat_interleave(group_size)
     seeds_B = torch.randint(0, 2**62, (prompts.batch_size,), generator=generator)
     group_B = torch.arange(num_prompts).repeat_interleave(group_size)
@@ -103,16 +115,18 @@ def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.
     policy.eval()
     sampling = dataclasses.replace(
         cfg.sampling, decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
-    return generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B)
+    return generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B,
+                    with_sum_p2=with_sum_p2)
 
 
 def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainConfig,
-                   want_expected_reward: bool, step: int) -> RolloutBatch:
+                   want_expected_reward: bool, step: int,
+                   noise: torch.Generator | None = None) -> RolloutBatch:
     """Attach the task's rewards, corrupted by the configured training reward noise, and,
     where the task exposes it and rewards are clean, the exact E[r | x] under the behaviour
     policy (one teacher-forced pass over the targets). ``raw_rewards_B`` keeps the rewards
     before noise and before the task's own shaping; ``noise_B`` marks the rows the noise
-    replaced."""
+    replaced. ``noise`` is the noise stream (default: the step's `noise_generator`)."""
     scores = task.score(rollout)
     noise_cfg = cfg.task_options
     raw_B = scores.rewards_B if scores.unshaped_rewards_B is None else scores.unshaped_rewards_B
@@ -121,7 +135,7 @@ def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
     rewards_B, noise_B = apply_reward_noise(
         scores.rewards_B, rollout.completion_tokens_BT, rollout.completion_mask_BT,
         rollout.prompt_tokens_BP, correct_B, noise_cfg, task.family,
-        noise_generator(cfg.run.seed, step))
+        noise_generator(cfg.run.seed, step) if noise is None else noise)
     expected = None
     if want_expected_reward and exposes_expected_reward(noise_cfg) \
             and rollout.targets_BT is not None:
@@ -135,9 +149,43 @@ def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
         age_B=torch.zeros(rollout.batch_size, device=rollout.completion_tokens_BT.device))
 
 
+@torch.no_grad()
+def greedy_rewards(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainConfig,
+                   overlong: OverlongConfig, group_size: int, max_new_tokens: int, step: int
+                   ) -> torch.Tensor:
+    """ReMax's baseline ``[B]``: the training reward of one greedy rollout per prompt (rows of a
+    group share theirs), decoded with the policy in eval mode.
+
+    The greedy completion gets the same reward function as the samples: the task's score, the
+    configured training reward noise (drawn from its own stream, so the samples' noise is
+    unchanged) and the method's overlong shaping where active. Source: Li et al.
+    arXiv:2310.10505. Regime: any task.
+    """
+    prompts = PromptBatch(
+        tokens_BP=rollout.prompt_tokens_BP[::group_size],
+        attention_mask_BP=None if rollout.prompt_mask_BP is None
+        else rollout.prompt_mask_BP[::group_size],
+        targets_BT=None if rollout.targets_BT is None else rollout.targets_BT[::group_size],
+        score_mask_BT=None if rollout.score_mask_BT is None
+        else rollout.score_mask_BT[::group_size])
+    policy.eval()
+    greedy_cfg = SamplingConfig(temperature=0.0, stop_token_ids=cfg.sampling.stop_token_ids,
+                                decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
+    seeds_B = torch.zeros(prompts.batch_size, dtype=torch.long,
+                          device=prompts.tokens_BP.device)
+    greedy = generate(policy, prompts, greedy_cfg, seeds_B, max_new_tokens)
+    scored = score_rollouts(greedy, policy, task, cfg, False, step, noise=step_generator(
+        cfg.run.seed, step, GREEDY_NOISE_SEED_OFFSET))
+    if overlong.name == "penalty":
+        scored = overlong_shaped(scored, max_new_tokens, overlong)
+    assert scored.rewards_B is not None
+    return scored.rewards_B.repeat_interleave(group_size)
+
+
 def train(cfg: TrainConfig) -> RunResult:
     spec, task, d = validate(cfg)
     r = cfg.run
+    overlong = dataclasses.replace(spec.overlong, name=d.overlong)  # none on fixed lengths
     device = resolve_device(r.device)
     threads_before = torch.get_num_threads()
     if r.threads:
@@ -191,11 +239,23 @@ def train(cfg: TrainConfig) -> RunResult:
     display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}", state.step)
     t_run = time.perf_counter()
 
+    def scored(rollout: RolloutBatch, step: int) -> RolloutBatch:
+        """Rewards (shaped by the method's overlong penalty where active) and, for ReMax, the
+        greedy baseline."""
+        batch = score_rollouts(rollout, policy, task, cfg, want_expected, step)
+        if overlong.name == "penalty":
+            batch = overlong_shaped(batch, d.max_new_tokens, overlong)
+        if spec.needs_greedy_baseline:
+            greedy_B = greedy_rewards(rollout, policy, task, cfg, overlong, d.group_size,
+                                      d.max_new_tokens, step)
+            batch = dataclasses.replace(batch, greedy_rewards_B=greedy_B)
+        return batch
+
     def draw_scored(step: int) -> RolloutBatch:
         """One more scored round of rollouts (for --fill_batch)."""
         rollout = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
-                                  d.group_size, d.max_new_tokens)
-        return score_rollouts(rollout, policy, task, cfg, want_expected, step)
+                                  d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
+        return scored(rollout, step)
 
     def run_eval(step: int) -> None:
         t0 = time.perf_counter()
@@ -222,10 +282,10 @@ def train(cfg: TrainConfig) -> RunResult:
             t_step = time.perf_counter()
             m: dict[str, torch.Tensor] = {}
             fresh = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
-                                    d.group_size, d.max_new_tokens)
+                                    d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
             _sync(device)
             t_sampled = time.perf_counter()
-            fresh = score_rollouts(fresh, policy, task, cfg, want_expected, step)
+            fresh = scored(fresh, step)
             if r.fill_batch:
                 fresh, fill_rounds = fill_mixed_groups(
                     fresh, functools.partial(draw_scored, step), r.batch_size, d.group_size,
@@ -251,6 +311,11 @@ def train(cfg: TrainConfig) -> RunResult:
             m |= est.length_metrics(batch.completion_mask_BT, batch.finished_by_stop_B)
             m["policy/entropy_sampled"] = est.masked_mean(-batch.logp_sampler_BT,
                                                           batch.completion_mask_BT)
+            if overlong.name == "penalty":
+                m["reward/overlong_penalty_mean"] = overlong_penalty_B(
+                    batch.completion_mask_BT.sum(-1), d.max_new_tokens, overlong).mean()
+            if batch.greedy_rewards_B is not None:
+                m["reward/greedy_mean"] = batch.greedy_rewards_B.mean()
             if spec.selection == "mixed_groups":
                 keep_B, group_m = mixed_groups(batch.rewards_B, d.group_size)
                 m |= group_m
@@ -260,6 +325,14 @@ def train(cfg: TrainConfig) -> RunResult:
                     status = "out_of_regime"
                     break
                 batch = batch.select(keep_B)
+            if spec.selection == "kondo":
+                keep_B, select_m = kondo_select(batch, spec.keep_ratio, spec.gate.eta,
+                                                step_generator(r.seed, step, KONDO_SEED_OFFSET))
+                m |= select_m
+                batch = batch.select(keep_B)
+            if overlong.name == "mask":
+                batch, overlong_m = overlong_mask(batch, d.max_new_tokens)
+                m |= overlong_m
             policy.eval()
             candidates = sample_candidates(policy, batch, d.group_size, generator, temperature,
                                            replay_keep) if spec.needs_candidates else None

@@ -18,13 +18,14 @@ from rlscope.methods.corrections import CORRECTIONS, CorrectionConfig
 from rlscope.methods.gates import GATES
 from rlscope.methods.objectives import OBJECTIVES
 from rlscope.methods.regularizers import KL_ESTIMATORS
-from rlscope.methods.selection import SELECTIONS
+from rlscope.methods.selection import OVERLONG, SELECTIONS
 from rlscope.methods.spec import (
     AdvantageConfig,
     GateConfig,
     KLConfig,
     MethodSpec,
     ObjectiveConfig,
+    OverlongConfig,
     ValueConfig,
 )
 from rlscope.methods.tpo import OBJECTIVE_AGG
@@ -63,11 +64,13 @@ METHODS: dict[str, MethodSpec] = {
         advantage=AdvantageConfig("group_center"), objective=ObjectiveConfig("ppo_clip"),
         agg="seq_mean_token_sum", kl=_GRPO_KL, selection="mixed_groups", grouped=True),
     "dapo": MethodSpec(
-        description="Clip-higher, token-mean loss, dynamic sampling of mixed groups, no KL.",
+        description="Clip-higher, token-mean loss, dynamic sampling of mixed groups, no KL, "
+                    "overlong reward shaping when completions can stop early.",
         source="Yu et al. 2503.14476", regime="grouped sampling; no KL term",
         advantage=AdvantageConfig("group_zscore"),
         objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.28),
-        selection="mixed_groups", grouped=True, requires=("no_kl",)),
+        selection="mixed_groups", overlong=OverlongConfig("penalty"), grouped=True,
+        requires=("no_kl",)),
     "rloo": MethodSpec(
         description="Leave-one-out baseline with the PPO clip.",
         source="Ahmadian et al. 2402.14740", regime="grouped sampling, group_size > 1",
@@ -78,6 +81,13 @@ METHODS: dict[str, MethodSpec] = {
         source="delight-gradient sandbox", regime="on-policy; any task",
         advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
         objective=ObjectiveConfig("score")),
+    "kondo": MethodSpec(
+        description="DG on the samples kept by Kondo screening: each kept with probability "
+                    "σ((χ − λ)/η) of its behaviour-policy delight χ, before any learner forward.",
+        source="delight-gradient sandbox (Kondo screening)",
+        regime="ungrouped batches (group_size 1); 0 < keep_ratio <= 1",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
+        objective=ObjectiveConfig("score"), selection="kondo", keep_ratio=0.5),
     "traj_pg": MethodSpec(
         description="Policy gradient with a capped sequence-level importance weight.",
         source="importance-weighted PG", regime="on- or slightly off-policy",
@@ -154,6 +164,11 @@ METHODS: dict[str, MethodSpec] = {
         source="TEMPO", regime="grouped sampling",
         advantage=AdvantageConfig("tempo"), objective=ObjectiveConfig("is_capped", cap=10.0),
         selection="mixed_groups", grouped=True),
+    "remax": MethodSpec(
+        description="REINFORCE with the reward of the prompt's greedy rollout as baseline.",
+        source="ReMax, Li et al. 2310.10505", regime="any task; one extra greedy decode per "
+        "prompt",
+        advantage=AdvantageConfig("remax"), objective=ObjectiveConfig("score")),
     "maxrl": MethodSpec(
         description="Group advantages normalised by the group's mean reward.",
         source="MaxRL", regime="binary rewards with groups, no reward noise",
@@ -250,7 +265,16 @@ class MethodConfig:
     """Override the token aggregation (token_mean, seq_mean_token_mean, seq_mean_token_sum,
     seq_mean_token_sum_norm, sum)."""
     selection: str | None = None
-    """Override sample selection (none, mixed_groups)."""
+    """Override sample selection (none, mixed_groups, kondo)."""
+    keep_ratio: float | None = None
+    """kondo selection: mean keep probability, in (0, 1] (1 keeps every sample)."""
+    overlong: str | None = None
+    """Truncated completions: none, mask (drop from the loss) or penalty (DAPO's soft length
+    penalty); needs completions that can stop early (--stop_token_ids)."""
+    overlong_buffer: int | None = None
+    """L_buf of the overlong penalty in tokens (0 = max(1, L_max // 4))."""
+    overlong_factor: float | None = None
+    """Overlong penalty at |y| = L_max (>= 0)."""
     eta: float | None = None
     """Delight gate temperature η (> 0)."""
     uncertainty_scale: float | None = None
@@ -321,7 +345,7 @@ class MethodConfig:
 
 
 _C = TypeVar("_C", AdvantageConfig, GateConfig, ObjectiveConfig, KLConfig, ValueConfig,
-             CorrectionConfig)
+             CorrectionConfig, OverlongConfig)
 
 
 def _override(obj: _C, **changes: object) -> _C:
@@ -352,6 +376,9 @@ def resolve_method(name: str, cfg: MethodConfig | None = None) -> MethodSpec:
         entropy_coef=spec.entropy_coef if cfg.entropy_coef is None else cfg.entropy_coef,
         value=_override(spec.value, coef=cfg.vf_coef, clip=cfg.value_clip),
         selection=cfg.selection or spec.selection,
+        keep_ratio=spec.keep_ratio if cfg.keep_ratio is None else cfg.keep_ratio,
+        overlong=_override(spec.overlong, name=cfg.overlong, buffer=cfg.overlong_buffer,
+                           factor=cfg.overlong_factor),
         correction=_override(spec.correction, name=cfg.is_correction, cap=cfg.is_correction_cap,
                              band_low=cfg.is_band_low, band_high=cfg.is_band_high,
                              geometric=cfg.is_geometric),
@@ -372,6 +399,7 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
     _choice(errors, "objective", spec.objective.name, OBJECTIVES)
     _choice(errors, "agg", spec.agg, AGGREGATIONS)
     _choice(errors, "selection", spec.selection, SELECTIONS)
+    _choice(errors, "overlong", spec.overlong.name, OVERLONG)
     _choice(errors, "kl_estimator", spec.kl.estimator, KL_ESTIMATORS)
     _choice(errors, "is_correction", spec.correction.name, CORRECTIONS)
     c = spec.correction
@@ -392,6 +420,14 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
     if grouped and group_size < 2:
         errors.append(f"run.group_size={group_size}: this method compares samples within a "
                       "group, so group_size must be > 1")
+    if spec.selection == "kondo" and (grouped or group_size > 1):
+        errors.append("method.selection='kondo' keeps or drops single samples, which would "
+                      "break groups: use an ungrouped advantage with run.group_size 1")
+    if not 0 < spec.keep_ratio <= 1:
+        errors.append(f"method.keep_ratio={spec.keep_ratio} must lie in (0, 1]: it is the "
+                      "fraction of samples kondo selection keeps on average")
+    if spec.overlong.buffer < 0 or spec.overlong.factor < 0:
+        errors.append("method.overlong_buffer and method.overlong_factor must be >= 0")
     if group_size > 0 and batch_size % group_size:
         errors.append(f"run.batch_size={batch_size} is not divisible by "
                       f"run.group_size={group_size}")

@@ -89,6 +89,15 @@ def needs(spec: MethodSpec) -> str:
                      + (("critic",) if spec.needs_value else ())) or "—"
 
 
+def selection_summary(spec: MethodSpec) -> str:
+    parts = [spec.selection]
+    if spec.selection == "kondo":
+        parts[0] = f"kondo (keep {spec.keep_ratio:g})"
+    if spec.overlong.name != "none":
+        parts.append(f"overlong {spec.overlong.name} (when lengths vary)")
+    return " + ".join(parts)
+
+
 def summary(spec: MethodSpec) -> str:
     """The preset's components on one line: advantage · gate · objective · agg · KL · selection
     (a gate of none, no KL and no selection are left out)."""
@@ -98,8 +107,8 @@ def summary(spec: MethodSpec) -> str:
     parts += [objective_summary(spec), spec.agg]
     if spec.kl.coef > 0:
         parts.append(f"KL {spec.kl.estimator}→{spec.kl.target} β {spec.kl.coef:g}")
-    if spec.selection != "none":
-        parts.append(spec.selection)
+    if spec.selection != "none" or spec.overlong.name != "none":
+        parts.append(selection_summary(spec))
     return " · ".join(parts)
 
 
@@ -151,7 +160,14 @@ def describe(name: str) -> str:
     if spec.needs_value:
         rows.append(("critic", f"value head, vf_coef {spec.value.coef:g} (--vf_coef), "
                      f"value_clip {spec.value.clip:g} (--value_clip)", ""))
-    rows.append(("selection", f"{spec.selection} (--selection)", ""))
+    rows.append(("selection", f"{spec.selection} (--selection)" + (
+        f"; keep_ratio {spec.keep_ratio:g} (--keep_ratio)" if spec.selection == "kondo"
+        else ""), ""))
+    overlong = spec.overlong
+    rows.append(("overlong", f"{overlong.name} (--overlong)" + (
+        f"; buffer {overlong.buffer or 'max(1, L_max // 4)'} (--overlong_buffer), factor "
+        f"{overlong.factor:g} (--overlong_factor), active only when completions can stop "
+        "early" if overlong.name != "none" else ""), ""))
     correction = spec.correction
     rows.append(("correction", f"{correction.name} (--is_correction)" + (
         f"; {_settings(correction, CORRECTION_SETTINGS)}" if correction.name != "none"
@@ -186,8 +202,9 @@ def render_markdown() -> str:
     for name, spec in METHODS.items():
         lines.append(
             f"| `{name}` | {spec.advantage.name} | {spec.gate.name} | "
-            f"{objective_summary(spec)} | {spec.agg} | {kl_summary(spec)} | {spec.selection} "
-            f"| {needs(spec)} | {spec.description} | {spec.source} | {spec.regime} |")
+            f"{objective_summary(spec)} | {spec.agg} | {kl_summary(spec)} | "
+            f"{selection_summary(spec)} | {needs(spec)} | {spec.description} | {spec.source} | "
+            f"{spec.regime} |")
     return "\n".join(lines) + "\n"
 
 

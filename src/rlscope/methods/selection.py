@@ -1,20 +1,29 @@
-"""Sample selection before the update (METHODS.md, "Selection").
+"""Sample selection and length handling before the update (METHODS.md, "Selection").
 
-`mixed_groups` (dynamic sampling, DAPO arXiv:2503.14476): keep only groups whose reward std is
-above 1e-6. If no group survives, keep everything and report a fallback. `fill_mixed_groups`
-resamples until the kept groups fill the batch (capped generation rounds).
+- `mixed_groups` (dynamic sampling, DAPO arXiv:2503.14476): keep only groups whose reward std
+  is above 1e-6. If no group survives, keep everything and report a fallback.
+  `fill_mixed_groups` resamples until the kept groups fill the batch (capped generation rounds).
+- `kondo`: keep each sample with probability σ((χ − λ)/η), χ its delight under the behaviour
+  policy and λ solved so the mean probability is the keep ratio (`kondo_select`).
+- overlong handling (DAPO): `overlong_mask` drops rows truncated at the length limit from the
+  loss; `overlong_penalty_B` is the soft length penalty added to their rewards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from rlscope.batch import RolloutBatch, concat_rollouts
+from rlscope.methods.spec import OverlongConfig
 
-SELECTIONS = ("none", "mixed_groups")
+SELECTIONS = ("none", "mixed_groups", "kondo")
+OVERLONG = ("none", "mask", "penalty")
 MIXED_STD = 1e-6
+KONDO_BISECTION_STEPS = 20
+KONDO_SEED_OFFSET = 3_000_017
 
 
 def mixed_groups(rewards_B: torch.Tensor, group_size: int
@@ -69,3 +78,128 @@ def fill_mixed_groups(first: RolloutBatch, sample_more: Callable[[], RolloutBatc
             "or turn --fill_batch off")
     index_B = torch.arange(rows, device=first.completion_tokens_BT.device)
     return concat_rollouts(kept).select(index_B), rounds
+
+
+def step_generator(seed: int, step: int, offset: int) -> torch.Generator:
+    """A CPU generator for the draws of step ``step`` of run ``seed`` in the stream ``offset``:
+    apart from the prompt and sampling stream (so it never perturbs rollouts) and needing no
+    checkpoint state (a resumed run redraws the same numbers)."""
+    # CPU generators keep only the low 32 bits of a seed: mix within them
+    return torch.Generator().manual_seed((offset + seed * 1_000_003 + step) % 2**32)
+
+
+def kondo_delight_B(rewards_B: torch.Tensor, logp_sampler_BT: torch.Tensor,
+                    mask_BT: torch.Tensor, baseline_BT: torch.Tensor) -> torch.Tensor:
+    """Per-sample delight under the behaviour policy, ``χ_B = max_t (r − b_t)·(−ℓ_μ,t)`` over the
+    valid tokens (``mask_BT`` = 1).
+
+    Shapes: ``rewards_B`` [B]; ``logp_sampler_BT``, ``mask_BT`` and ``baseline_BT`` [B, T]
+    (a sequence baseline broadcast over tokens, or a per-token one). Every row needs a valid
+    token (a sampled completion always has its first one).
+    """
+    delight_BT = (rewards_B[:, None] - baseline_BT) * (-logp_sampler_BT)
+    return delight_BT.masked_fill(mask_BT == 0, float("-inf")).max(-1).values
+
+
+def kondo_threshold(chi_B: torch.Tensor, keep_ratio: float, eta: float) -> torch.Tensor:
+    """λ with mean_i σ((χ_i − λ)/η) = ``keep_ratio``, by exactly 20 bisection steps (0-d).
+
+    The mean is decreasing in λ, and the bracket [min χ − η·logit(ρ), max χ − η·logit(ρ)]
+    holds the root: at its ends every term is ≥ ρ, respectively ≤ ρ. λ is the midpoint of the
+    last interval, so it is within (max χ − min χ)·2⁻²¹ of the root. Needs 0 < ρ < 1 and
+    finite χ.
+    """
+    if not 0 < keep_ratio < 1:
+        raise ValueError(f"kondo_threshold needs 0 < keep_ratio < 1, got {keep_ratio}")
+    shift = eta * torch.logit(torch.tensor(keep_ratio, dtype=chi_B.dtype, device=chi_B.device))
+    lo, hi = chi_B.min() - shift, chi_B.max() - shift
+    for _ in range(KONDO_BISECTION_STEPS):
+        mid = (lo + hi) / 2
+        above = torch.sigmoid((chi_B - mid) / eta).mean() > keep_ratio
+        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+    return (lo + hi) / 2
+
+
+def kondo_select(batch: RolloutBatch, keep_ratio: float, eta: float,
+                 generator: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Kondo screening: rows to keep, ``keep_B`` (bool), and ``select/`` metrics.
+
+    χ = max over valid tokens of (r − b)·(−ℓ_μ) with ℓ_μ the stored behaviour log-probs and
+    b the behaviour policy's baseline: E[r | x] (``expected_reward_B``) where the batch has it,
+    else the per-token Σ_v μ(v | prefix)² recorded by the sampler (``sum_p2_sampler_BT``),
+    zero at unscored positions as in the ``expected`` estimator. Each row is kept with
+    probability p = σ((χ − λ)/η), λ from `kondo_threshold`, by one uniform draw from
+    ``generator``; if no row is kept, the most probable one is. ``keep_ratio`` = 1 keeps every
+    row and draws nothing (the method is then exactly its gate's, e.g. DG). Reads no learner.
+
+    Source: the delight-gradient sandbox (Kondo screening of DG). Regime: ungrouped batches
+    (it drops single samples); η > 0, 0 < keep_ratio ≤ 1.
+    """
+    assert batch.rewards_B is not None
+    B, device = batch.batch_size, batch.rewards_B.device
+    if keep_ratio >= 1.0:
+        one = torch.ones((), device=device)
+        return torch.ones(B, dtype=torch.bool, device=device), {
+            "select/kept_frac": one, "select/gate_prob_mean": one}
+    mask_BT = batch.completion_mask_BT
+    if batch.expected_reward_B is not None:
+        baseline_BT = batch.expected_reward_B[:, None].expand_as(mask_BT)
+    elif batch.sum_p2_sampler_BT is not None:
+        baseline_BT = batch.sum_p2_sampler_BT
+        if batch.score_mask_BT is not None:
+            baseline_BT = baseline_BT * batch.score_mask_BT[:, :baseline_BT.shape[1]]
+    else:
+        raise ValueError("kondo selection needs expected_reward_B or sum_p2_sampler_BT "
+                         "(sample with with_sum_p2=True)")
+    chi_B = kondo_delight_B(batch.rewards_B, batch.logp_sampler_BT, mask_BT, baseline_BT)
+    lam = kondo_threshold(chi_B, keep_ratio, eta)
+    prob_B = torch.sigmoid((chi_B - lam) / eta)
+    keep_B = torch.rand(B, generator=generator).to(device) < prob_B
+    fallback_B = torch.zeros_like(keep_B).scatter(0, prob_B.argmax().view(1), True)
+    keep_B = torch.where(keep_B.any(), keep_B, fallback_B)
+    return keep_B, {"select/kept_frac": keep_B.float().mean(),
+                    "select/gate_prob_mean": prob_B.mean()}
+
+
+def overlong_buffer(cfg: OverlongConfig, max_len: int) -> int:
+    """L_buf in tokens: ``cfg.buffer``, or max(1, L_max // 4) when it is 0."""
+    return cfg.buffer if cfg.buffer > 0 else max(1, max_len // 4)
+
+
+def overlong_penalty_B(length_B: torch.Tensor, max_len: int, cfg: OverlongConfig
+                       ) -> torch.Tensor:
+    """DAPO's soft overlong penalty min(−(|y| − (L_max − L_buf))/L_buf · factor, 0), ``[B]``.
+
+    0 up to L_max − L_buf tokens, then falling linearly to −factor at L_max. Source: Yu et al.
+    arXiv:2503.14476 (overlong reward shaping). Regime: completions that can end early.
+    """
+    buf = overlong_buffer(cfg, max_len)
+    return (-(length_B - (max_len - buf)) / buf * cfg.factor).clamp_max(0.0)
+
+
+def overlong_shaped(batch: RolloutBatch, max_len: int, cfg: OverlongConfig) -> RolloutBatch:
+    """``batch`` with `overlong_penalty_B` of its lengths added to ``rewards_B``
+    (``raw_rewards_B`` stays unshaped)."""
+    assert batch.rewards_B is not None
+    penalty_B = overlong_penalty_B(batch.completion_mask_BT.sum(-1), max_len, cfg)
+    return dataclasses.replace(batch, rewards_B=batch.rewards_B + penalty_B.to(
+        batch.rewards_B.dtype))
+
+
+def truncated_B(batch: RolloutBatch, max_len: int) -> torch.Tensor:
+    """Rows that hit ``max_len`` tokens without a stop token (finish reason ``length``)."""
+    return ~batch.finished_by_stop_B.bool() & (batch.completion_mask_BT.sum(-1) >= max_len)
+
+
+def overlong_mask(batch: RolloutBatch, max_len: int
+                  ) -> tuple[RolloutBatch, dict[str, torch.Tensor]]:
+    """DAPO's overlong filtering: zero the loss mask of truncated rows (`truncated_B`).
+
+    The rows stay in the batch (group baselines still see their rewards) but contribute no
+    token to the loss or its token-mean denominator. Logs ``select/overlong_masked_frac``.
+    Source: Yu et al. arXiv:2503.14476. Regime: completions that can end early.
+    """
+    cut_B = truncated_B(batch, max_len)
+    mask_BT = batch.completion_mask_BT * (~cut_B)[:, None].to(batch.completion_mask_BT.dtype)
+    return (dataclasses.replace(batch, completion_mask_BT=mask_BT),
+            {"select/overlong_masked_frac": cut_B.float().mean()})

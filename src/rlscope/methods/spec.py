@@ -117,6 +117,22 @@ class ValueConfig:
 
 
 @dataclass(frozen=True)
+class OverlongConfig:
+    """Handling of completions that hit the length limit (METHODS.md, "Selection"; DAPO,
+    Yu et al. arXiv:2503.14476). Acts only where completions can end early (stop tokens):
+    `rlscope.config.derive` records the mode in force, ``Derived.overlong``, which is
+    ``none`` on fixed-length tasks."""
+
+    name: str = "none"
+    """``none``, ``mask`` (zero the loss mask of rows truncated without a stop token) or
+    ``penalty`` (add min(−(|y| − (L_max − L_buf))/L_buf · factor, 0) to the reward)."""
+    buffer: int = 0
+    """L_buf, the soft-penalty window before L_max in tokens; 0 = max(1, L_max // 4)."""
+    factor: float = 1.0
+    """Penalty at |y| = L_max (the slope is factor / L_buf)."""
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One method preset. Fields are components; properties say what the loop must provide."""
 
@@ -131,6 +147,12 @@ class MethodSpec:
     entropy_coef: float = 0.0
     value: ValueConfig = field(default_factory=ValueConfig)
     selection: str = "none"
+    """``none``, ``mixed_groups`` (keep groups whose rewards differ) or ``kondo`` (keep samples
+    by their delight before any learner forward)."""
+    keep_ratio: float = 0.5
+    """``kondo`` selection: the mean keep probability the threshold λ is solved for."""
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    """Masking or reward shaping of completions truncated at the length limit."""
     correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     """Sampler-vs-learner importance correction multiplied into the per-token loss."""
     grouped: bool = False
@@ -165,6 +187,17 @@ class MethodSpec:
     def needs_whole_groups(self) -> bool:
         """The objective couples the rows of a group (micro-batches hold whole groups)."""
         return self.objective.name in GROUP_OBJECTIVES
+
+    @property
+    def needs_greedy_baseline(self) -> bool:
+        """The loop decodes each prompt greedily once and attaches its reward (ReMax)."""
+        return self.advantage.name == "remax"
+
+    @property
+    def needs_behaviour_sum_p2(self) -> bool:
+        """The sampler records Σ_v μ(v | prefix)² (kondo's baseline when E[r | x] is not
+        exposed)."""
+        return self.selection == "kondo"
 
     @property
     def needs_labels(self) -> bool:

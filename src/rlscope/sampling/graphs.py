@@ -62,11 +62,12 @@ class GraphedDecoder:
 
     def __init__(self, policy: TinyTransformer, rows: int, prompt_len: int, new_tokens: int,
                  cfg: SamplingConfig, padded: bool, with_entropy: bool,
-                 pad_token_id: int) -> None:
+                 pad_token_id: int, with_sum_p2: bool = False) -> None:
         device = policy.head.weight.device
         B, P, T = rows, prompt_len, new_tokens
         self.cfg, self.new_tokens = cfg, T
         self.with_entropy, self.pad_token_id = with_entropy, pad_token_id
+        self.with_sum_p2 = with_sum_p2
         self.greedy = cfg.temperature == 0
         self.stops = torch.tensor(cfg.stop_token_ids, device=device, dtype=torch.long)
         self.cache = policy.init_cache(B, P + T, static=True)
@@ -104,11 +105,11 @@ class GraphedDecoder:
         gumbel_BV = None if self.greedy else self.gumbel_BTV.index_select(1, index)[:, 0]
         stops = bool(self.stops.numel())
         d = draw(logits_BV, self.alive_B if stops else None, gumbel_BV, self.cfg,
-                 self.pad_token_id, self.with_entropy)
+                 self.pad_token_id, self.with_entropy, self.with_sum_p2)
         values = {"token": d.token_B, "alive": self.alive_B if stops else None,
                   "logp_sampler": d.logp_sampler_B,
                   "logp_raw": None if d.logp_raw_B is d.logp_sampler_B else d.logp_raw_B,
-                  "keep": d.keep_BV, "entropy": d.entropy_B}
+                  "keep": d.keep_BV, "entropy": d.entropy_B, "sum_p2": d.sum_p2_B}
         for name, value_B in values.items():
             if value_B is None:
                 continue
@@ -148,12 +149,13 @@ class GraphedDecoder:
                         entropy_BT=out.get("entropy"),
                         finished_by_stop_B=~self.alive_B if self.stops.numel() else
                         torch.zeros_like(self.alive_B),
-                        group_id_B=group_id_B)
+                        group_id_B=group_id_B, sum_p2_BT=out.get("sum_p2"))
 
 
 def generate_graphed(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
                      row_seeds_B: torch.Tensor, max_new_tokens: int, pad_token_id: int,
-                     group_id_B: torch.Tensor | None, with_entropy: bool) -> RolloutBatch:
+                     group_id_B: torch.Tensor | None, with_entropy: bool,
+                     with_sum_p2: bool = False) -> RolloutBatch:
     """`sampler.generate` through a cached `GraphedDecoder` (check `supported` first)."""
     assert isinstance(policy, TinyTransformer)
     B, P = prompts.tokens_BP.shape
@@ -162,10 +164,10 @@ def generate_graphed(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
     if cached is None or cached[0] != params:
         cached = _DECODERS[policy] = (params, {})
     key = (B, P, max_new_tokens, prompts.attention_mask_BP is not None, cfg, with_entropy,
-           pad_token_id)
+           pad_token_id, with_sum_p2)
     decoders = cached[1]
     if key not in decoders:
         decoders[key] = GraphedDecoder(policy, B, P, max_new_tokens, cfg,
                                        prompts.attention_mask_BP is not None, with_entropy,
-                                       pad_token_id)
+                                       pad_token_id, with_sum_p2)
     return decoders[key](prompts, row_seeds_B, group_id_B)

@@ -59,18 +59,20 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class Draw:
     """One sampled token per row and what the rollout records about it (all ``[B]`` or
-    ``[B, V]``); ``keep_BV`` is None without top-k/top-p, ``entropy_B`` unless asked for."""
+    ``[B, V]``); ``keep_BV`` is None without top-k/top-p, ``entropy_B`` and ``sum_p2_B``
+    (Σ_v μ(v)² of the sampling distribution) unless asked for."""
 
     token_B: torch.Tensor
     logp_sampler_B: torch.Tensor
     logp_raw_B: torch.Tensor
     keep_BV: torch.Tensor | None
     entropy_B: torch.Tensor | None
+    sum_p2_B: torch.Tensor | None = None
 
 
 def draw(logits_BV: torch.Tensor, alive_B: torch.Tensor | None,
          gumbel_BV: torch.Tensor | None, cfg: SamplingConfig, pad_token_id: int,
-         with_entropy: bool) -> Draw:
+         with_entropy: bool, with_sum_p2: bool = False) -> Draw:
     """One token per row from the processed distribution of ``logits_BV``.
 
     ``gumbel_BV`` are this step's `processors.gumbel_offsets` (None when greedy); rows no longer
@@ -97,18 +99,19 @@ def draw(logits_BV: torch.Tensor, alive_B: torch.Tensor | None,
         token_B = torch.where(alive_B, token_B, pad_token_id)
     entropy_B = -(logp_raw_BV.exp() * logp_raw_BV).nan_to_num().sum(-1) if with_entropy \
         else None
+    sum_p2_B = logp_BV.exp().square().sum(-1) if with_sum_p2 else None
     logp_sampler_B = logp_BV.gather(-1, token_B[:, None])[:, 0]
     logp_raw_B = logp_sampler_B if logp_BV is logp_raw_BV else \
         logp_raw_BV.gather(-1, token_B[:, None])[:, 0]
     return Draw(token_B=token_B, logp_sampler_B=logp_sampler_B, logp_raw_B=logp_raw_B,
-                keep_BV=keep_BV, entropy_B=entropy_B)
+                keep_BV=keep_BV, entropy_B=entropy_B, sum_p2_B=sum_p2_B)
 
 
 def assemble(prompts: PromptBatch, tokens_BT: torch.Tensor, alive_BT: torch.Tensor,
              logp_sampler_BT: torch.Tensor, logp_raw_BT: torch.Tensor,
              keep_BTV: torch.Tensor | None, entropy_BT: torch.Tensor | None,
-             finished_by_stop_B: torch.Tensor, group_id_B: torch.Tensor | None
-             ) -> RolloutBatch:
+             finished_by_stop_B: torch.Tensor, group_id_B: torch.Tensor | None,
+             sum_p2_BT: torch.Tensor | None = None) -> RolloutBatch:
     """The `RolloutBatch` of stacked draws; ``alive_BT`` (row alive before each draw) is the
     completion mask."""
     B = tokens_BT.shape[0]
@@ -126,19 +129,22 @@ def assemble(prompts: PromptBatch, tokens_BT: torch.Tensor, alive_BT: torch.Tens
         targets_BT=prompts.targets_BT,
         score_mask_BT=prompts.score_mask_BT,
         entropy_BT=entropy_BT * alive_BT if entropy_BT is not None else None,
+        sum_p2_sampler_BT=sum_p2_BT * alive_BT if sum_p2_BT is not None else None,
     )
 
 
 @torch.no_grad()
 def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
              row_seeds_B: torch.Tensor, max_new_tokens: int, pad_token_id: int = 0,
-             group_id_B: torch.Tensor | None = None, with_entropy: bool = False
-             ) -> RolloutBatch:
+             group_id_B: torch.Tensor | None = None, with_entropy: bool = False,
+             with_sum_p2: bool = False) -> RolloutBatch:
     """Sample ``max_new_tokens`` tokens (fewer if every row stops) for each prompt row.
 
     Shapes: prompts ``[B, P]`` left-padded; returns completions ``[B, T]`` with
     ``T <= max_new_tokens``. Greedy when ``cfg.temperature == 0``. ``with_entropy`` also
-    records the raw policy's entropy at every step (``entropy_BT``, used by evaluation).
+    records the raw policy's entropy at every step (``entropy_BT``, used by evaluation);
+    ``with_sum_p2`` records Σ_v μ(v | prefix)² of the sampling distribution
+    (``sum_p2_sampler_BT``, kondo selection's behaviour baseline).
     """
     from rlscope.sampling import graphs  # builds on this module
 
@@ -147,7 +153,7 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
     if cfg.decode_graphs and cfg.use_cache and max_new_tokens > 0 \
             and graphs.supported(policy, device):
         return graphs.generate_graphed(policy, prompts, cfg, row_seeds_B, max_new_tokens,
-                                       pad_token_id, group_id_B, with_entropy)
+                                       pad_token_id, group_id_B, with_entropy, with_sum_p2)
     greedy = cfg.temperature == 0
     stops = torch.tensor(cfg.stop_token_ids, device=device, dtype=torch.long)
     draws: list[Draw] = []
@@ -162,7 +168,7 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
     for step in range(max_new_tokens):
         gumbel_BV = None if greedy else gumbel_offsets(row_seeds_B, step, logits_BV.shape[-1])
         d = draw(logits_BV, alive_B if stops.numel() else None, gumbel_BV, cfg, pad_token_id,
-                 with_entropy)
+                 with_entropy, with_sum_p2)
         draws.append(d)
         alive_out.append(alive_B)
         token_B = d.token_B
@@ -182,6 +188,7 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
 
     keep = [d.keep_BV for d in draws if d.keep_BV is not None]
     entropy = [d.entropy_B for d in draws if d.entropy_B is not None]
+    sum_p2 = [d.sum_p2_B for d in draws if d.sum_p2_B is not None]
     return assemble(prompts,
                     tokens_BT=torch.stack([d.token_B for d in draws], 1),
                     alive_BT=torch.stack(alive_out, 1),
@@ -190,4 +197,5 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
                     keep_BTV=torch.stack(keep, 1) if keep else None,
                     entropy_BT=torch.stack(entropy, 1) if entropy else None,
                     finished_by_stop_B=~alive_B if stops.numel() else torch.zeros_like(alive_B),
-                    group_id_B=group_id_B)
+                    group_id_B=group_id_B,
+                    sum_p2_BT=torch.stack(sum_p2, 1) if sum_p2 else None)
