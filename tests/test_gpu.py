@@ -222,3 +222,44 @@ def test_train_with_and_without_graphs_agree(tmp_path, method: str) -> None:
     for a, b in zip(m_graphed, m_eager, strict=True):
         assert a["reward/mean"] == b["reward/mean"] and a["length/mean"] == b["length/mean"]
         assert abs(a["loss/total"] - b["loss/total"]) < 1e-6
+
+
+def test_graphed_learner_reads_changing_coefficients_and_full_kl() -> None:
+    """The KL β (warm-up: 0, then β_after) and the adaptive entropy coefficient c change
+    between updates; the graphs read both from device tensors filled before each replay, so
+    they must match eager `learner.update` with the same values (a baked-in first value would
+    not). The full KL term reads the stored reference distribution. float64, capturable AdamW
+    on both sides."""
+    spec = resolve_method("reinforce", MethodConfig(kl_coef=0.1, kl_target="ref",
+                                                    kl_estimator="full",
+                                                    entropy_control="adaptive"))
+    task = make_task("token_reversal", TaskConfig(seq_len=6))
+    torch.manual_seed(0)
+    policy = TinyTransformer(TinyConfig(vocab_size=3, max_len=13)).cuda().double()
+    torch.manual_seed(1)
+    ref = TinyTransformer(TinyConfig(vocab_size=3, max_len=13)).cuda().double().eval()
+    twin = copy.deepcopy(policy)
+    eager_opt = torch.optim.AdamW(policy.parameters(), lr=1e-3, capturable=True)
+    graph_opt = torch.optim.AdamW(twin.parameters(), lr=1e-3, capturable=True)
+    plan = UpdatePlan(spec=spec, inner_epochs=2, num_minibatches=1, micro_batch_size=16,
+                      max_len=6, grad_clip=1.0, temperature=1.0, replay_keep=True)
+    graphed = GraphedUpdate(plan, twin, None, graph_opt, rows=32)
+    tol = {"atol": 1e-10, "rtol": 1e-8}
+    g = torch.Generator().manual_seed(2)
+    for beta, coef in ((0.0, 0.0), (0.0, 0.01), (0.1, 0.02), (0.1, 0.005)):
+        prompts = task.sample_prompts(g, 32).to("cuda")
+        seeds_B = torch.randint(0, 2**62, (32,), generator=g).cuda()
+        batch = generate(policy, prompts, SamplingConfig(top_k=2, decode_graphs=False), seeds_B,
+                         6)
+        rewards_B = task.score(batch).rewards_B
+        batch = dataclasses.replace(batch, rewards_B=rewards_B, raw_rewards_B=rewards_B)
+        inputs, _ = prepare(spec, batch, policy, None, ref, beta, 1, 1.0, True)
+        assert inputs.ref_logp_BTV is not None
+        a = update(plan, policy, None, eager_opt, batch, inputs, beta, coef)
+        b = graphed(batch, inputs, beta, coef)
+        torch.testing.assert_close(b.last.loss, a.last.loss, **tol)
+        for key in ("loss/kl", "loss/entropy"):
+            torch.testing.assert_close(b.last.parts[key], a.last.parts[key], **tol)
+        for x, y in zip(policy.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(y, x, **tol)
+    assert len(graphed.layouts) == 1  # one capture served every coefficient

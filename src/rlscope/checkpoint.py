@@ -1,8 +1,9 @@
 """Run directories and resumable checkpoints.
 
 A checkpoint holds the policy, value head and reference weights, the optimizer state, the
-run's generator state, and the loop state (step, KL coefficient, fallback streak, the
-staleness queue and the replay buffer), so a resumed run continues bit for bit.
+run's generator state, and the loop state (step, KL coefficient, entropy coefficient and its
+window, fallback streak, the staleness queue and the replay buffer), so a resumed run
+continues bit for bit.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def save(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
         "policy": policy.state_dict(), "value_head": _state(value_head), "ref": _state(ref),
         "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
         "step": state.step, "beta": state.beta, "fallback_streak": state.fallback_streak,
+        "entropy_coef": state.entropy_coef, "entropy_history": list(state.entropy_history),
         "queue": [{f.name: getattr(b, f.name) for f in dataclasses.fields(b)}
                   for b in state.queue],
         "replay": None if state.replay is None else state.replay.state_dict(),
@@ -82,4 +84,7 @@ def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
     return dataclasses.replace(
         state, step=payload["step"], beta=payload["beta"],
         fallback_streak=payload["fallback_streak"],
+        # checkpoints written before adaptive entropy control lack these: keep the initial c
+        entropy_coef=payload.get("entropy_coef", state.entropy_coef),
+        entropy_history=list(payload.get("entropy_history", [])),
         queue=deque(RolloutBatch(**b) for b in payload["queue"]))

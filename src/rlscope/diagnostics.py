@@ -98,15 +98,16 @@ def entropy_diagnostics(before: Snapshot, after: Snapshot, inputs: LearnerInputs
 
 def gradient_diagnostics(spec: MethodSpec, policy: Policy, value_head: ValueHead | None,
                          batch: RolloutBatch, inputs: LearnerInputs, beta: float,
-                         temperature: float, replay_keep: bool, grad_clip: float
-                         ) -> dict[str, torch.Tensor]:
+                         temperature: float, replay_keep: bool, grad_clip: float,
+                         entropy_coef: float | None = None) -> dict[str, torch.Tensor]:
     """Cosine of the method's and the CE oracle's gradients on ``batch`` (policy parameters),
-    and the method gradient's norm before and after clipping. Needs the task's targets."""
+    and the method gradient's norm before and after clipping. Needs the task's targets.
+    ``entropy_coef``: the entropy bonus in force (None = the spec's fixed coefficient)."""
     params = [p for p in policy.parameters() if p.requires_grad]
     den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(batch.batch_size),
                        max_len=inputs.tokens_BT.shape[1])
     loss = micro_batch_loss(spec, policy, value_head, batch, inputs, den, beta, temperature,
-                            replay_keep).loss
+                            replay_keep, entropy_coef=entropy_coef).loss
     method_grads = torch.autograd.grad(loss, params, allow_unused=True)
     out: dict[str, torch.Tensor] = {}
     method_flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)

@@ -21,7 +21,7 @@ from rlscope.methods.aggregation import aggregate
 from rlscope.methods.corrections import CORRECTIONS
 from rlscope.methods.gates import GATES, GateInputs, probs_mean_BT, reward_uncertainty_B
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
-from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, value_loss
+from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, kl_full, value_loss
 from rlscope.methods.spec import MethodSpec
 from rlscope.metrics.estimators import masked_mean, value_metrics
 from rlscope.policy.base import Policy
@@ -63,6 +63,8 @@ class LearnerInputs:
     tokens_BT: torch.Tensor
     logp_old_BT: torch.Tensor
     ref_logp_BT: torch.Tensor | None = None
+    ref_logp_BTV: torch.Tensor | None = None
+    """The reference's whole processed distribution (B·T·V numbers; ``full`` KL only)."""
     old_values_BT: torch.Tensor | None = None
     returns_BT: torch.Tensor | None = None
     uncertainty_B: torch.Tensor | None = None
@@ -156,7 +158,7 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     needs_probs = spec.advantage.name in ALWAYS_NEEDS_LEARNER_PROBS or (
         spec.advantage.name in NEEDS_LEARNER_PROBS and batch.expected_reward_B is None)
     corrected = spec.correction.name != "none"
-    sum_p2_BT = values_BT = ref_logp_BT = token_rewards_BT = is_weight_BT = None
+    sum_p2_BT = values_BT = ref_logp_BT = ref_logp_BTV = token_rewards_BT = is_weight_BT = None
     if needs_probs or spec.needs_value or corrected:
         fwd = forward_completion(policy, batch, tokens_BT, temperature, replay_keep, group_size)
         sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
@@ -170,8 +172,11 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
             if active_BT is not None:
                 metrics["sampler/correction_active_frac"] = masked_mean(active_BT, mask_BT)
     if ref is not None:
-        ref_logp_BT = forward_completion(ref, batch, tokens_BT, temperature, replay_keep,
-                                         group_size).logp_BT
+        ref_fwd = forward_completion(ref, batch, tokens_BT, temperature, replay_keep,
+                                     group_size)
+        ref_logp_BT = ref_fwd.logp_BT
+        if spec.kl.estimator == "full":
+            ref_logp_BTV = ref_fwd.logp_BTV
         kl1_BT = (batch.logp_sampler_BT - ref_logp_BT) * mask_BT
         metrics["policy/kl_ref_k1"] = masked_mean(kl1_BT, mask_BT)
         metrics["policy/kl_ref_k3"] = masked_mean(torch.expm1(-kl1_BT) + kl1_BT, mask_BT)
@@ -195,6 +200,7 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     age_B = batch.age_B if batch.age_B is not None else torch.zeros_like(batch.rewards_B)
     inputs = LearnerInputs(adv_BT=adv_BT, mask_BT=mask_BT, tokens_BT=tokens_BT,
                            logp_old_BT=batch.logp_sampler_BT, ref_logp_BT=ref_logp_BT,
+                           ref_logp_BTV=ref_logp_BTV,
                            old_values_BT=values_BT, returns_BT=returns_BT,
                            uncertainty_B=reward_uncertainty_B(batch.rewards_B, group_size),
                            age_B=age_B, rewards_B=batch.rewards_B,
@@ -243,11 +249,15 @@ class MicroResult:
 def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | None,
                      batch: RolloutBatch, inputs: LearnerInputs, den: Denominators,
                      beta: float | torch.Tensor, temperature: float,
-                     replay_keep: bool, group_size: int = 1) -> MicroResult:
+                     replay_keep: bool, group_size: int = 1,
+                     entropy_coef: float | torch.Tensor | None = None) -> MicroResult:
     """The method's loss on one micro-batch: objective + KL + entropy + value terms.
 
-    ``beta`` (the KL coefficient) may be a 0-d tensor, as CUDA graphs need. ``group_size > 1``
-    promises whole contiguous groups (see `forward_completion`).
+    ``beta`` (the KL coefficient) and ``entropy_coef`` (the entropy bonus c in force; None =
+    the spec's fixed ``entropy_coef``) may be 0-d tensors, as CUDA graphs need. The ``full``
+    KL estimator compares the learner's processed distribution (temperature, replayed kept
+    set) with the reference's, ``inputs.ref_logp_BTV``, processed the same way. ``group_size
+    > 1`` promises whole contiguous groups (see `forward_completion`).
     """
     fwd = forward_completion(policy, batch, inputs.tokens_BT, temperature, replay_keep,
                              group_size)
@@ -277,14 +287,19 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     loss = policy_loss
     parts = {"loss/policy": policy_loss.detach()}
     entropy_BT = entropy_from_logp(fwd.logp_BTV)
-    if spec.entropy_coef > 0:
+    if spec.uses_entropy_bonus:
         entropy_term = agg(entropy_BT)
-        loss = loss - spec.entropy_coef * entropy_term
+        loss = loss - (spec.entropy_coef if entropy_coef is None else entropy_coef) * entropy_term
         parts["loss/entropy"] = entropy_term.detach()
     if spec.kl.coef > 0 and spec.kl.place == "loss":
-        target_BT = inputs.ref_logp_BT if spec.kl.target == "ref" else inputs.logp_old_BT
-        assert target_BT is not None
-        kl_term = agg(kl_estimate(fwd.logp_BT, target_BT, spec.kl.estimator))
+        if spec.kl.estimator == "full":
+            assert inputs.ref_logp_BTV is not None
+            kl_BT = kl_full(fwd.logp_BTV, inputs.ref_logp_BTV)
+        else:
+            target_BT = inputs.ref_logp_BT if spec.kl.target == "ref" else inputs.logp_old_BT
+            assert target_BT is not None
+            kl_BT = kl_estimate(fwd.logp_BT, target_BT, spec.kl.estimator)
+        kl_term = agg(kl_BT)
         loss = loss + beta * kl_term
         parts["loss/kl"] = kl_term.detach()
     if value_head is not None:
@@ -361,9 +376,11 @@ def micro_group_size(micro: int, mb_rows: int, group_size: int) -> int:
 
 def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
            optimizer: torch.optim.Optimizer, batch: RolloutBatch, inputs: LearnerInputs,
-           beta: float | torch.Tensor) -> UpdateResult:
+           beta: float | torch.Tensor,
+           entropy_coef: float | torch.Tensor | None = None) -> UpdateResult:
     """``inner_epochs`` passes over the batch, each split into ``num_minibatches`` optimizer
-    steps, each accumulated over micro-batches (METHODS.md, "Training protocol")."""
+    steps, each accumulated over micro-batches (METHODS.md, "Training protocol").
+    ``entropy_coef``: the entropy bonus in force (None = the spec's fixed coefficient)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     n_rows = batch.batch_size
     mb_rows = minibatch_rows(n_rows, plan.num_minibatches, plan.group_size)
@@ -382,7 +399,7 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
                 rows = slice(s, min(s + micro, stop))
                 res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
                                        inputs.select(rows), den, beta, plan.temperature,
-                                       plan.replay_keep, shared_group)
+                                       plan.replay_keep, shared_group, entropy_coef)
                 res.loss.backward()
                 last.append(res)
             grad_norms.append(torch.nn.utils.clip_grad_norm_(

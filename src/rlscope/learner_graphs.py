@@ -8,7 +8,8 @@ graph over static buffers; per update it copies the batch in once and replays th
 ``inner_epochs`` times. The warm-up step a capture needs is undone exactly.
 
 What changes between steps must live on the device, since a graph bakes Python numbers in:
-β and the row count ``Denominators.n_seqs`` are 0-d tensors filled before the replays.
+β, the entropy coefficient c (adaptive entropy control moves it) and the row count
+``Denominators.n_seqs`` are 0-d tensors filled before the replays.
 
 Rows. Mixed-group selection drops rows, and a graph needs a fixed row count. With one
 minibatch per pass the kept rows are padded back to the full count with copies of real rows
@@ -56,6 +57,7 @@ class _Captured:
     inputs: LearnerInputs
     n_seqs: torch.Tensor
     beta: torch.Tensor
+    entropy_coef: torch.Tensor
     graphs: list[torch.cuda.CUDAGraph]
     outputs: list[tuple[MicroResult, torch.Tensor]]
     """Per minibatch position: its micro-batches' results stitched, and the gradient norm."""
@@ -112,14 +114,14 @@ class GraphedUpdate:
         self.layouts: dict[tuple[object, ...], _Captured] = {}
         _make_capturable(optimizer)
 
-    def __call__(self, batch: RolloutBatch, inputs: LearnerInputs,
-                 beta: float) -> UpdateResult:
+    def __call__(self, batch: RolloutBatch, inputs: LearnerInputs, beta: float,
+                 entropy_coef: float | None = None) -> UpdateResult:
         n = batch.batch_size
         key = _layout(batch, inputs)
         fits = n == self.rows or (n < self.rows and self.plan.num_minibatches == 1)
         if not fits or (key not in self.layouts and len(self.layouts) >= MAX_LAYOUTS):
             return update(self.plan, self.policy, self.value_head, self.optimizer, batch,
-                          inputs, beta)
+                          inputs, beta, entropy_coef)
         padded_batch, padded_inputs = _pad_rows(batch, inputs, self.rows)
         if key not in self.layouts:
             self.layouts[key] = self._capture(padded_batch, padded_inputs)
@@ -128,6 +130,8 @@ class GraphedUpdate:
         _copy_into(c.inputs, padded_inputs, [f.name for f in dataclasses.fields(c.inputs)])
         c.n_seqs.fill_(n // self.plan.num_minibatches)
         c.beta.fill_(beta)
+        c.entropy_coef.fill_(self.plan.spec.entropy_coef if entropy_coef is None
+                             else entropy_coef)
         passes: list[MicroResult] = []
         norms: list[torch.Tensor] = []
         for epoch in range(self.plan.inner_epochs):
@@ -152,6 +156,8 @@ class GraphedUpdate:
                       # the log-probs' dtype (at least float32), as the eager path's floats
                       n_seqs=torch.zeros((), device=device, dtype=inputs.logp_old_BT.dtype),
                       beta=torch.zeros((), device=device, dtype=inputs.logp_old_BT.dtype),
+                      entropy_coef=torch.zeros((), device=device,
+                                               dtype=inputs.logp_old_BT.dtype),
                       graphs=[], outputs=[])
         c.n_seqs.fill_(batch.batch_size // self.plan.num_minibatches)
         saved = _snapshot(self.params, self.optimizer)
@@ -181,7 +187,8 @@ class GraphedUpdate:
             rows = slice(s, min(s + micro, stop))
             res = micro_batch_loss(plan.spec, self.policy, self.value_head,
                                    c.batch.select(rows), c.inputs.select(rows), den, c.beta,
-                                   plan.temperature, plan.replay_keep, group_size)
+                                   plan.temperature, plan.replay_keep, group_size,
+                                   entropy_coef=c.entropy_coef)
             res.loss.backward()
             results.append(res)
         norm = torch.nn.utils.clip_grad_norm_(

@@ -37,7 +37,11 @@ from rlscope.learner import (
     wants_expected_reward,
 )
 from rlscope.learner_graphs import GraphedUpdate
-from rlscope.methods.regularizers import adaptive_kl_update
+from rlscope.methods.regularizers import (
+    adaptive_entropy_update,
+    adaptive_kl_update,
+    kl_warmup_beta,
+)
 from rlscope.methods.selection import (
     KONDO_SEED_OFFSET,
     fill_mixed_groups,
@@ -70,6 +74,10 @@ class LoopState:
 
     step: int = 0
     beta: float = 0.0
+    entropy_coef: float = 0.0
+    """The entropy bonus c in force (moves under adaptive entropy control)."""
+    entropy_history: list[float] = field(default_factory=list)
+    """``policy/entropy`` of the last ``entropy_window`` trained steps (adaptive control)."""
     fallback_streak: int = 0
     queue: deque[RolloutBatch] = field(default_factory=deque)
     replay: ReplayBuffer | None = None
@@ -202,8 +210,8 @@ def train(cfg: TrainConfig) -> RunResult:
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
                                   capturable=use_graphs, fused=not use_graphs)
     generator = torch.Generator().manual_seed(r.seed)
-    state = LoopState(beta=spec.kl.coef, replay=ReplayBuffer(cfg.replay)
-                      if cfg.replay.replay_capacity > 0 else None)
+    state = LoopState(beta=spec.kl.coef, entropy_coef=spec.entropy_coef,
+                      replay=ReplayBuffer(cfg.replay) if cfg.replay.replay_capacity > 0 else None)
     run_dir = Path(r.resume) if r.resume else checkpoint.new_run_dir(cfg, r.runs_dir)
     if r.resume:
         state = checkpoint.load(run_dir, policy, value_head, ref, optimizer, generator, state,
@@ -275,6 +283,8 @@ def train(cfg: TrainConfig) -> RunResult:
 
     try:
         for step in range(state.step, r.num_steps):
+            if spec.kl.control == "warmup":
+                state.beta = kl_warmup_beta(step, spec.kl)
             eval_due = step >= r.delay and bool(r.eval_every) \
                 and (step - r.delay) % r.eval_every == 0
             if eval_due:
@@ -349,10 +359,11 @@ def train(cfg: TrainConfig) -> RunResult:
             mb_rows = minibatch_rows(n_rows, r.num_minibatches, d.group_size)
             if eval_due and cfg.diagnostics.grad_diagnostics:
                 m |= gradient_diagnostics(spec, policy, value_head, batch, inputs, state.beta,
-                                          temperature, replay_keep, cfg.optim.grad_clip)
+                                          temperature, replay_keep, cfg.optim.grad_clip,
+                                          state.entropy_coef)
             if eval_due and cfg.diagnostics.entropy_diagnostics:
                 before = snapshot(policy, batch, inputs, temperature, replay_keep)
-            updated = learn(batch, inputs, state.beta)
+            updated = learn(batch, inputs, state.beta, state.entropy_coef)
             if eval_due and cfg.diagnostics.entropy_diagnostics:
                 after = snapshot(policy, batch, inputs, temperature, replay_keep)
                 m |= entropy_diagnostics(before, after, inputs)
@@ -366,6 +377,7 @@ def train(cfg: TrainConfig) -> RunResult:
                 * r.inner_epochs
             values |= {
                 "optim/lr": cfg.optim.lr, "kl_ctrl/beta": state.beta,
+                "entropy_ctrl/coef": state.entropy_coef,
                 "time/sample": t_sampled - t_step, "time/score": t_scored - t_sampled,
                 "time/ref": t_learn - t_scored, "time/learn": t_end - t_learn,
                 "time/step": t_end - t_step,
@@ -378,6 +390,11 @@ def train(cfg: TrainConfig) -> RunResult:
             if spec.kl.control == "adaptive" and "policy/kl_ref_seq_k1" in values:
                 state.beta = adaptive_kl_update(state.beta, values["policy/kl_ref_seq_k1"],
                                                 n_rows, spec.kl)
+            if spec.entropy.control == "adaptive":
+                state.entropy_history = [*state.entropy_history, values["policy/entropy"]][
+                    -spec.entropy.window:]
+                state.entropy_coef = adaptive_entropy_update(
+                    state.entropy_coef, state.entropy_history, spec.entropy)
             record = {"step": step, **values}
             history.append(record)
             metrics_log.write(record)

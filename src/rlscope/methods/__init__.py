@@ -21,6 +21,7 @@ from rlscope.methods.regularizers import KL_ESTIMATORS
 from rlscope.methods.selection import OVERLONG, SELECTIONS
 from rlscope.methods.spec import (
     AdvantageConfig,
+    EntropyConfig,
     GateConfig,
     KLConfig,
     MethodSpec,
@@ -317,19 +318,33 @@ class MethodConfig:
     kl_coef: float | None = None
     """KL coefficient β (>= 0; 0 turns KL off)."""
     kl_estimator: str | None = None
-    """KL estimator: k1, k2, k3, abs."""
+    """KL estimator: k1, k2, k3, abs, or full (exact KL over the vocabulary; needs
+    kl_target ref and kl_place loss)."""
     kl_target: str | None = None
     """KL target: ref (frozen initial policy) or behaviour (sampling policy)."""
     kl_place: str | None = None
     """Where KL acts: loss or reward."""
     kl_control: str | None = None
-    """KL coefficient control: fixed or adaptive."""
+    """KL coefficient control: fixed, adaptive, or warmup (β = 0 for kl_warmup_steps steps,
+    then kl_coef)."""
     kl_target_value: float | None = None
     """Adaptive KL controller target (nats per sequence)."""
     kl_horizon: float | None = None
     """Adaptive KL controller horizon (samples)."""
+    kl_warmup_steps: int | None = None
+    """Warm-up KL control: steps (from 0) with β = 0 before β = kl_coef (>= 0)."""
     entropy_coef: float | None = None
-    """Entropy bonus coefficient c (loss −c·agg(H))."""
+    """Entropy bonus coefficient c (loss −c·agg(H)); the initial c under adaptive control."""
+    entropy_control: str | None = None
+    """Entropy coefficient control: fixed, or adaptive (c ± entropy_delta per step towards
+    entropy_target)."""
+    entropy_target: float | None = None
+    """Adaptive entropy control: target token-mean entropy (nats per token, >= 0)."""
+    entropy_delta: float | None = None
+    """Adaptive entropy control: step δ of c per trained step (> 0)."""
+    entropy_window: int | None = None
+    """Adaptive entropy control: trained steps whose mean entropy is compared to the target
+    (>= 1)."""
     vf_coef: float | None = None
     """Value-loss weight (value-based methods)."""
     value_clip: float | None = None
@@ -345,7 +360,7 @@ class MethodConfig:
 
 
 _C = TypeVar("_C", AdvantageConfig, GateConfig, ObjectiveConfig, KLConfig, ValueConfig,
-             CorrectionConfig, OverlongConfig)
+             CorrectionConfig, OverlongConfig, EntropyConfig)
 
 
 def _override(obj: _C, **changes: object) -> _C:
@@ -372,8 +387,11 @@ def resolve_method(name: str, cfg: MethodConfig | None = None) -> MethodSpec:
         agg=cfg.agg or spec.agg,
         kl=_override(spec.kl, coef=cfg.kl_coef, estimator=cfg.kl_estimator,
                      target=cfg.kl_target, place=cfg.kl_place, control=cfg.kl_control,
-                     target_value=cfg.kl_target_value, horizon=cfg.kl_horizon),
+                     target_value=cfg.kl_target_value, horizon=cfg.kl_horizon,
+                     warmup_steps=cfg.kl_warmup_steps),
         entropy_coef=spec.entropy_coef if cfg.entropy_coef is None else cfg.entropy_coef,
+        entropy=_override(spec.entropy, control=cfg.entropy_control, target=cfg.entropy_target,
+                          delta=cfg.entropy_delta, window=cfg.entropy_window),
         value=_override(spec.value, coef=cfg.vf_coef, clip=cfg.value_clip),
         selection=cfg.selection or spec.selection,
         keep_ratio=spec.keep_ratio if cfg.keep_ratio is None else cfg.keep_ratio,
@@ -408,7 +426,8 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
                       "is_band_high")
     _choice(errors, "kl_target", spec.kl.target, ("ref", "behaviour"))
     _choice(errors, "kl_place", spec.kl.place, ("loss", "reward"))
-    _choice(errors, "kl_control", spec.kl.control, ("fixed", "adaptive"))
+    _choice(errors, "kl_control", spec.kl.control, ("fixed", "adaptive", "warmup"))
+    _choice(errors, "entropy_control", spec.entropy.control, ("fixed", "adaptive"))
     grouped = (spec.grouped or spec.advantage.name in GROUPED_ADVANTAGES
                or spec.selection == "mixed_groups" or spec.needs_whole_groups
                or spec.needs_candidates)
@@ -461,6 +480,7 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
                       "use kl_place='loss' with this advantage")
     if spec.kl.target_value <= 0 or spec.kl.horizon <= 0:
         errors.append("method.kl_target_value and method.kl_horizon must be > 0")
+    errors += _regularizer_errors(spec)
     if spec.entropy_coef < 0:
         errors.append(f"method.entropy_coef={spec.entropy_coef} must be >= 0")
     if spec.value.coef < 0 or spec.value.clip < 0:
@@ -469,6 +489,40 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
         errors.append("method.gamma and method.lam must lie in [0, 1]")
     if spec.advantage.std_floor < 0 or spec.advantage.clip < 0:
         errors.append("method.adv_std_floor and method.adv_clip must be >= 0")
+    return errors
+
+
+def _regularizer_errors(spec: MethodSpec) -> list[str]:
+    """Why the KL warm-up, the ``full`` KL estimator or entropy control cannot run."""
+    errors: list[str] = []
+    k, e = spec.kl, spec.entropy
+    if k.warmup_steps < 0:
+        errors.append(f"method.kl_warmup_steps={k.warmup_steps} must be >= 0")
+    if k.control == "warmup" and k.coef <= 0:
+        errors.append("method.kl_control='warmup' needs kl_coef > 0 (β after the warm-up): "
+                      "with kl_coef=0 β is 0 before and after, so the warm-up does nothing")
+    if k.warmup_steps > 0 and k.control != "warmup":
+        errors.append(f"method.kl_warmup_steps={k.warmup_steps} only acts with "
+                      f"kl_control='warmup' (kl_control={k.control!r})")
+    if k.estimator == "full" and k.coef > 0:
+        if k.target != "ref":
+            errors.append("method.kl_estimator='full' needs kl_target='ref': only the sampled "
+                          "tokens' behaviour log-probs are stored, not the behaviour policy's "
+                          "full distribution")
+        if k.place != "loss":
+            errors.append("method.kl_estimator='full' needs kl_place='loss': a per-token "
+                          "reward penalty uses a sampled-token estimator (k1)")
+    if e.window < 1:
+        errors.append(f"method.entropy_window={e.window} must be >= 1")
+    if e.target < 0:
+        errors.append(f"method.entropy_target={e.target} must be >= 0 (an entropy is never "
+                      "negative)")
+    if e.control == "adaptive" and e.delta <= 0:
+        errors.append(f"method.entropy_delta={e.delta} must be > 0 with "
+                      "entropy_control='adaptive' (otherwise c never moves)")
+    if e.control == "fixed" and e != EntropyConfig():
+        errors.append("method.entropy_target, entropy_delta and entropy_window only act with "
+                      "entropy_control='adaptive'")
     return errors
 
 

@@ -59,7 +59,12 @@ ADVANTAGE_SETTINGS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 KL_SETTINGS = (("coef", "kl_coef"), ("estimator", "kl_estimator"), ("target", "kl_target"),
                ("place", "kl_place"), ("control", "kl_control"))
-ADAPTIVE_KL_SETTINGS = (("target_value", "kl_target_value"), ("horizon", "kl_horizon"))
+CONTROL_KL_SETTINGS = {
+    "adaptive": (("target_value", "kl_target_value"), ("horizon", "kl_horizon")),
+    "warmup": (("warmup_steps", "kl_warmup_steps"),),
+}
+ENTROPY_SETTINGS = (("control", "entropy_control"), ("target", "entropy_target"),
+                    ("delta", "entropy_delta"), ("window", "entropy_window"))
 OWN_CREDIT = frozenset({"tpo", "tpo_no_anchor", "group_pg", "tpo_full_action", "tpo_token",
                         "grpo_token", "pmd_mean", "ce_oracle"})
 """Objectives that compute their own credit from rewards or labels and ignore the advantage."""
@@ -153,10 +158,11 @@ def describe(name: str) -> str:
             spec.objective.name, ()))) else ""), _doc(OBJECTIVES[spec.objective.name])))
     rows.append(("aggregation", f"{spec.agg} (--agg)", ""))
     rows.append(("KL", ("off (--kl_coef > 0 turns it on)" if spec.kl.coef <= 0
-                        else _settings(spec.kl, KL_SETTINGS + (
-                            ADAPTIVE_KL_SETTINGS if spec.kl.control == "adaptive" else ()))),
-                 ""))
-    rows.append(("entropy bonus", f"coef {spec.entropy_coef:g} (--entropy_coef)", ""))
+                        else _settings(spec.kl, KL_SETTINGS + CONTROL_KL_SETTINGS.get(
+                            spec.kl.control, ()))), ""))
+    rows.append(("entropy bonus", f"coef {spec.entropy_coef:g} (--entropy_coef), "
+                 + _settings(spec.entropy, ENTROPY_SETTINGS if spec.entropy.control ==
+                             "adaptive" else ENTROPY_SETTINGS[:1]), ""))
     if spec.needs_value:
         rows.append(("critic", f"value head, vf_coef {spec.value.coef:g} (--vf_coef), "
                      f"value_clip {spec.value.clip:g} (--value_clip)", ""))

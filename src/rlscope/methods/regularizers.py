@@ -1,16 +1,22 @@
-"""KL estimators, the adaptive KL controller, entropy, and the value loss.
+"""KL estimators, the KL and entropy coefficient controllers, entropy, and the value loss.
 
 KL estimators (Schulman, "Approximating KL divergence", 2020) with d = ℓ − ℓ_target:
-k1 = d, k2 = d²/2, k3 = exp(−d) + d − 1 (≥ 0 per token), abs = |d|.
+k1 = d, k2 = d²/2, k3 = exp(−d) + d − 1 (≥ 0 per token), abs = |d|; and ``full``, the exact
+categorical KL Σ_v π(v)·(log π(v) − log π_target(v)) over the vocabulary (`kl_full`), which
+needs both whole distributions rather than the sampled tokens' log-probs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from rlscope.methods.spec import KLConfig, ValueConfig
+from rlscope.methods.spec import EntropyConfig, KLConfig, ValueConfig
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+SAMPLED_KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+"""Estimators computed by `kl_estimate` from the sampled tokens' log-probs."""
+KL_ESTIMATORS = (*SAMPLED_KL_ESTIMATORS, "full")
 
 
 def kl_estimate(logp_BT: torch.Tensor, logp_target_BT: torch.Tensor,
@@ -25,7 +31,23 @@ def kl_estimate(logp_BT: torch.Tensor, logp_target_BT: torch.Tensor,
         return torch.expm1(-d_BT) + d_BT
     if estimator == "abs":
         return d_BT.abs()
-    raise ValueError(f"unknown KL estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+    raise ValueError(f"unknown KL estimator {estimator!r}; valid: "
+                     f"{', '.join(SAMPLED_KL_ESTIMATORS)} (full needs the whole distributions: "
+                     "kl_full)")
+
+
+def kl_full(logp_BTV: torch.Tensor, logp_target_BTV: torch.Tensor) -> torch.Tensor:
+    """Exact categorical KL(π ‖ π_target) = Σ_v π(v)·(log π(v) − log π_target(v)) per
+    position, ``[B, T]``, from log-probabilities over the vocabulary ``[B, T, V]``.
+
+    Tokens with π(v) = 0 contribute 0 (0·log 0 = 0), also where both log-probs are −inf, as
+    outside a top-k/top-p kept set that both distributions share; the gradient there is 0, not
+    nan. Valid when π_target(v) > 0 wherever π(v) > 0 (otherwise the KL is +inf). Gradient
+    w.r.t. the logits z of π: ∂KL/∂z_v = π(v)·(log π(v) − log π_target(v) − KL).
+    """
+    p_BTV = logp_BTV.exp()
+    diff_BTV = (logp_BTV - logp_target_BTV).masked_fill(p_BTV == 0, 0.0)
+    return (p_BTV * diff_BTV).sum(-1)
 
 
 def full_kl(logits_BTV: torch.Tensor, logits_target_BTV: torch.Tensor) -> torch.Tensor:
@@ -34,9 +56,8 @@ def full_kl(logits_BTV: torch.Tensor, logits_target_BTV: torch.Tensor) -> torch.
     Computed in at least float32 (half-precision logits are upcast; float64 stays float64).
     """
     dtype = torch.promote_types(logits_BTV.dtype, torch.float32)
-    logp_BTV = logits_BTV.to(dtype).log_softmax(-1)
-    logq_BTV = logits_target_BTV.to(dtype).log_softmax(-1)
-    return (logp_BTV.exp() * (logp_BTV - logq_BTV)).sum(-1)
+    return kl_full(logits_BTV.to(dtype).log_softmax(-1),
+                   logits_target_BTV.to(dtype).log_softmax(-1))
 
 
 def entropy_from_logp(logp_BTV: torch.Tensor) -> torch.Tensor:
@@ -50,6 +71,31 @@ def adaptive_kl_update(beta: float, kl: float, n_samples: int, cfg: KLConfig) ->
     β ← β · (1 + e · n_samples / horizon). ``kl`` is the mean per-sequence KL."""
     error = min(max(kl / cfg.target_value - 1.0, -0.2), 0.2)
     return beta * (1.0 + error * n_samples / cfg.horizon)
+
+
+def kl_warmup_beta(step: int, cfg: KLConfig) -> float:
+    """The β of the warm-up schedule at loop step ``step``: 0 for the first
+    ``cfg.warmup_steps`` steps (the policy moves freely off the reference), then ``cfg.coef``.
+    A pure function of the step, so a resumed run continues it exactly."""
+    return 0.0 if step < cfg.warmup_steps else cfg.coef
+
+
+def adaptive_entropy_update(coef: float, entropy_history: Sequence[float],
+                            cfg: EntropyConfig) -> float:
+    """Adaptive entropy-bonus coefficient (after Skywork-OR1, He et al. 2505.22312).
+
+    With H̄ the mean of the last ``cfg.window`` values of ``entropy_history`` (the per-step
+    token-mean ``policy/entropy``, oldest first, this step's last; fewer at the start):
+    c ← c + δ if H̄ < target, else c ← max(c − δ, 0). Valid for δ > 0 and a non-empty history;
+    c stays ≥ 0 and moves by at most δ per step.
+    """
+    if not entropy_history:
+        raise ValueError("adaptive_entropy_update needs at least one entropy value")
+    recent = list(entropy_history)[-cfg.window:]
+    mean = sum(recent) / len(recent)
+    if mean < cfg.target:
+        return coef + cfg.delta
+    return max(coef - cfg.delta, 0.0)
 
 
 def value_loss(values_BT: torch.Tensor, old_values_BT: torch.Tensor, returns_BT: torch.Tensor,

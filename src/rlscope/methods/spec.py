@@ -93,17 +93,41 @@ class KLConfig:
     coef: float = 0.0
     """β; 0 turns the term off."""
     estimator: str = "k3"
-    """k1, k2, k3 or abs."""
+    """k1, k2, k3, abs (from the sampled tokens' log-probs) or full (the exact categorical KL
+    over the vocabulary; ``target="ref"`` and ``place="loss"`` only)."""
     target: str = "behaviour"
     """`ref` (frozen initial policy) or `behaviour` (the sampling policy)."""
     place: str = "loss"
     """`loss` adds β·agg(KL_t); `reward` subtracts β·KL_t from per-token rewards."""
     control: str = "fixed"
-    """`fixed` or `adaptive` (Ziegler et al. proportional controller)."""
+    """`fixed`, `adaptive` (Ziegler et al. proportional controller) or `warmup` (β = 0 for the
+    first ``warmup_steps`` steps, then ``coef``)."""
     target_value: float = 6.0
     """Adaptive controller: the KL it steers towards (nats per sequence)."""
     horizon: float = 10000.0
     """Adaptive controller: samples over which β moves by at most 20%."""
+    warmup_steps: int = 0
+    """Warm-up control: loop steps (sampling rounds, counted from 0) with β = 0."""
+
+
+@dataclass(frozen=True)
+class EntropyConfig:
+    """Control of the entropy-bonus coefficient c (METHODS.md, "KL and entropy regularisers").
+
+    The initial c is `MethodSpec.entropy_coef`. Adaptive mode (after Skywork-OR1's adaptive
+    entropy control, He et al. 2505.22312): after every trained step, with H̄ the mean
+    ``policy/entropy`` of the last ``window`` trained steps, c ← c + δ if H̄ < target, else
+    c ← max(c − δ, 0). See `rlscope.methods.regularizers.adaptive_entropy_update`.
+    """
+
+    control: str = "fixed"
+    """`fixed` (c = entropy_coef throughout) or `adaptive`."""
+    target: float = 0.2
+    """Adaptive: the entropy (nats per token, token mean of ``policy/entropy``) to hold."""
+    delta: float = 1e-3
+    """Adaptive: step δ of c per trained step."""
+    window: int = 10
+    """Adaptive: trained steps averaged into H̄ (fewer at the start of a run)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +169,9 @@ class MethodSpec:
     agg: str = "token_mean"
     kl: KLConfig = field(default_factory=KLConfig)
     entropy_coef: float = 0.0
+    """Entropy bonus c: the loss gains −c·agg(H_t) (the initial c under adaptive control)."""
+    entropy: EntropyConfig = field(default_factory=EntropyConfig)
+    """How c moves during the run (fixed unless adaptive)."""
     value: ValueConfig = field(default_factory=ValueConfig)
     selection: str = "none"
     """``none``, ``mixed_groups`` (keep groups whose rewards differ) or ``kondo`` (keep samples
@@ -198,6 +225,11 @@ class MethodSpec:
         """The sampler records Σ_v μ(v | prefix)² (kondo's baseline when E[r | x] is not
         exposed)."""
         return self.selection == "kondo"
+
+    @property
+    def uses_entropy_bonus(self) -> bool:
+        """The loss has an entropy term (its coefficient may start at 0 and move)."""
+        return self.entropy_coef > 0 or self.entropy.control == "adaptive"
 
     @property
     def needs_labels(self) -> bool:

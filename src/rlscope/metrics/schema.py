@@ -148,6 +148,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("value/clipfrac", "tokens", "frac", "last_pass", "tokens where the value clip binds"),
     _m("value/error", "tokens", "token_mean", "rollout", "mean squared error (R − V)²"),
     _m("kl_ctrl/beta", "steps", "value", "step", "KL coefficient β in force this step"),
+    _m("entropy_ctrl/coef", "steps", "value", "step",
+       "entropy-bonus coefficient c in force this step (moves under adaptive control)"),
     _m("length/mean", "sequences", "seq_mean", "rollout", "mean completion length"),
     _m("length/min", "sequences", "min", "rollout", "shortest completion"),
     _m("length/max", "sequences", "max", "rollout", "longest completion"),
