@@ -65,8 +65,7 @@ METHODS: dict[str, MethodSpec] = {
         advantage=AdvantageConfig("group_center"), objective=ObjectiveConfig("ppo_clip"),
         agg="seq_mean_token_sum", kl=_GRPO_KL, selection="mixed_groups", grouped=True),
     "dapo": MethodSpec(
-        description="Clip-higher, token-mean loss, dynamic sampling of mixed groups, no KL, "
-                    "overlong reward shaping when completions can stop early.",
+        description="Clip-higher, token-mean loss, mixed groups, no KL, overlong shaping.",
         source="Yu et al. 2503.14476", regime="grouped sampling; no KL term",
         advantage=AdvantageConfig("group_zscore"),
         objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.28),
@@ -83,8 +82,7 @@ METHODS: dict[str, MethodSpec] = {
         advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
         objective=ObjectiveConfig("score")),
     "kondo": MethodSpec(
-        description="DG on the samples kept by Kondo screening: each kept with probability "
-                    "σ((χ − λ)/η) of its behaviour-policy delight χ, before any learner forward.",
+        description="DG on the samples that Kondo screening keeps by their delight.",
         source="delight-gradient sandbox (Kondo screening)",
         regime="ungrouped batches (group_size 1); 0 < keep_ratio <= 1",
         advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),

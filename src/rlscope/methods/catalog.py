@@ -99,7 +99,7 @@ def selection_summary(spec: MethodSpec) -> str:
     if spec.selection == "kondo":
         parts[0] = f"kondo (keep {spec.keep_ratio:g})"
     if spec.overlong.name != "none":
-        parts.append(f"overlong {spec.overlong.name} (when lengths vary)")
+        parts.append(f"overlong {spec.overlong.name}")
     return " + ".join(parts)
 
 
