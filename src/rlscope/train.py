@@ -23,7 +23,7 @@ import torch
 
 from rlscope import checkpoint
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.config import TrainConfig, to_dict, validate
+from rlscope.config import Derived, TrainConfig, to_dict, validate
 from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snapshot
 from rlscope.evaluation import evaluate
 from rlscope.learner import (
@@ -52,7 +52,7 @@ from rlscope.methods.selection import (
     overlong_shaped,
     step_generator,
 )
-from rlscope.methods.spec import OverlongConfig
+from rlscope.methods.spec import MethodSpec, OverlongConfig
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
 from rlscope.policy.value_head import ValueHead
@@ -314,35 +314,13 @@ def train(cfg: TrainConfig) -> RunResult:
                     display.update({})
                     continue
                 batch = state.queue.popleft()
-            assert batch.rewards_B is not None and batch.raw_rewards_B is not None
-            m |= est.reward_metrics(batch.rewards_B, batch.raw_rewards_B)
-            if batch.noise_B is not None:
-                m["reward/noise_rate"] = batch.noise_B.float().mean()
-            m |= est.length_metrics(batch.completion_mask_BT, batch.finished_by_stop_B)
-            m["policy/entropy_sampled"] = est.masked_mean(-batch.logp_sampler_BT,
-                                                          batch.completion_mask_BT)
-            if overlong.name == "penalty":
-                m["reward/overlong_penalty_mean"] = overlong_penalty_B(
-                    batch.completion_mask_BT.sum(-1), d.max_new_tokens, overlong).mean()
-            if batch.greedy_rewards_B is not None:
-                m["reward/greedy_mean"] = batch.greedy_rewards_B.mean()
-            if spec.selection == "mixed_groups":
-                keep_B, group_m = mixed_groups(batch.rewards_B, d.group_size)
-                m |= group_m
-                fallback = bool(group_m["group/fallback"])
-                state.fallback_streak = state.fallback_streak + 1 if fallback else 0
-                if state.fallback_streak >= OUT_OF_REGIME_STREAK:
-                    status = "out_of_regime"
-                    break
-                batch = batch.select(keep_B)
-            if spec.selection == "kondo":
-                keep_B, select_m = kondo_select(batch, spec.keep_ratio, spec.gate.eta,
-                                                step_generator(r.seed, step, KONDO_SEED_OFFSET))
-                m |= select_m
-                batch = batch.select(keep_B)
-            if overlong.name == "mask":
-                batch, overlong_m = overlong_mask(batch, d.max_new_tokens)
-                m |= overlong_m
+            m |= rollout_metrics(batch, overlong, d.max_new_tokens)
+            batch, select_m, fallback = select_rows(spec, batch, overlong, d, r.seed, step)
+            m |= select_m
+            state.fallback_streak = state.fallback_streak + 1 if fallback else 0
+            if state.fallback_streak >= OUT_OF_REGIME_STREAK:
+                status = "out_of_regime"
+                break
             policy.eval()
             candidates = sample_candidates(policy, batch, d.group_size, generator, temperature,
                                            replay_keep) if spec.needs_candidates else None
@@ -387,14 +365,7 @@ def train(cfg: TrainConfig) -> RunResult:
                 values |= state.replay.stats()
             if device.type == "cuda":
                 values["perf/peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-            if spec.kl.control == "adaptive" and "policy/kl_ref_seq_k1" in values:
-                state.beta = adaptive_kl_update(state.beta, values["policy/kl_ref_seq_k1"],
-                                                n_rows, spec.kl)
-            if spec.entropy.control == "adaptive":
-                state.entropy_history = [*state.entropy_history, values["policy/entropy"]][
-                    -spec.entropy.window:]
-                state.entropy_coef = adaptive_entropy_update(
-                    state.entropy_coef, state.entropy_history, spec.entropy)
+            update_controllers(state, spec, values, n_rows)
             record = {"step": step, **values}
             history.append(record)
             metrics_log.write(record)
@@ -422,6 +393,61 @@ def train(cfg: TrainConfig) -> RunResult:
         {"status": status, "steps": state.step, "wall_time_s": wall}))
     return RunResult(run_dir=run_dir, seed=r.seed, status=status, metrics=history, evals=evals,
                      wall_time_s=wall)
+
+
+def rollout_metrics(batch: RolloutBatch, overlong: OverlongConfig, max_new_tokens: int
+                    ) -> dict[str, torch.Tensor]:
+    """``reward/``, ``length/`` and sampled-entropy metrics of the batch about to be trained,
+    before selection."""
+    assert batch.rewards_B is not None and batch.raw_rewards_B is not None
+    m = est.reward_metrics(batch.rewards_B, batch.raw_rewards_B)
+    if batch.noise_B is not None:
+        m["reward/noise_rate"] = batch.noise_B.float().mean()
+    m |= est.length_metrics(batch.completion_mask_BT, batch.finished_by_stop_B)
+    m["policy/entropy_sampled"] = est.masked_mean(-batch.logp_sampler_BT,
+                                                  batch.completion_mask_BT)
+    if overlong.name == "penalty":
+        m["reward/overlong_penalty_mean"] = overlong_penalty_B(
+            batch.completion_mask_BT.sum(-1), max_new_tokens, overlong).mean()
+    if batch.greedy_rewards_B is not None:
+        m["reward/greedy_mean"] = batch.greedy_rewards_B.mean()
+    return m
+
+
+def select_rows(spec: MethodSpec, batch: RolloutBatch, overlong: OverlongConfig, d: Derived,
+                seed: int, step: int) -> tuple[RolloutBatch, dict[str, torch.Tensor], bool]:
+    """The method's selection (METHODS.md, "Selection"): mixed groups or Kondo screening, then
+    the overlong mask where active. Returns the kept rows, their metrics, and whether
+    mixed-group selection fell back to keeping every row."""
+    assert batch.rewards_B is not None
+    m: dict[str, torch.Tensor] = {}
+    fallback = False
+    if spec.selection == "mixed_groups":
+        keep_B, m = mixed_groups(batch.rewards_B, d.group_size)
+        fallback = bool(m["group/fallback"])
+        batch = batch.select(keep_B)
+    if spec.selection == "kondo":
+        keep_B, m = kondo_select(batch, spec.keep_ratio, spec.gate.eta,
+                                 step_generator(seed, step, KONDO_SEED_OFFSET))
+        batch = batch.select(keep_B)
+    if overlong.name == "mask":
+        batch, overlong_m = overlong_mask(batch, d.max_new_tokens)
+        m |= overlong_m
+    return batch, m, fallback
+
+
+def update_controllers(state: LoopState, spec: MethodSpec, values: dict[str, float],
+                       n_rows: int) -> None:
+    """After a step: the adaptive KL coefficient and the adaptive entropy bonus (METHODS.md,
+    "KL and entropy regularisers"). The KL warm-up is a function of the step, set before it."""
+    if spec.kl.control == "adaptive" and "policy/kl_ref_seq_k1" in values:
+        state.beta = adaptive_kl_update(state.beta, values["policy/kl_ref_seq_k1"], n_rows,
+                                        spec.kl)
+    if spec.entropy.control == "adaptive":
+        state.entropy_history = [*state.entropy_history, values["policy/entropy"]][
+            -spec.entropy.window:]
+        state.entropy_coef = adaptive_entropy_update(state.entropy_coef, state.entropy_history,
+                                                     spec.entropy)
 
 
 def update_metrics(updated: UpdateResult, batch: RolloutBatch, inputs: LearnerInputs,
@@ -468,5 +494,5 @@ def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: tor
                    "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i])})
 
 
-__all__ = ["LoopState", "RunResult", "sample_rollouts", "score_rollouts", "train",
-           "update_metrics"]
+__all__ = ["LoopState", "RunResult", "rollout_metrics", "sample_rollouts", "score_rollouts",
+           "select_rows", "train", "update_controllers", "update_metrics"]
