@@ -21,6 +21,11 @@ the mask. Results:
   successes never reduces to REINFORCE, on-policy or not) and `pmd_mean` (a regression on the
   log-ratio; its on-policy gradient is −2τ(r − E[r|x]) on every token, a REINFORCE gradient with
   advantage 2τ(r − b) only in that special case).
+* The TPO family fits a target instead of weighting log-probs: on-policy, d loss/d s_i =
+  softmax(s)_i − q_i per group, which is zero when the skill is uniform (tests/test_tpo.py) and
+  otherwise not a REINFORCE gradient; `group_pg` is REINFORCE with the sequence weight
+  G·skill_i/η and no ratio. The candidate objectives (`tpo_token`, `grpo_token`) act on K
+  candidates per prefix, not on the sampled token alone, so they have no REINFORCE counterpart.
 """
 
 from __future__ import annotations
