@@ -1,4 +1,4 @@
-"""The `rlscope` command line: train, demo, bench, methods, tasks.
+"""The `rlscope` command line: train, demo, bench, methods, tasks, doctor.
 
 Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers at once.
 """
@@ -21,6 +21,7 @@ commands:
   bench     sampler / learner / loop throughput as JSON (`rlscope bench --help`)
   methods   list the update-rule presets and their components
   tasks     list the tasks and their options
+  doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
 """
 
 
@@ -95,6 +96,14 @@ def cmd_methods(args: list[str]) -> int:
     return 0
 
 
+def cmd_doctor(args: list[str]) -> int:
+    from rlscope.doctor.command import DoctorCommand, run
+
+    cmd = _tyro_parse(DoctorCommand, args, "rlscope doctor")
+    assert isinstance(cmd, DoctorCommand)
+    return run(cmd)
+
+
 def cmd_tasks(args: list[str]) -> int:
     from rlscope.tasks import TASKS, TaskConfig, make_task
 
@@ -111,7 +120,7 @@ def cmd_tasks(args: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "methods": cmd_methods,
-    "tasks": cmd_tasks,
+    "tasks": cmd_tasks, "doctor": cmd_doctor,
 }
 
 

@@ -1,0 +1,330 @@
+"""Read a run directory or a foreign log into `MetricTable`s (METRICS.md, "The doctor").
+
+Formats (``--format``; ``auto`` sniffs the first 64 KB):
+
+- ``run``: an rlscope run directory (``metrics.jsonl``, ``eval.jsonl``, ``config.json``);
+- ``verl``: a verl console log (`rlscope.doctor.verl`);
+- ``trl``: a TRL ``trainer_state.json`` (its ``log_history``);
+- ``wandb``: a W&B CSV export, either a chart export (``Step`` and ``<run> - <metric>``
+  columns with ``__MIN``/``__MAX`` companions; one table per run) or a run-history export
+  (``_step`` and plain metric columns);
+- ``tinker``: a tinker-cookbook ``metrics.jsonl``;
+- ``jsonl`` / ``csv``: any JSON-lines or CSV file with a step column.
+
+Foreign names are translated to ours where a translation exists (`rlscope.doctor.translate`);
+every other numeric key is kept under its own name. Files are streamed, so memory grows with
+the number of values kept, not with the file. A malformed line is reported with its line
+number and skipped; an empty, binary or unreadable file raises `DoctorError` with a message
+that says what was expected.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rlscope.doctor.table import ImportResult, MetricTable
+from rlscope.doctor.translate import translate
+from rlscope.doctor.verl import RECORD, read_verl
+
+FORMATS = ("auto", "run", "verl", "trl", "wandb", "tinker", "jsonl", "csv")
+STEP_KEYS = ("step", "_step", "global_step", "Step", "iteration", "train/global_step",
+             "trainer/global_step", "epoch_step")
+SNIFF_BYTES = 65536
+# Name prefixes that identify a framework's metrics in a generic file.
+FRAMEWORK_MARKERS = {
+    "verl": ("actor/", "critic/", "timing_s/", "response_length/", "val-core/"),
+    "tinker": ("env/all/", "optim/kl_sample_train", "progress/", "time/total"),
+    "trl": ("completions/", "frac_reward_zero_std", "clip_ratio/", "rewards/", "objective/",
+            "policy/approxkl_avg"),
+}
+
+
+class DoctorError(ValueError):
+    """A file the doctor cannot read at all; the message says why and what it expected."""
+
+
+def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
+    """Translate names of ``framework`` (recording the original name and the note)."""
+    cache: dict[str, str] = {}
+
+    def rename(name: str) -> str:
+        hit = cache.get(name)
+        if hit is not None:
+            return hit
+        canonical, note = translate(framework, name) if framework else (name, "")
+        if canonical != name:
+            table.original[canonical] = name
+            if note:
+                table.notes[canonical] = note
+        cache[name] = canonical
+        return canonical
+
+    return rename
+
+
+def guess_framework(names: list[str]) -> str | None:
+    for framework, markers in FRAMEWORK_MARKERS.items():
+        if any(n.startswith(markers) for n in names):
+            return framework
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _flatten(obj: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}/")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _add_row(table: MetricTable, row: dict[str, Any], step_key: str | None, index: int,
+             rename: Callable[[str], str]) -> None:
+    step = _number(row.get(step_key)) if step_key else float(index)
+    if step is None:
+        step = float(index)
+    for key, value in _flatten(row):
+        if key == step_key:
+            continue
+        number = _number(value)
+        if number is not None:
+            table.add(step, rename(key), number)
+
+
+def _step_key(keys: list[str]) -> str | None:
+    return next((k for k in STEP_KEYS if k in keys), None)
+
+
+def _lines(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+        yield from f
+
+
+def read_jsonl(path: Path, fmt: str, framework: str | None = None) -> MetricTable:
+    """JSON lines: one object per line; the step from a step key, else the line index."""
+    table = MetricTable(source=path.name, fmt=fmt)
+    rename: Callable[[str], str] | None = None
+    index = 0
+    for line_no, line in enumerate(_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            table.problem(line_no, f"not JSON ({e.__class__.__name__}): {line.strip()[:60]!r}")
+            continue
+        if not isinstance(row, dict):
+            table.problem(line_no, "not a JSON object")
+            continue
+        if rename is None:
+            framework = framework or guess_framework(list(row))
+            rename = _renamer(table, framework)
+        _add_row(table, row, _step_key(list(row)), index, rename)
+        index += 1
+    return table
+
+
+def read_run_dir(path: Path) -> MetricTable:
+    """An rlscope run directory: metrics and evaluations, with the run's config."""
+    if not (path / "metrics.jsonl").exists():
+        raise DoctorError(f"{path} is a directory without metrics.jsonl: expected an rlscope "
+                          "run directory (runs/<name>/)")
+    table = read_jsonl(path / "metrics.jsonl", "run")
+    table.source = path.name
+    if (path / "eval.jsonl").exists():
+        evals = read_jsonl(path / "eval.jsonl", "run")
+        for name in evals.names():
+            for step, value in zip(*evals.series(name), strict=True):
+                table.add(float(step), name, float(value))
+        table.problems += evals.problems
+    for extra in ("config.json", "status.json"):
+        if (path / extra).exists():
+            try:
+                table.config |= {"status": json.loads((path / extra).read_text())} \
+                    if extra == "status.json" else json.loads((path / extra).read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                table.problem(None, f"{extra}: {e}")
+    return table
+
+
+def read_trl(path: Path) -> MetricTable:
+    """A TRL ``trainer_state.json``: ``log_history`` entries keyed by ``step``; the final
+    summary entry (``train_runtime``, ...) is kept under its own names."""
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DoctorError(f"{path}: not a JSON trainer_state.json ({e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
+        raise DoctorError(f"{path}: a TRL trainer_state.json needs a 'log_history' list")
+    table = MetricTable(source=path.name, fmt="trl",
+                        config={k: v for k, v in state.items() if k != "log_history"})
+    rename = _renamer(table, "trl")
+    for i, entry in enumerate(state["log_history"]):
+        if not isinstance(entry, dict):
+            table.problem(None, f"log_history[{i}] is not an object")
+            continue
+        _add_row(table, entry, "step" if "step" in entry else None, i, rename)
+    return table
+
+
+def read_csv(path: Path, fmt: str) -> list[MetricTable]:
+    """CSV with a header: a W&B chart export (one table per run), or one table with a step
+    column (the row index otherwise)."""
+    lines = _lines(path)
+    reader = csv.reader(lines)
+    try:
+        header = next(reader)
+    except (StopIteration, csv.Error) as e:
+        raise DoctorError(f"{path}: no CSV header ({e})") from None
+    chart = "Step" in header and any(" - " in h for h in header)
+    tables: dict[str, MetricTable] = {}
+    columns: list[tuple[int, MetricTable, str] | None] = []
+    bad: dict[str, int] = {}
+    step_col = header.index("Step") if chart else next(
+        (header.index(k) for k in STEP_KEYS if k in header), None)
+    if chart:
+        for h in header:
+            run, sep, metric = h.partition(" - ")
+            if not sep or metric.endswith(("__MIN", "__MAX")):
+                columns.append(None)
+                continue
+            if run not in tables:
+                tables[run] = MetricTable(source=run, fmt="wandb")
+            columns.append((len(columns), tables[run], metric))
+        names = [c[2] for c in columns if c]
+    else:
+        table = MetricTable(source=path.name, fmt=fmt)
+        tables[path.name] = table
+        names = [h for i, h in enumerate(header) if i != step_col]
+        columns = [None if i == step_col else (i, table, h) for i, h in enumerate(header)]
+    framework = guess_framework(names) or guess_framework(
+        [n.removeprefix("train/") for n in names])
+    renames = {id(t): _renamer(t, framework) for t in tables.values()}
+    first = next(iter(tables.values()))
+    index = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            first.problem(reader.line_num, f"malformed CSV: {e}")
+            continue
+        if len(row) != len(header):
+            first.problem(reader.line_num, f"{len(row)} cells, header has {len(header)}")
+            continue
+        index += 1
+        raw_step = row[step_col] if step_col is not None else None
+        step = float(index - 1) if raw_step is None else _number(raw_step)
+        if step is None:
+            first.problem(reader.line_num, f"step {raw_step!r} is not a number")
+            continue
+        for col in columns:
+            if col is None or not row[col[0]].strip():
+                continue
+            value = _number(row[col[0]])
+            if value is None:
+                bad[col[2]] = bad.get(col[2], 0) + 1
+                continue
+            name = col[2].removeprefix("train/") if framework == "trl" else col[2]
+            col[1].add(step, renames[id(col[1])](name), value)
+    for name, count in bad.items():
+        first.problem(None, f"column {name!r}: {count} non-numeric cells skipped")
+    return list(tables.values())
+
+
+def sniff(path: Path) -> str:
+    """The format of ``path`` from its name and first bytes (DoctorError when unreadable)."""
+    if path.is_dir():
+        return "run"
+    head = path.open("rb").read(SNIFF_BYTES)
+    if not head.strip():
+        raise DoctorError(f"{path} is empty: expected a training log (verl console log, TRL "
+                          "trainer_state.json, W&B CSV export, metrics.jsonl or a CSV/JSONL "
+                          "with a step column)")
+    if b"\x00" in head[:4096] or _binary_share(head) > 0.3:
+        raise DoctorError(f"{path} looks binary: the doctor reads text logs (verl console log, "
+                          "trainer_state.json, CSV or JSONL)")
+    text = head.decode("utf-8", errors="replace")
+    stripped = text.lstrip()
+    if stripped.startswith("{") and '"log_history"' in text:
+        return "trl"
+    if stripped.startswith("{"):
+        first = stripped.splitlines()[0]
+        try:
+            keys = list(json.loads(first))
+        except (json.JSONDecodeError, TypeError):
+            keys = []
+        return "tinker" if guess_framework(keys) == "tinker" else "jsonl"
+    first_line = stripped.splitlines()[0] if stripped else ""
+    if RECORD.search(text):
+        return "verl"
+    if "," in first_line:
+        header = next(csv.reader(io.StringIO(first_line)), [])
+        if ("Step" in header and any(" - " in h for h in header)) or "_step" in header:
+            return "wandb"
+        return "csv"
+    raise DoctorError(f"{path}: could not tell its format; pass --format "
+                      f"({', '.join(FORMATS[1:])})")
+
+
+def _binary_share(data: bytes) -> float:
+    text_bytes = set(range(32, 127)) | {9, 10, 13}
+    sample = data[:4096]
+    if not sample:
+        return 0.0
+    try:
+        sample.decode("utf-8")
+        return 0.0
+    except UnicodeDecodeError:
+        return sum(b not in text_bytes for b in sample) / len(sample)
+
+
+def load(path: str | Path, fmt: str = "auto") -> ImportResult:
+    """Read ``path`` as ``fmt`` (``auto`` sniffs). Raises DoctorError for an unusable file."""
+    p = Path(path)
+    if not p.exists():
+        raise DoctorError(f"{p} does not exist")
+    if fmt not in FORMATS:
+        raise DoctorError(f"--format {fmt!r} is unknown; valid: {', '.join(FORMATS)}")
+    if fmt == "auto":
+        fmt = sniff(p)
+    elif p.is_file() and not p.open("rb").read(SNIFF_BYTES).strip():
+        raise DoctorError(f"{p} is empty")
+    if fmt == "run":
+        tables = [read_run_dir(p)]
+    elif fmt == "verl":
+        table = MetricTable(source=p.name, fmt="verl")
+        read_verl(_lines(p), table, _renamer(table, "verl"))
+        tables = [table]
+    elif fmt == "trl":
+        tables = [read_trl(p)]
+    elif fmt in ("wandb", "csv"):
+        tables = read_csv(p, fmt)
+    else:
+        tables = [read_jsonl(p, fmt, "tinker" if fmt == "tinker" else None)]
+    for table in tables:
+        if table.n_points == 0 and not table.problems:
+            table.problem(None, "no numeric metrics found")
+    if all(t.n_points == 0 for t in tables):
+        detail = "; ".join(str(p) for t in tables for p in t.problems[:3])
+        raise DoctorError(f"{p}: read as {fmt}, but no metric values were found"
+                          + (f" ({detail})" if detail else ""))
+    return ImportResult(path=str(p), fmt=fmt, tables=tables)
