@@ -83,6 +83,10 @@ class RunConfig:
     """Decoded rollouts written to samples.jsonl per logged step."""
     samples_every: int = 20
     """Write samples every this many steps."""
+    doctor_every: int = 10
+    """Run the doctor's rules on the run's own metrics every this many steps and print a
+    one-line alert when a finding first fires (0 = off; findings.json is written at the end
+    either way)."""
     checkpoint_every: int = 0
     """Save a resumable checkpoint every this many steps (0 = only at the end)."""
     resume: str = ""
@@ -187,9 +191,9 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
         errors.append(f"run.max_fill_rounds={r.max_fill_rounds} must be >= 1")
     if r.micro_batch_size < 0:
         errors.append(f"run.micro_batch_size={r.micro_batch_size} must be >= 0")
-    if r.delay < 0 or r.eval_every < 0 or r.num_seeds < 1 or r.jobs < 1:
-        errors.append("run.delay and run.eval_every must be >= 0, run.num_seeds and run.jobs "
-                      ">= 1")
+    if r.delay < 0 or r.eval_every < 0 or r.num_seeds < 1 or r.jobs < 1 or r.doctor_every < 0:
+        errors.append("run.delay, run.eval_every and run.doctor_every must be >= 0, "
+                      "run.num_seeds and run.jobs >= 1")
     if spec.needs_labels and not task.has_labels:
         errors.append(f"method {cfg.method!r} trains on ground-truth labels, which task "
                       f"{cfg.task!r} does not provide")

@@ -25,6 +25,8 @@ from rlscope import checkpoint
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.config import Derived, TrainConfig, to_dict, validate
 from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snapshot
+from rlscope.doctor.live import LiveDoctor, alert_line
+from rlscope.doctor.render import findings_json
 from rlscope.evaluation import evaluate
 from rlscope.learner import (
     LearnerInputs,
@@ -54,7 +56,7 @@ from rlscope.methods.selection import (
 )
 from rlscope.methods.spec import MethodSpec, OverlongConfig
 from rlscope.metrics import estimators as est
-from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows
+from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows, read_jsonl
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
@@ -245,6 +247,12 @@ def train(cfg: TrainConfig) -> RunResult:
     evals: list[dict[str, float]] = []
     status = "completed"
     display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}", state.step)
+    doctor = LiveDoctor(r.doctor_every, json.loads((run_dir / "config.json").read_text()),
+                        run_dir.name)
+    if r.resume:  # the doctor sees the whole run, not only the resumed part
+        for old_record in read_jsonl(run_dir / "metrics.jsonl") + read_jsonl(
+                run_dir / "eval.jsonl"):
+            doctor.add(old_record)
     t_run = time.perf_counter()
 
     def scored(rollout: RolloutBatch, step: int) -> RolloutBatch:
@@ -274,6 +282,7 @@ def train(cfg: TrainConfig) -> RunResult:
         _sync(device)
         record = {"step": step, **values, "time/eval": time.perf_counter() - t0}
         evals.append(record)
+        doctor.add(record)
         eval_log.write(record)
         display.eval(record)
         if r.output:
@@ -371,6 +380,8 @@ def train(cfg: TrainConfig) -> RunResult:
             metrics_log.write(record)
             if r.log_samples and step % max(r.samples_every, 1) == 0:
                 _write_samples(samples_log, step, batch, inputs.adv_BT, r.log_samples)
+            for finding in doctor.step(record):
+                display.alert(alert_line(finding))
             display.update(values)
             state.step = step + 1
             if r.checkpoint_every and state.step % r.checkpoint_every == 0:
@@ -389,6 +400,8 @@ def train(cfg: TrainConfig) -> RunResult:
         for log in (metrics_log, eval_log, samples_log):
             log.close()
     wall = time.perf_counter() - t_run
+    (run_dir / "findings.json").write_text(json.dumps(findings_json(doctor.final()), indent=2,
+                                                      default=float))
     (run_dir / "status.json").write_text(json.dumps(
         {"status": status, "steps": state.step, "wall_time_s": wall}))
     return RunResult(run_dir=run_dir, seed=r.seed, status=status, metrics=history, evals=evals,

@@ -115,6 +115,11 @@ class LiveDisplay:
     def eval(self, metrics: dict[str, float]) -> None:
         self.last_eval = metrics
 
+    def alert(self, text: str) -> None:
+        """A line printed above the progress bar (the doctor's alerts)."""
+        if self.enabled:
+            self.console.print(f"[yellow]{text}[/yellow]", highlight=False)
+
     def close(self) -> None:
         if self.enabled:
             self.live.stop()
