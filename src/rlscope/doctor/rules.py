@@ -576,7 +576,6 @@ def link_causes(findings: list[Finding]) -> list[Finding]:
     for f in findings:
         if f.id == "entropy_collapse" and amp and (
                 amp[0].step is None or f.step is None or amp[0].step <= f.step):
-            f = replace(f, causes=("sigma_amplification",),
-                        title=f.title + " (likely cause: sigma_amplification)")
+            f = replace(f, causes=("sigma_amplification",))
         linked.append(f)
     return linked
