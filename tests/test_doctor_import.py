@@ -151,7 +151,7 @@ def test_missing_path_and_unknown_format(tmp_path: Path) -> None:
     path = _write(tmp_path, "plain.csv", "step,loss\n1,2\n")
     with pytest.raises(DoctorError, match="--format 'xml' is unknown"):
         load(path, "xml")
-    with pytest.raises(DoctorError, match="without metrics.jsonl"):
+    with pytest.raises(DoctorError, match=r"without metrics\.jsonl"):
         load(tmp_path)
 
 
