@@ -22,7 +22,7 @@ from rlscope.doctor.table import MetricTable
 RuleOut = list[Finding] | Unavailable
 
 ENTROPY = ("policy/entropy", "policy/entropy_sampled")
-KL_BEHAVIOUR = ("policy/kl_behaviour_k1_first", "policy/kl_behaviour_k1", "policy/approx_kl")
+KL_LAST_PASS = ("policy/kl_behaviour_k3", "policy/approx_kl", "policy/kl_behaviour_k1")
 KL_ANY = ("policy/kl_ref_k1", "policy/kl_ref_k3", "policy/kl_behaviour_k1_first",
           "policy/kl_behaviour_k1", "sampler/logp_diff_mean")
 KL_REF = ("policy/kl_ref_seq_k1", "policy/kl_ref_k1", "policy/kl_ref_k3")
@@ -163,39 +163,44 @@ def entropy_rising(t: MetricTable, c: DoctorConfig) -> RuleOut:
 
 
 def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """A KL estimate whose mean is negative beyond max(kl_negative_tol, 3 standard errors).
-    The cause is attributed from the recorded sampling config: behaviour ≠ policy (filtered
-    sampling without the kept set replayed), else k1 estimator noise when the magnitude is
-    small against the spread, else sampler/learner numerics."""
+    """KL estimates whose mean is negative beyond max(kl_negative_tol, 3 standard errors), in
+    one finding. The cause is attributed from the recorded sampling config: behaviour ≠ policy
+    (filtered sampling without the kept set replayed), else k1 estimator noise when the
+    magnitude is small against the spread, else sampler/learner numerics."""
     present = [n for n in KL_ANY if t.has(n, 3)]
     if not present:
         return Unavailable(KL_ANY)
-    out = []
-    facts = _facts(t)
+    negative: dict[str, dict[str, float]] = {}
+    noisy = True
     for name in present:
         values = t.values(name)
         mean, se = float(values.mean()), float(values.std() / np.sqrt(len(values)))
-        if mean >= -max(c.kl_negative_tol, 3 * se):
-            continue
-        cause = _sampling_cause(facts)
-        if cause is None:
-            cause = ("estimator noise: k1 is negative per sample and its mean is small against "
-                     "its spread" if abs(mean) < values.std() else
-                     "the sampler's and the learner's numerics differ (engine mismatch), or "
-                     "the logged logprobs are not of the sampling distribution")
-        out.append(Finding(
-            "negative_kl", "warning", f"{name} is negative on average ({mean:.3g})",
-            {"metric": name, "mean": _r(mean), "stderr": _r(se),
-             "frac_negative_steps": _r(float((values < 0).mean())), "cause": cause,
-             "sampling": facts.get("sampling", "not recorded")},
-            "A KL divergence is never negative; its k1 estimate is negative per sample, but a "
-            "sustained negative mean means the two log-prob sets are not of the distributions "
-            "they claim. " + cause[0].upper() + cause[1:] + ".",
-            ("replay the sampler's kept set (--replay_sampling_mask) or sample without "
-             "top-k/top-p", "compare sampler and learner log-probs on the same tokens",
-             "use an importance correction (--is_correction token_mask)"),
-            0.8 if "sampling" in cause else 0.5))
-    return out
+        if mean < -max(c.kl_negative_tol, 3 * se):
+            negative[name] = {"mean": _r(mean), "stderr": _r(se),
+                              "frac_negative_steps": _r(float((values < 0).mean()))}
+            noisy = noisy and abs(mean) < values.std()
+    if not negative:
+        return []
+    facts = _facts(t)
+    cause = _sampling_cause(facts)
+    if cause is None:
+        cause = ("estimator noise: k1 is negative per sample and its mean is small against "
+                 "its spread" if noisy else
+                 "the sampler's and the learner's numerics differ (engine mismatch), or the "
+                 "logged logprobs are not of the sampling distribution")
+    first = next(iter(negative))
+    return [Finding(
+        "negative_kl", "warning",
+        f"{first} is negative on average ({negative[first]['mean']:.3g})"
+        + (f" (and {len(negative) - 1} more KL estimates)" if len(negative) > 1 else ""),
+        {"metrics": negative, "cause": cause, "sampling": facts.get("sampling", "not recorded")},
+        "A KL divergence is never negative; its k1 estimate is negative per sample, but a "
+        "sustained negative mean means the two log-prob sets are not of the distributions "
+        "they claim. " + cause[0].upper() + cause[1:] + ".",
+        ("replay the sampler's kept set (--replay_sampling_mask) or sample without "
+         "top-k/top-p", "compare sampler and learner log-probs on the same tokens",
+         "use an importance correction (--is_correction token_mask)"),
+        0.8 if "sampling" in cause else 0.5)]
 
 
 def kl_runaway(t: MetricTable, c: DoctorConfig) -> RuleOut:
@@ -233,11 +238,17 @@ def kl_runaway(t: MetricTable, c: DoctorConfig) -> RuleOut:
 
 
 def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """KL to the behaviour policy below kl_small per token and not rising, the clip fraction
-    ~0, and reward moving within its noise: the update is too conservative."""
-    name = t.first(*KL_BEHAVIOUR)
+    """KL to the behaviour policy on the last pass below kl_small per token and not rising,
+    the clip fraction ~0, and reward moving within its noise: the update is too conservative.
+    Needs a KL measured after an update: an rlscope run with one inner epoch of one minibatch
+    measures its last pass before any update (always 0), so the check does not apply."""
+    run = t.config.get("config", {}).get("run", {})
+    if run and run.get("inner_epochs", 1) == 1 and run.get("num_minibatches", 1) == 1:
+        return Unavailable(("a KL measured after an update (inner_epochs or num_minibatches "
+                            "> 1)",))
+    name = t.first(*KL_LAST_PASS)
     if name is None or not t.has(name, c.min_steps) or not t.has("reward/mean", c.min_steps):
-        return Unavailable((KL_BEHAVIOUR[0], "reward/mean"))
+        return Unavailable((KL_LAST_PASS[0], "reward/mean"))
     kl = np.abs(t.values(name))
     if kl[-window_size(len(kl)):].mean() >= c.kl_small or \
             trend(*t.series(name)).direction == "up":
