@@ -12,6 +12,7 @@ import csv
 import fcntl
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +117,12 @@ class LiveDisplay:
         self.last_eval = metrics
 
     def alert(self, text: str) -> None:
-        """A line printed above the progress bar (the doctor's alerts)."""
+        """A line on standard error (above the progress bar when it shows): the doctor's
+        alerts, printed whether or not the progress display is on."""
         if self.enabled:
             self.console.print(f"[yellow]{text}[/yellow]", highlight=False)
+        else:
+            sys.stderr.write(text + "\n")
 
     def close(self) -> None:
         if self.enabled:
