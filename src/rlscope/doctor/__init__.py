@@ -1,0 +1,1 @@
+"""rlscope doctor: findings over a metrics table, importers for foreign logs (METRICS.md)."""
