@@ -47,18 +47,21 @@ def test_ppo_with_a_ten_times_larger_learning_rate(tmp_path: Path) -> None:
 def test_top_p_without_mask_replay_is_a_sampler_mismatch_with_its_cause(tmp_path: Path) -> None:
     d = _diagnosis(_train(tmp_path, "grpo", 15, "topp",
                           sampling=SamplingConfig(top_p=0.9, replay_sampling_mask=False)))
-    found = [f for f in d.findings if f.id in ("sampler_mismatch", "negative_kl")]
-    assert {f.id for f in found} == {"sampler_mismatch", "negative_kl"}
-    for f in found:
-        assert "top_p=0.9" in f.evidence["cause"]
-        assert "replay_sampling_mask=False" in f.evidence["cause"]
+    """The learner scores the sampled tokens under the unfiltered distribution while the
+    sampler drew them from the renormalised top-p set, so the first pass is off by ~4%
+    (measured ratio_mean_first ≈ 0.96); the finding names the recorded sampling config."""
+    (f,) = [f for f in d.findings if f.id == "sampler_mismatch"]
+    assert "top_p=0.9" in f.evidence["cause"]
+    assert "replay_sampling_mask=False" in f.evidence["cause"]
+    assert f.evidence["ratio_mean_first_abs_dev"] > 0.01
 
 
 def test_grpo_on_an_easy_task_collapses_entropy_through_sigma_amplification(
         tmp_path: Path) -> None:
-    """token_reversal with 5 tokens: solved within 60 steps; entropy crosses 0.1 nats at
-    step ~43 (measured), after the normalisation amplified tiny gaps ~8× from step 0."""
-    d = _diagnosis(_train(tmp_path, "grpo", 60, "easy", task={"seq_len": 5}))
+    """token_reversal with 5 tokens: solved within 80 steps; entropy crosses 0.1 nats at
+    step ~43 and stays below from ~60 (measured), after the normalisation amplified tiny gaps
+    ~8× from step 0."""
+    d = _diagnosis(_train(tmp_path, "grpo", 80, "easy", task={"seq_len": 5}))
     (collapse,) = [f for f in d.findings if f.id == "entropy_collapse"]
     assert collapse.causes == ("sigma_amplification",)
     amp = next(f for f in d.findings if f.id == "sigma_amplification")

@@ -23,8 +23,13 @@ RuleOut = list[Finding] | Unavailable
 
 ENTROPY = ("policy/entropy", "policy/entropy_sampled")
 KL_LAST_PASS = ("policy/kl_behaviour_k3", "policy/approx_kl", "policy/kl_behaviour_k1")
-KL_ANY = ("policy/kl_ref_k1", "policy/kl_ref_k3", "policy/kl_behaviour_k1_first",
-          "policy/kl_behaviour_k1", "sampler/logp_diff_mean")
+# KL estimates whose expectation is a divergence (≥ 0), so a negative mean is a signal: ours
+# to the reference, E_μ[ℓ_μ − ℓ_ref] = KL(μ‖π_ref); verl's actor/ppo_kl, mean(ℓ_old − ℓ_new);
+# tinker-cookbook's optim/kl_sample_train_v1, mean(ℓ_sampler − ℓ_train). Our
+# policy/kl_behaviour_k1 is E_μ[ℓ − ℓ_μ] = −KL(μ‖π) ≤ 0 by construction and is not checked for
+# sign (sampler_mismatch reads its first-pass value).
+KL_SIGNED = ("policy/kl_ref_k1", "policy/kl_ref_seq_k1", "actor/ppo_kl",
+             "optim/kl_sample_train_v1")
 KL_REF = ("policy/kl_ref_seq_k1", "policy/kl_ref_k1", "policy/kl_ref_k3")
 
 
@@ -167,9 +172,9 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
     one finding. The cause is attributed from the recorded sampling config: behaviour ≠ policy
     (filtered sampling without the kept set replayed), else k1 estimator noise when the
     magnitude is small against the spread, else sampler/learner numerics."""
-    present = [n for n in KL_ANY if t.has(n, 3)]
+    present = [n for n in KL_SIGNED if t.has(n, 3)]
     if not present:
-        return Unavailable(KL_ANY)
+        return Unavailable(KL_SIGNED)
     negative: dict[str, dict[str, float]] = {}
     noisy = True
     for name in present:
@@ -365,11 +370,10 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
     first-pass ratio off by more than mismatch_tol, or sampler/frac_outside_band above
     outside_band, means the logged behaviour log-probs are not the learner's."""
     facts = _facts(t)
-    checks = [n for n in ("policy/ratio_mean_first", "sampler/frac_outside_band",
-                          "sampler/logp_diff_mean") if t.has(n, 3)]
-    if not checks:
-        return Unavailable(("policy/ratio_mean_first", "sampler/frac_outside_band",
-                            "sampler/logp_diff_mean"))
+    names = ("policy/ratio_mean_first", "sampler/frac_outside_band", "sampler/logp_diff_mean",
+             "policy/kl_behaviour_k2_first")
+    if not any(t.has(n, 3) for n in names):
+        return Unavailable(names)
     if facts.get("on_policy") is False:
         return []
     evidence: dict[str, Any] = {}
@@ -385,6 +389,10 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
         diff = np.abs(t.values("sampler/logp_diff_mean"))
         if diff.mean() > c.mismatch_tol:
             evidence["logp_diff_mean_abs"] = _r(float(diff.mean()))
+    if t.has("policy/kl_behaviour_k2_first", 3):
+        k2 = t.values("policy/kl_behaviour_k2_first")
+        if k2.mean() > c.mismatch_tol ** 2 / 2:  # ½(Δℓ)² for a log-prob gap of mismatch_tol
+            evidence["kl_behaviour_k2_first"] = _r(float(k2.mean()))
     if not evidence:
         return []
     cause = _sampling_cause(facts) or ("numerics of the sampler and the learner differ "
