@@ -90,18 +90,21 @@ def entropy_collapse(t: MetricTable, c: DoctorConfig) -> RuleOut:
     below = h < threshold
     if not below[-w:].all():
         return []
-    crossing = int(np.argmax(below))
-    if below[crossing:].mean() < 0.8:
-        return []
+    # The crossing is the first point below the threshold from which entropy stays below
+    # (≥ 80% of the points from it on); an earlier isolated dip must not hide a later
+    # collapse. The last window is all below, so such a point exists.
+    frac_below_from = np.cumsum(below[::-1])[::-1] / np.arange(len(h), 0, -1)
+    crossing = int(np.argmax(below & (frac_below_from >= 0.8)))
     pre = h[: crossing + 1]
-    rate = float(np.polyfit(steps[: crossing + 1], np.log(np.maximum(pre, 1e-12)), 1)[0]) \
-        if crossing >= 2 else float("nan")
+    # No decay rate without points before the crossing (None, not nan: findings.json is JSON).
+    rate = _r(float(np.polyfit(steps[: crossing + 1], np.log(np.maximum(pre, 1e-12)), 1)[0])) \
+        if crossing >= 2 else None
     return [Finding(
         "entropy_collapse", "warning",
         f"{name} collapsed below {threshold:.3g} at step {steps[crossing]:g}",
         {"metric": name, "start": _r(start), "threshold": _r(threshold),
          "crossing_step": float(steps[crossing]), "last": _r(float(h[-w:].mean())),
-         "decay_rate_per_step": _r(rate)},
+         "decay_rate_per_step": rate},
         "The policy became nearly deterministic: it samples almost the same tokens every time, "
         "so groups carry no variance and exploration is lost. Normalised advantages on easy "
         "groups and large learning rates speed this up.",

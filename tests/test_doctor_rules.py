@@ -1,0 +1,896 @@
+"""Every doctor rule on synthetic metric tables: it fires on its planted pattern, stays quiet on
+a healthy table with the same metrics, and says which metrics it lacks (METRICS.md, "The
+doctor"). Pure numpy series with fixed seeds; no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlscope.doctor.findings import SEVERITIES, DoctorConfig, Finding, Unavailable
+from rlscope.doctor.rules import RULES, diagnose, link_causes
+from rlscope.doctor.table import MetricTable
+
+N = 60
+STEPS = np.arange(N, dtype=float)
+DEFAULT = DoctorConfig()
+
+# An rlscope run's config.json (the layout `_facts` reads).
+RUN_CONFIG: dict[str, Any] = {
+    "config": {
+        "run": {"delay": 0},
+        "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 0.9,
+                     "replay_sampling_mask": False, "stop_token_ids": []},
+        "replay": {"replay_capacity": 0},
+        "optim": {"grad_clip": 1.0},
+    },
+    "method_spec": {"kl": {"control": "adaptive", "target_value": 6.0}},
+}
+
+
+def run_config(*, delay: int = 0, top_p: float = 1.0, top_k: int = 0, mask: bool = False,
+               stop: tuple[int, ...] = (2,), replay_capacity: int = 0,
+               grad_clip: float | None = 1.0, target: float | None = 6.0) -> dict[str, Any]:
+    cfg = copy.deepcopy(RUN_CONFIG)
+    cfg["config"]["run"]["delay"] = delay
+    cfg["config"]["sampling"] |= {"top_p": top_p, "top_k": top_k, "replay_sampling_mask": mask,
+                                  "stop_token_ids": list(stop)}
+    cfg["config"]["replay"]["replay_capacity"] = replay_capacity
+    cfg["config"]["optim"]["grad_clip"] = grad_clip
+    if target is None:
+        del cfg["method_spec"]["kl"]
+    else:
+        cfg["method_spec"]["kl"]["target_value"] = target
+    return cfg
+
+
+def table(series: dict[str, Any], config: dict[str, Any] | None = None,
+          steps: np.ndarray = STEPS) -> MetricTable:
+    """A table with one value per step for each metric (a scalar is held constant)."""
+    t = MetricTable(source="synthetic", fmt="test", config=config or {})
+    for name, values in series.items():
+        values = np.broadcast_to(np.asarray(values, dtype=float), steps.shape)
+        for s, v in zip(steps, values, strict=True):
+            t.add(float(s), name, float(v))
+    return t
+
+
+def noise(seed: int, scale: float, n: int = N) -> np.ndarray:
+    return scale * np.random.default_rng(seed).standard_normal(n)
+
+
+def fired(out: list[Finding] | Unavailable, rule_id: str) -> Finding:
+    """The single finding a rule returned, checked for the common contract."""
+    assert isinstance(out, list), out
+    assert len(out) == 1, out
+    f = out[0]
+    assert f.id == rule_id
+    assert f.severity in SEVERITIES
+    assert 0.0 < f.confidence <= 1.0
+    assert f.title and f.mechanism and f.actions
+    # the evidence must serialise to strict JSON (no NaN/inf in findings.json)
+    json.dumps(f.as_dict(), allow_nan=False)
+    return f
+
+
+def quiet(out: list[Finding] | Unavailable) -> None:
+    assert out == [], out
+
+
+# ---------------------------------------------------------------- the synthetic patterns
+
+def collapsing_entropy(seed: int = 0) -> np.ndarray:
+    """2 nats/token for 20 steps, then 2·exp(−0.15·(s − 20)), with 1% multiplicative noise.
+
+    start = mean of the first window (12 points) ≈ 2, threshold = max(0.1, 0.1·2) = 0.2.
+    2·exp(−0.15 k) < 0.2 ⇔ k > ln(10)/0.15 = 15.35, so the crossing is k = 16, step 36
+    (k = 15 gives 0.2108, 5% above; k = 16 gives 0.1814, 9% below: far beyond 1% noise).
+    """
+    k = np.maximum(STEPS - 20, 0)
+    return 2.0 * np.exp(-0.15 * k) * np.exp(noise(seed, 0.01))
+
+
+def amplification(first: int, seed: int = 1) -> np.ndarray:
+    """≈1.2 before step ``first``, ≈8 from it on."""
+    return np.where(STEPS < first, 1.2, 8.0) + noise(seed, 0.05)
+
+
+def healthy_series(seed: int = 100) -> dict[str, np.ndarray]:
+    """A run that learns: reward rises, entropy drifts down slowly, nothing pathological."""
+    rng = np.random.default_rng(seed)
+
+    def nz(scale: float) -> np.ndarray:
+        return scale * rng.standard_normal(N)
+
+    return {
+        "reward/mean": 0.2 + 0.008 * STEPS + nz(0.02),
+        "policy/entropy": 2.0 - 0.005 * STEPS + nz(0.02),
+        "adv/amplification": 1.2 + nz(0.05),
+        "adv/frac_zero": 0.15 + nz(0.02),
+        "length/mean": 200.0 + nz(5.0),
+        "length/clip_ratio": np.abs(0.01 + nz(0.002)),
+        "policy/kl_ref_seq_k1": 4.0 + nz(0.3),
+        "policy/kl_behaviour_k1": 0.01 + nz(0.001),
+        "policy/ratio_mean_first": 1.0 + nz(1e-5),
+        "sampler/frac_outside_band": np.abs(0.001 + nz(1e-4)),
+        "optim/grad_norm": 0.5 + nz(0.05),
+        "loss/value": 0.5 + nz(0.05),
+        "value/explained_var": 0.6 + nz(0.05),
+        "replay/age_mean": 2.0 + nz(0.2),
+        "time/step": 10.0 + nz(0.3),
+        "time/sample": 7.0 + nz(0.2),
+    }
+
+
+def healthy_table(config: dict[str, Any] | None = None) -> MetricTable:
+    t = table(healthy_series(), config if config is not None else run_config())
+    for s, err in zip(range(0, 60, 10), (0.5, 0.45, 0.4, 0.35, 0.3, 0.25), strict=True):
+        t.add(float(s), "eval/test_error", err)
+    return t
+
+
+# ---------------------------------------------------------------- contract over the registry
+
+def test_registry_lists_every_documented_rule():
+    assert list(RULES) == [
+        "entropy_collapse", "sigma_amplification", "entropy_rising", "negative_kl",
+        "kl_runaway", "kl_too_small", "value_instability", "no_signal", "length_hacking",
+        "truncation", "sampler_mismatch", "grad_clip_saturation", "oscillation",
+        "stale_replay", "throughput_regression", "learning_verdict"]
+
+
+@pytest.mark.parametrize("rule_id", list(RULES))
+def test_every_rule_is_unavailable_on_an_empty_table(rule_id):
+    out = RULES[rule_id](MetricTable(source="empty", fmt="test"), DEFAULT)
+    assert isinstance(out, Unavailable)
+    assert out.needs and all(isinstance(n, str) and n for n in out.needs)
+
+
+# ---------------------------------------------------------------- entropy_collapse
+
+def test_entropy_collapse_fires_with_the_crossing_step():
+    h = collapsing_entropy()
+    f = fired(RULES["entropy_collapse"](table({"policy/entropy": h}), DEFAULT),
+              "entropy_collapse")
+    assert f.severity == "warning"
+    assert f.evidence["metric"] == "policy/entropy"
+    assert f.evidence["start"] == pytest.approx(2.0, rel=0.01)
+    assert f.evidence["threshold"] == pytest.approx(0.2, rel=0.01)
+    assert f.evidence["crossing_step"] == 36.0
+    assert f.step == 36.0
+    # the last window (steps 48..59, k = 28..39) is near 2·exp(−0.15·33.5) ≈ 0.013
+    assert f.evidence["last"] == pytest.approx(2.0 * np.exp(-0.15 * np.arange(28, 40)).mean(),
+                                               rel=0.02)
+    # log entropy falls before the crossing
+    assert f.evidence["decay_rate_per_step"] < 0
+
+
+def test_entropy_collapse_accepts_sampled_entropy():
+    f = fired(RULES["entropy_collapse"](table({"policy/entropy_sampled": collapsing_entropy()}),
+                                        DEFAULT), "entropy_collapse")
+    assert f.evidence["metric"] == "policy/entropy_sampled"
+
+
+def test_entropy_collapse_stays_quiet_on_a_slow_decline():
+    h = 2.0 - 0.005 * STEPS + noise(2, 0.02)  # ends near 1.7, far above 0.2
+    quiet(RULES["entropy_collapse"](table({"policy/entropy": h}), DEFAULT))
+
+
+def test_entropy_collapse_stays_quiet_when_entropy_recovers():
+    # below the floor for steps 30..44 only, then back at 2 for the last window
+    h = np.where((STEPS >= 30) & (STEPS < 45), 0.05, 2.0)
+    quiet(RULES["entropy_collapse"](table({"policy/entropy": h}), DEFAULT))
+
+
+def test_entropy_collapse_unavailable_without_entropy():
+    out = RULES["entropy_collapse"](table({"reward/mean": 0.5}), DEFAULT)
+    assert isinstance(out, Unavailable)
+    assert "policy/entropy" in out.needs
+    # too few points is the same as none
+    out = RULES["entropy_collapse"](table({"policy/entropy": 0.05}, steps=np.arange(5.0)),
+                                    DEFAULT)
+    assert isinstance(out, Unavailable)
+
+
+def test_entropy_collapse_after_an_isolated_early_dip():
+    # One glitch (a logged 0) at step 5, healthy until step 30, then collapsed for good.
+    # Points below the floor from step 5 on: 1 + 30 of 55 (56%), under the 80% bar; from
+    # step 30 on: 30 of 30. The collapse starts at 30.
+    h = np.where(STEPS >= 30, 0.02, 1.5)
+    h[5] = 0.0
+    f = fired(RULES["entropy_collapse"](table({"policy/entropy": h}), DEFAULT),
+              "entropy_collapse")
+    assert f.evidence["crossing_step"] == 30.0
+
+
+def test_entropy_collapse_from_the_start_has_no_nan_decay_rate():
+    # Entropy at 0.05 throughout: start 0.05, threshold max(0.1, 0.005) = 0.1, crossing at 0;
+    # a decay rate needs points before the crossing, so it is absent rather than nan.
+    f = fired(RULES["entropy_collapse"](table({"policy/entropy": 0.05}), DEFAULT),
+              "entropy_collapse")
+    assert f.evidence["crossing_step"] == 0.0
+    assert f.evidence["threshold"] == 0.1
+    assert f.evidence["decay_rate_per_step"] is None
+
+
+# ---------------------------------------------------------------- sigma_amplification
+
+def test_sigma_amplification_fires_from_the_first_run_of_three():
+    amp = np.where(STEPS < 15, 1.0, 8.0)
+    amp[5] = 9.0  # an isolated high step is not a stretch
+    t = table({"adv/amplification": amp, "adv/group_std_mean": 0.05})
+    f = fired(RULES["sigma_amplification"](t, DEFAULT), "sigma_amplification")
+    assert f.severity == "warning"
+    assert f.evidence["first_step"] == 15.0
+    assert f.step == 15.0
+    # 45 points at 8, 14 at 1, one at 9: median 8, max 9, 46/60 above 3
+    assert f.evidence["median"] == 8.0
+    assert f.evidence["max"] == 9.0
+    assert f.evidence["frac_steps_above"] == round(46 / 60, 4)
+    assert f.evidence["group_std_mean_median"] == 0.05
+
+
+def test_sigma_amplification_stays_quiet_near_one():
+    quiet(RULES["sigma_amplification"](table({"adv/amplification": 1.2 + noise(3, 0.3)}),
+                                       DEFAULT))
+
+
+def test_sigma_amplification_unavailable():
+    out = RULES["sigma_amplification"](table({"adv/group_std_mean": 0.1}), DEFAULT)
+    assert out == Unavailable(("adv/amplification",))
+
+
+# ---------------------------------------------------------------- entropy_rising
+
+def test_entropy_rising_fires_with_rising_length():
+    t = table({"policy/entropy": 1.0 + 0.02 * STEPS + noise(4, 0.02),
+               "length/mean": 100.0 + 2.0 * STEPS + noise(5, 3.0)})
+    f = fired(RULES["entropy_rising"](t, DEFAULT), "entropy_rising")
+    assert f.severity == "warning"
+    assert f.evidence["with"] == {"length/mean": "up"}
+    assert f.evidence["trend"]["direction"] == "up"
+    assert f.evidence["trend"]["slope"] == pytest.approx(0.02, rel=0.05)
+    assert f.evidence["trend"]["slope_low"] > 0
+
+
+def test_entropy_rising_fires_with_falling_reward():
+    t = table({"policy/entropy": 1.0 + 0.02 * STEPS + noise(4, 0.02),
+               "reward/mean": 0.8 - 0.01 * STEPS + noise(6, 0.02)})
+    f = fired(RULES["entropy_rising"](t, DEFAULT), "entropy_rising")
+    assert f.evidence["with"] == {"reward/mean": "down"}
+
+
+def test_entropy_rising_stays_quiet():
+    # flat entropy while length grows
+    t = table({"policy/entropy": 1.0 + noise(7, 0.02),
+               "length/mean": 100.0 + 2.0 * STEPS + noise(5, 3.0)})
+    quiet(RULES["entropy_rising"](t, DEFAULT))
+    # rising entropy alone (flat length, rising reward) is not the pattern
+    t = table({"policy/entropy": 1.0 + 0.02 * STEPS + noise(4, 0.02),
+               "length/mean": 100.0 + noise(5, 3.0),
+               "reward/mean": 0.2 + 0.01 * STEPS + noise(6, 0.02)})
+    quiet(RULES["entropy_rising"](t, DEFAULT))
+
+
+def test_entropy_rising_unavailable():
+    out = RULES["entropy_rising"](table({"length/mean": 100.0}), DEFAULT)
+    assert isinstance(out, Unavailable)
+    assert set(out.needs) == {"policy/entropy", "policy/entropy_sampled"}
+
+
+# ---------------------------------------------------------------- negative_kl
+
+def alternating(mean: float, amplitude: float) -> np.ndarray:
+    """mean ± amplitude, alternating: mean exactly ``mean``, population std ``amplitude``."""
+    return mean + amplitude * np.where(STEPS % 2 == 0, 1.0, -1.0)
+
+
+def test_negative_kl_small_against_its_spread_is_estimator_noise():
+    # mean −6e-4, std 1e-3, se = 1e-3/√60 = 1.29e-4; −6e-4 < −max(1e-4, 3.87e-4): beyond noise.
+    # |mean| < std: estimator noise (no sampling config recorded).
+    kl = alternating(-6e-4, 1e-3)
+    f = fired(RULES["negative_kl"](table({"policy/kl_ref_k1": kl}), DEFAULT), "negative_kl")
+    assert f.severity == "warning"
+    assert f.evidence["metric"] == "policy/kl_ref_k1"
+    assert f.evidence["mean"] == pytest.approx(-6e-4)
+    assert f.evidence["stderr"] == pytest.approx(1e-3 / math.sqrt(60), rel=1e-3)
+    assert f.evidence["frac_negative_steps"] == 0.5  # the −1.6e-3 half
+    assert f.evidence["cause"].startswith("estimator noise")
+    assert f.evidence["sampling"] == "not recorded"
+
+
+def test_negative_kl_blames_filtered_sampling_recorded_in_the_config():
+    kl = alternating(-6e-4, 1e-3)
+    f = fired(RULES["negative_kl"](table({"policy/kl_ref_k1": kl}, RUN_CONFIG), DEFAULT),
+              "negative_kl")
+    assert f.evidence["mean"] < 0
+    assert "top_p=0.9" in f.evidence["cause"]
+    assert "replay_sampling_mask=False" in f.evidence["cause"]
+    assert f.evidence["sampling"]["top_p"] == 0.9
+    assert "top_p=0.9" in f.mechanism
+    assert f.confidence == 0.8
+
+
+def test_negative_kl_not_blamed_on_sampling_when_the_kept_set_is_replayed():
+    kl = alternating(-6e-4, 1e-3)
+    # top_p = 0.9 but the learner replays the kept set: the sampling config is no cause
+    f = fired(RULES["negative_kl"](table({"policy/kl_ref_k1": kl},
+                                         run_config(top_p=0.9, mask=True)), DEFAULT),
+              "negative_kl")
+    assert f.evidence["cause"].startswith("estimator noise")
+    # unfiltered sampling: no cause in the config either
+    f = fired(RULES["negative_kl"](table({"policy/kl_ref_k1": kl}, run_config(top_p=1.0)),
+                                   DEFAULT), "negative_kl")
+    assert f.evidence["cause"].startswith("estimator noise")
+
+
+def test_negative_kl_large_against_its_spread_is_engine_mismatch():
+    # mean −0.01, std 1e-3: |mean| ≫ std, no sampling cause recorded
+    f = fired(RULES["negative_kl"](table({"sampler/logp_diff_mean": alternating(-0.01, 1e-3)}),
+                                   DEFAULT), "negative_kl")
+    assert f.evidence["frac_negative_steps"] == 1.0
+    assert "engine mismatch" in f.evidence["cause"]
+
+
+def test_negative_kl_stays_quiet():
+    # a positive KL, and a k1 estimate whose negative mean is within 3 standard errors
+    # (mean −1e-4, se 1.29e-4): neither is negative beyond noise
+    t = table({"policy/kl_ref_k1": 0.02 + noise(8, 0.005),
+               "policy/kl_behaviour_k1": alternating(-1e-4, 1e-3)}, RUN_CONFIG)
+    quiet(RULES["negative_kl"](t, DEFAULT))
+
+
+def test_negative_kl_unavailable():
+    out = RULES["negative_kl"](table({"reward/mean": 0.5}), DEFAULT)
+    assert isinstance(out, Unavailable)
+    assert "policy/kl_ref_k1" in out.needs and "sampler/logp_diff_mean" in out.needs
+
+
+# ---------------------------------------------------------------- kl_runaway
+
+def test_kl_runaway_fires_far_above_the_adaptive_target():
+    # sequence KL 5 → 30 (linear); last window (steps 48..59) mean 5 + 25·53.5/59 ≈ 27.7
+    # > 3 × target 6 = 18
+    kl = 5.0 + 25.0 * STEPS / 59 + noise(9, 0.3)
+    t = table({"policy/kl_ref_seq_k1": kl, "kl_ctrl/beta": 0.1 + 0.01 * STEPS}, run_config())
+    f = fired(RULES["kl_runaway"](t, DEFAULT), "kl_runaway")
+    assert f.severity == "critical"
+    assert f.evidence["target"] == 6.0
+    assert f.evidence["trend"]["last_mean"] == pytest.approx(5 + 25 * 53.5 / 59, rel=0.02)
+    # β first window mean 0.1 + 0.01·5.5 = 0.155, last 0.1 + 0.01·53.5 = 0.635
+    assert f.evidence["beta"] == {"first": pytest.approx(0.155), "last": pytest.approx(0.635)}
+    assert f.step == 0.0
+
+
+def test_kl_runaway_fires_on_growth_without_a_target():
+    # per-token KL 0.001 + (s/59)²: first window (s = 0..11, Σs² = 506) ≈ 0.001 + 506/12/3481
+    # = 0.0131; last (s = 48..59, Σs² = 70210 − 35720 = 34490) ≈ 0.001 + 34490/12/3481 = 0.827,
+    # 63× the first (a linear ramp from ~0 gives only ~9×: the windows are 12 steps wide)
+    kl = 0.001 + (STEPS / 59) ** 2 + noise(10, 0.002)
+    f = fired(RULES["kl_runaway"](table({"policy/kl_ref_k1": kl}), DEFAULT), "kl_runaway")
+    assert "target" not in f.evidence
+    assert f.evidence["trend"]["direction"] == "up"
+    assert f.evidence["trend"]["first_mean"] == pytest.approx(0.001 + 506 / 12 / 3481, abs=0.002)
+    assert f.evidence["trend"]["last_mean"] == pytest.approx(0.001 + 34490 / 12 / 3481, abs=0.002)
+
+
+def test_kl_runaway_stays_quiet_near_target():
+    t = table({"policy/kl_ref_seq_k1": 6.0 + noise(11, 0.5)}, run_config())
+    quiet(RULES["kl_runaway"](t, DEFAULT))
+    # growth within 10× (0.05 → 0.1) is not a runaway without a target
+    quiet(RULES["kl_runaway"](table({"policy/kl_ref_k1": 0.05 + 0.05 * STEPS / 59}), DEFAULT))
+
+
+def test_kl_runaway_unavailable():
+    out = RULES["kl_runaway"](table({"policy/kl_behaviour_k1": 0.01}), DEFAULT)
+    assert out == Unavailable(("policy/kl_ref_seq_k1", "policy/kl_ref_k1", "policy/kl_ref_k3"))
+
+
+# ---------------------------------------------------------------- kl_too_small
+
+def test_kl_too_small_fires_on_tiny_updates_and_flat_reward():
+    t = table({"policy/kl_behaviour_k1": 1e-6 * (1 + noise(12, 0.1)),
+               "reward/mean": 0.3 + noise(13, 0.02),
+               "policy/clipfrac_region": 0.0})
+    f = fired(RULES["kl_too_small"](t, DEFAULT), "kl_too_small")
+    assert f.severity == "info"
+    assert f.evidence["metric"] == "policy/kl_behaviour_k1"
+    assert f.evidence["mean_abs"] == pytest.approx(1e-6, rel=0.05)
+    assert f.evidence["reward_trend"]["direction"] == "flat"
+
+
+def test_kl_too_small_stays_quiet():
+    # a KL of 1e-2 per token is a real update
+    t = table({"policy/kl_behaviour_k1": 0.01 + noise(12, 0.001),
+               "reward/mean": 0.3 + noise(13, 0.02)})
+    quiet(RULES["kl_too_small"](t, DEFAULT))
+    # a tiny KL while reward climbs: the updates suffice
+    t = table({"policy/kl_behaviour_k1": 1e-6, "reward/mean": 0.2 + 0.01 * STEPS})
+    quiet(RULES["kl_too_small"](t, DEFAULT))
+    # a tiny KL with clipping active is not conservative
+    t = table({"policy/kl_behaviour_k1": 1e-6, "reward/mean": 0.3 + noise(13, 0.02),
+               "policy/clipfrac_region": 0.1})
+    quiet(RULES["kl_too_small"](t, DEFAULT))
+
+
+def test_kl_too_small_unavailable():
+    out = RULES["kl_too_small"](table({"policy/kl_behaviour_k1": 1e-6}), DEFAULT)
+    assert isinstance(out, Unavailable)
+    assert "reward/mean" in out.needs
+    out = RULES["kl_too_small"](table({"reward/mean": 0.3}), DEFAULT)
+    assert isinstance(out, Unavailable)
+
+
+# ---------------------------------------------------------------- value_instability
+
+def test_value_instability_fires_on_a_spike_and_negative_explained_variance():
+    loss = 0.5 + noise(14, 0.05)
+    loss[30] = 5.0  # ~90 robust standard deviations above the median
+    ev = np.where(STEPS < 30, 0.5, -0.2) + noise(15, 0.02)
+    t = table({"loss/value": loss, "value/explained_var": ev})
+    f = fired(RULES["value_instability"](t, DEFAULT), "value_instability")
+    assert f.severity == "warning"
+    assert f.evidence["spike_steps"] == [30.0]
+    assert f.evidence["max_robust_z"] > 50
+    assert f.step == 30.0
+    assert f.evidence["explained_var_late_mean"] == pytest.approx(-0.2, abs=0.02)
+
+
+def test_value_instability_fires_on_explained_variance_alone():
+    f = fired(RULES["value_instability"](table({"value/explained_var": -0.1 + noise(15, 0.02)}),
+                                         DEFAULT), "value_instability")
+    assert "spike_steps" not in f.evidence
+    assert f.step is None
+
+
+def test_value_instability_stays_quiet():
+    t = table({"loss/value": 0.5 + noise(14, 0.05), "value/explained_var": 0.6 + noise(15, 0.05)})
+    quiet(RULES["value_instability"](t, DEFAULT))
+
+
+def test_value_instability_unavailable():
+    out = RULES["value_instability"](table({"reward/mean": 0.1}), DEFAULT)
+    assert out == Unavailable(("loss/value", "value/explained_var"))
+
+
+# ---------------------------------------------------------------- no_signal
+
+def test_no_signal_fires_when_most_advantages_are_zero():
+    frac = np.where(STEPS < 40, 0.2, 0.9)  # last window (steps 48..59) all 0.9
+    f = fired(RULES["no_signal"](table({"adv/frac_zero": frac}), DEFAULT), "no_signal")
+    assert f.severity == "warning"
+    assert f.evidence["metric"] == "adv/frac_zero"
+    assert f.evidence["last_window_mean"] == 0.9
+    # (40·0.2 + 20·0.9)/60 = 26/60
+    assert f.evidence["mean"] == pytest.approx(26 / 60, rel=1e-3)
+
+
+def test_no_signal_reads_zero_std_groups():
+    f = fired(RULES["no_signal"](table({"group/zero_std_frac": 0.7}), DEFAULT), "no_signal")
+    assert f.evidence["metric"] == "group/zero_std_frac"
+
+
+def test_no_signal_stays_quiet():
+    quiet(RULES["no_signal"](table({"adv/frac_zero": 0.15 + noise(16, 0.02)}), DEFAULT))
+
+
+def test_no_signal_unavailable():
+    out = RULES["no_signal"](table({"reward/mean": 0.1}), DEFAULT)
+    assert out == Unavailable(("adv/frac_zero", "group/zero_std_frac", "group/fallback"))
+
+
+# ---------------------------------------------------------------- length_hacking
+
+def test_length_hacking_fires_when_length_tracks_reward():
+    t = table({"length/mean": 100.0 + 3.0 * STEPS + noise(17, 3.0),
+               "reward/mean": 0.1 + 0.01 * STEPS + noise(18, 0.01)})
+    f = fired(RULES["length_hacking"](t, DEFAULT), "length_hacking")
+    assert f.severity == "warning"
+    assert f.evidence["correlation"] > 0.9
+    assert f.evidence["length_trend"]["direction"] == "up"
+    assert f.step == 0.0
+
+
+def test_length_hacking_fires_on_collapsing_length_under_a_length_linked_reward():
+    t = table({"length/mean": 300.0 - 3.0 * STEPS + noise(17, 3.0),
+               "reward/mean": 0.1 + 0.01 * STEPS + noise(18, 0.01)})
+    f = fired(RULES["length_hacking"](t, DEFAULT), "length_hacking")
+    assert f.evidence["correlation"] < -0.9
+    assert f.evidence["length_trend"]["direction"] == "down"
+
+
+def test_length_hacking_stays_quiet():
+    # reward rises while length stays put: no correlation, no length trend
+    t = table({"length/mean": 200.0 + noise(17, 5.0),
+               "reward/mean": 0.1 + 0.01 * STEPS + noise(18, 0.01)})
+    quiet(RULES["length_hacking"](t, DEFAULT))
+
+
+def test_length_hacking_unavailable():
+    out = RULES["length_hacking"](table({"length/mean": 100.0}), DEFAULT)
+    assert out == Unavailable(("length/mean", "reward/mean"))
+
+
+# ---------------------------------------------------------------- truncation
+
+def test_truncation_fires_when_many_responses_hit_the_limit():
+    ratio = np.where(STEPS < 40, 0.02, 0.3)  # last window all 0.3
+    t = table({"length/clip_ratio": ratio}, run_config(stop=(2,)))
+    f = fired(RULES["truncation"](t, DEFAULT), "truncation")
+    assert f.severity == "warning"
+    assert f.evidence["last_window_mean"] == 0.3
+    assert f.evidence["trend"]["direction"] == "up"
+    assert "30%" in f.title
+
+
+def test_truncation_runs_without_a_recorded_config():
+    f = fired(RULES["truncation"](table({"length/clip_ratio": 0.5}), DEFAULT), "truncation")
+    assert f.evidence["last_window_mean"] == 0.5
+
+
+def test_truncation_stays_quiet():
+    t = table({"length/clip_ratio": np.abs(0.01 + noise(19, 0.002))}, run_config(stop=(2,)))
+    quiet(RULES["truncation"](t, DEFAULT))
+
+
+def test_truncation_unavailable():
+    out = RULES["truncation"](table({"length/mean": 100.0}, run_config()), DEFAULT)
+    assert out == Unavailable(("length/clip_ratio",))
+
+
+def test_truncation_unavailable_without_stop_tokens():
+    # fixed-length completions (stop_token_ids = []) end at the limit by design
+    t = table({"length/clip_ratio": 1.0}, RUN_CONFIG)
+    out = RULES["truncation"](t, DEFAULT)
+    assert isinstance(out, Unavailable)
+    assert "stop token" in out.needs[0]
+
+
+# ---------------------------------------------------------------- sampler_mismatch
+
+def mismatched() -> dict[str, np.ndarray]:
+    return {"policy/ratio_mean_first": 1.02 + noise(20, 0.002),
+            "sampler/frac_outside_band": 0.05 + noise(21, 0.005)}
+
+
+def test_sampler_mismatch_fires_on_policy_with_the_sampling_cause():
+    t = table(mismatched(), run_config(delay=0, top_p=0.9, mask=False))
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert f.severity == "warning"
+    assert f.evidence["ratio_mean_first_abs_dev"] == pytest.approx(0.02, rel=0.05)
+    assert f.evidence["frac_outside_band"] == pytest.approx(0.05, rel=0.05)
+    assert "top_p=0.9" in f.evidence["cause"]
+    assert f.evidence["sampling"]["replay_sampling_mask"] is False
+    assert f.confidence == 0.8
+
+
+def test_sampler_mismatch_blames_numerics_without_a_sampling_cause():
+    t = table({"sampler/logp_diff_mean": -0.01 + noise(22, 0.001)}, run_config(top_p=1.0))
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert f.evidence["logp_diff_mean_abs"] == pytest.approx(0.01, rel=0.05)
+    assert f.evidence["cause"].startswith("numerics")
+
+
+def test_sampler_mismatch_stays_quiet_off_policy():
+    # the same mismatch, but the run is delayed (off-policy): ratio ≠ 1 is expected
+    t = table(mismatched(), run_config(delay=2, top_p=0.9, mask=False))
+    quiet(RULES["sampler_mismatch"](t, DEFAULT))
+    # a replay buffer is off-policy as well
+    t = table(mismatched(), run_config(delay=0, replay_capacity=64))
+    quiet(RULES["sampler_mismatch"](t, DEFAULT))
+
+
+def test_sampler_mismatch_stays_quiet_when_ratios_are_one():
+    t = table({"policy/ratio_mean_first": 1.0 + noise(20, 1e-5),
+               "sampler/frac_outside_band": 0.001}, run_config())
+    quiet(RULES["sampler_mismatch"](t, DEFAULT))
+
+
+def test_sampler_mismatch_unavailable():
+    out = RULES["sampler_mismatch"](table({"policy/ratio_mean": 1.0}, run_config()), DEFAULT)
+    assert out == Unavailable(("policy/ratio_mean_first", "sampler/frac_outside_band",
+                               "sampler/logp_diff_mean"))
+
+
+# ---------------------------------------------------------------- grad_clip_saturation
+
+def test_grad_clip_saturation_fires_from_clip_active():
+    active = np.where(STEPS % 10 == 0, 0.0, 1.0)  # 54 of 60 steps clipped
+    t = table({"optim/clip_active": active, "optim/grad_norm": 3.0})
+    f = fired(RULES["grad_clip_saturation"](t, DEFAULT), "grad_clip_saturation")
+    assert f.severity == "info"
+    assert f.evidence["frac_steps_clipped"] == 0.9
+    assert f.evidence["grad_norm_median"] == 3.0
+
+
+def test_grad_clip_saturation_fires_from_grad_norm_and_the_recorded_clip():
+    # grad_clip 1.0 in the config; norms ≈ 2: every step is clipped
+    t = table({"optim/grad_norm": 2.0 + noise(23, 0.1)}, run_config(grad_clip=1.0))
+    f = fired(RULES["grad_clip_saturation"](t, DEFAULT), "grad_clip_saturation")
+    assert f.evidence["frac_steps_clipped"] == 1.0
+
+
+def test_grad_clip_saturation_stays_quiet():
+    t = table({"optim/grad_norm": 0.5 + noise(23, 0.05)}, run_config(grad_clip=1.0))
+    quiet(RULES["grad_clip_saturation"](t, DEFAULT))
+
+
+def test_grad_clip_saturation_unavailable_without_a_recorded_clip():
+    out = RULES["grad_clip_saturation"](table({"optim/grad_norm": 2.0}), DEFAULT)
+    assert out == Unavailable(("optim/clip_active", "optim/grad_norm with a recorded clip"))
+    # grad_clip 0 (disabled) records no clip either
+    out = RULES["grad_clip_saturation"](table({"optim/grad_norm": 2.0}, run_config(grad_clip=0)),
+                                        DEFAULT)
+    assert isinstance(out, Unavailable)
+
+
+# ---------------------------------------------------------------- oscillation
+
+def test_oscillation_fires_on_balanced_up_and_down_steps():
+    # 0.6, 0.4, 0.6, ...: the 59 moves alternate down, up, ..., down: 30 downs and 29 ups,
+    # |29 − 30|/59 = 0.017 < 0.2; both 12-step windows average 0.5, so the change is 0
+    reward = alternating(0.5, 0.1)
+    f = fired(RULES["oscillation"](table({"reward/mean": reward}), DEFAULT), "oscillation")
+    assert f.severity == "info"
+    tr = f.evidence["trend"]
+    assert (tr["ups"], tr["downs"]) == (29, 30)
+    assert tr["change"] == 0.0
+    assert tr["direction"] == "flat"
+    # differences ±0.2 alternate: σ = 0.2/√2
+    assert tr["noise"] == pytest.approx(0.2 / math.sqrt(2), rel=1e-3)
+
+
+def test_oscillation_stays_quiet_on_a_learning_curve():
+    quiet(RULES["oscillation"](table({"reward/mean": 0.2 + 0.01 * STEPS + noise(24, 0.02)}),
+                               DEFAULT))
+
+
+def test_oscillation_stays_quiet_on_a_constant_reward():
+    # no moves at all: nothing oscillates (and nothing divides by zero)
+    quiet(RULES["oscillation"](table({"reward/mean": 0.5}), DEFAULT))
+
+
+def test_oscillation_unavailable():
+    assert RULES["oscillation"](table({"length/mean": 1.0}), DEFAULT) == \
+        Unavailable(("reward/mean",))
+    # it needs 2 × min_steps = 20 points
+    short = table({"reward/mean": alternating(0.5, 0.1)[:15]}, steps=STEPS[:15])
+    assert RULES["oscillation"](short, DEFAULT) == Unavailable(("reward/mean",))
+
+
+# ---------------------------------------------------------------- stale_replay
+
+def test_stale_replay_fires_far_above_the_delay():
+    t = table({"replay/age_mean": 12.0 + noise(25, 0.5)}, run_config(delay=0, replay_capacity=64))
+    f = fired(RULES["stale_replay"](t, DEFAULT), "stale_replay")
+    assert f.severity == "warning"
+    assert f.evidence["delay"] == 0
+    assert f.evidence["age_trend"]["last_mean"] == pytest.approx(12.0, abs=0.5)
+
+
+def test_stale_replay_fires_when_the_age_keeps_rising():
+    # ages 1 → 4: never 5 above the delay, but rising beyond noise
+    t = table({"replay/age_mean": 1.0 + 3.0 * STEPS / 59 + noise(25, 0.05)})
+    f = fired(RULES["stale_replay"](t, DEFAULT), "stale_replay")
+    assert f.evidence["age_trend"]["direction"] == "up"
+
+
+def test_stale_replay_stays_quiet():
+    quiet(RULES["stale_replay"](table({"replay/age_mean": 2.0 + noise(26, 0.2)}), DEFAULT))
+    # an age of 12 with a configured delay of 10 is within 5 steps of the delay
+    t = table({"replay/age_mean": 12.0 + noise(25, 0.5)}, run_config(delay=10))
+    quiet(RULES["stale_replay"](t, DEFAULT))
+
+
+def test_stale_replay_unavailable():
+    assert RULES["stale_replay"](table({"replay/size": 64.0}), DEFAULT) == \
+        Unavailable(("replay/age_mean",))
+
+
+# ---------------------------------------------------------------- throughput_regression
+
+def test_throughput_regression_fires_on_slower_steps_with_longer_responses():
+    length = 100.0 + 5.0 * STEPS + noise(27, 2.0)
+    step_t = 10.0 + 0.2 * STEPS + noise(28, 0.2)  # 10 s → ~22 s
+    t = table({"time/step": step_t, "time/sample": 0.7 * step_t, "length/mean": length})
+    f = fired(RULES["throughput_regression"](t, DEFAULT), "throughput_regression")
+    assert f.severity == "warning"
+    assert f.evidence["trend"]["direction"] == "up"
+    assert f.evidence["trend"]["last_mean"] > 1.2 * f.evidence["trend"]["first_mean"]
+    assert f.evidence["correlation_with_length"] > 0.95
+    # time/sample is exactly 0.7 of time/step at every step
+    assert f.evidence["generation_share"] == pytest.approx(0.7)
+
+
+def test_throughput_regression_stays_quiet():
+    quiet(RULES["throughput_regression"](table({"time/step": 10.0 + noise(28, 0.3),
+                                                "length/mean": 200.0 + noise(27, 5.0)}),
+                                         DEFAULT))
+    # +10% beyond noise is under the 1.2× bar
+    quiet(RULES["throughput_regression"](table({"time/step": 10.0 + STEPS / 59}), DEFAULT))
+
+
+def test_throughput_regression_unavailable():
+    assert RULES["throughput_regression"](table({"time/sample": 7.0}), DEFAULT) == \
+        Unavailable(("time/step",))
+
+
+# ---------------------------------------------------------------- learning_verdict
+
+def evals(name: str, values: list[float]) -> MetricTable:
+    t = MetricTable(source="synthetic", fmt="test")
+    for i, v in enumerate(values):
+        t.add(10.0 * i, name, v)
+    return t
+
+
+def test_learning_verdict_warns_when_validation_gets_worse():
+    # test error 0.2 → 0.4 in steps of 0.04: gain = 0.2 − 0.4 = −0.2; noise 0 (equal steps)
+    t = evals("eval/test_error", [0.2, 0.24, 0.28, 0.32, 0.36, 0.4])
+    f = fired(RULES["learning_verdict"](t, DEFAULT), "learning_verdict")
+    assert f.severity == "warning"
+    assert f.evidence["verdict"] == "getting worse"
+    assert f.evidence["lower_is_better"] is True
+    assert (f.evidence["first"], f.evidence["last"], f.evidence["best"]) == (0.2, 0.4, 0.2)
+    assert f.evidence["evaluations"] == 6
+    assert f.confidence == 0.8
+
+
+def test_learning_verdict_warns_when_validation_is_flat_within_noise():
+    # accuracy 0.5, 0.6, 0.5, 0.6, 0.5, 0.52: gain 0.02; differences ±0.1 and 0.02,
+    # noise ≈ 0.07 ≫ gain/2
+    t = evals("val-core/acc/mean@4", [0.5, 0.6, 0.5, 0.6, 0.5, 0.52])
+    f = fired(RULES["learning_verdict"](t, DEFAULT), "learning_verdict")
+    assert f.severity == "warning"
+    assert f.evidence["verdict"] == "not improving beyond noise"
+    assert f.evidence["lower_is_better"] is False
+    assert f.evidence["best"] == 0.6
+
+
+def test_learning_verdict_is_info_when_validation_improves():
+    # the verdict always reports; on a healthy run it is an info "improving", never a warning
+    t = evals("eval/test_error", [0.5, 0.45, 0.4, 0.35, 0.3, 0.25])
+    f = fired(RULES["learning_verdict"](t, DEFAULT), "learning_verdict")
+    assert f.severity == "info"
+    assert f.evidence["verdict"] == "improving"
+    assert (f.evidence["first"], f.evidence["last"], f.evidence["best"]) == (0.5, 0.25, 0.25)
+    assert f.evidence["noise"] == pytest.approx(0.0, abs=1e-9)
+    assert f.confidence == 0.9
+
+
+def test_learning_verdict_with_two_evaluations_is_low_confidence():
+    f = fired(RULES["learning_verdict"](evals("eval/test_error", [0.5, 0.4]), DEFAULT),
+              "learning_verdict")
+    assert f.evidence["verdict"] == "improving"
+    assert f.confidence == 0.4
+
+
+def test_learning_verdict_unavailable():
+    out = RULES["learning_verdict"](table({"reward/mean": 0.5}), DEFAULT)
+    assert isinstance(out, Unavailable)
+    assert "eval/test_error" in out.needs
+    # one evaluation is not a comparison
+    assert isinstance(RULES["learning_verdict"](evals("eval/test_error", [0.5]), DEFAULT),
+                      Unavailable)
+
+
+# ---------------------------------------------------------------- thresholds
+
+def pattern_tables() -> dict[str, tuple[MetricTable, dict[str, Any]]]:
+    """rule id → (a table where it fires at the default, a config override that silences it)."""
+    amp = amplification(15)
+    spike = 0.5 + noise(14, 0.05)
+    spike[30] = 5.0
+    return {
+        # lowering the floor (0.2 → 0.001·2 = 0.002 or 0.001) leaves the last window above it
+        "entropy_collapse": (table({"policy/entropy": collapsing_entropy()}),
+                             {"entropy_floor": 0.001, "entropy_floor_frac": 0.001}),
+        "sigma_amplification": (table({"adv/amplification": amp}), {"amplification": 10.0}),
+        "negative_kl": (table({"policy/kl_ref_k1": alternating(-6e-4, 1e-3)}),
+                        {"kl_negative_tol": 1e-3}),
+        # 27.7 < 10 × 6; and growth 5.9 → 27.7 is under 10×
+        "kl_runaway": (table({"policy/kl_ref_seq_k1": 5.0 + 25.0 * STEPS / 59}, run_config()),
+                       {"kl_runaway_factor": 10.0}),
+        "kl_too_small": (table({"policy/kl_behaviour_k1": 1e-6,
+                                "reward/mean": 0.3 + noise(13, 0.02)}), {"kl_small": 1e-7}),
+        "value_instability": (table({"loss/value": spike}), {"value_spike_z": 1000.0}),
+        "no_signal": (table({"adv/frac_zero": 0.9}), {"no_signal_frac": 0.95}),
+        "length_hacking": (table({"length/mean": 100.0 + 3.0 * STEPS + noise(17, 3.0),
+                                  "reward/mean": 0.1 + 0.01 * STEPS + noise(18, 0.01)}),
+                           {"length_corr": 1.0}),
+        "truncation": (table({"length/clip_ratio": 0.3}, run_config()), {"clip_ratio": 0.5}),
+        "sampler_mismatch": (table(mismatched(), run_config(top_p=0.9)),
+                             {"mismatch_tol": 0.1, "outside_band": 0.1}),
+        "grad_clip_saturation": (table({"optim/clip_active": 0.9}), {"clip_saturation": 0.95}),
+        "stale_replay": (table({"replay/age_mean": 12.0}), {"stale_age": 20.0}),
+    }
+
+
+@pytest.mark.parametrize("rule_id", list(pattern_tables()))
+def test_a_threshold_silences_a_finding_that_fires_at_the_default(rule_id):
+    t, override = pattern_tables()[rule_id]
+    rule = RULES[rule_id]
+    fired(rule(t, DEFAULT), rule_id)
+    quiet(rule(t, replace(DEFAULT, **override)))
+
+
+@pytest.mark.parametrize("rule_id", ["entropy_collapse", "entropy_rising", "kl_runaway",
+                                     "kl_too_small", "value_instability", "length_hacking",
+                                     "grad_clip_saturation", "oscillation",
+                                     "throughput_regression"])
+def test_min_steps_makes_trend_rules_unavailable(rule_id):
+    t = healthy_table()
+    assert not isinstance(RULES[rule_id](t, DEFAULT), Unavailable)
+    assert isinstance(RULES[rule_id](t, replace(DEFAULT, min_steps=N + 1)), Unavailable)
+
+
+# ---------------------------------------------------------------- causes and diagnose
+
+def finding(rule_id: str, step: float | None) -> Finding:
+    return Finding(rule_id, "warning", rule_id, {}, "", ("",), 0.5, step=step)
+
+
+def test_link_causes_by_hand():
+    collapse = finding("entropy_collapse", 36.0)
+    linked = link_causes([finding("sigma_amplification", 15.0), collapse])
+    assert linked[1].causes == ("sigma_amplification",)
+    assert linked[1].title.endswith("(likely cause: sigma_amplification)")
+    assert linked[0].causes == ()
+    # amplification that starts after the collapse is not its cause
+    assert link_causes([finding("sigma_amplification", 45.0), collapse])[1].causes == ()
+    # no amplification: nothing linked
+    assert link_causes([collapse])[0].causes == ()
+
+
+@pytest.mark.parametrize(("amp_start", "causes"), [(15, ("sigma_amplification",)), (45, ())])
+def test_diagnose_links_amplification_before_collapse(amp_start, causes):
+    t = table({"policy/entropy": collapsing_entropy(),
+               "adv/amplification": amplification(amp_start)})
+    findings, unavailable = diagnose(t)
+    by_id = {f.id: f for f in findings}
+    assert by_id["sigma_amplification"].step == float(amp_start)
+    assert by_id["entropy_collapse"].step == 36.0
+    assert by_id["entropy_collapse"].causes == causes
+    # rules lacking their metrics are listed, not guessed
+    assert "learning_verdict" in unavailable and "truncation" in unavailable
+
+
+def test_diagnose_on_a_healthy_run_raises_no_warning():
+    findings, unavailable = diagnose(healthy_table())
+    assert [f for f in findings if f.severity in ("warning", "critical")] == []
+    # every rule ran on this table
+    assert unavailable == {}
+    # what remains is the verdict: improving
+    verdict = [f for f in findings if f.id == "learning_verdict"]
+    assert len(verdict) == 1 and verdict[0].evidence["verdict"] == "improving"
+
+
+@pytest.mark.parametrize("rule_id", list(RULES))
+def test_every_rule_stays_quiet_on_the_healthy_run(rule_id):
+    out = RULES[rule_id](healthy_table(), DEFAULT)
+    assert isinstance(out, list)
+    if rule_id == "learning_verdict":
+        assert [f.severity for f in out] == ["info"]
+    else:
+        assert out == []
+
+
+@pytest.mark.parametrize("rule_id", list(RULES))
+def test_every_rule_survives_constant_and_short_series(rule_id):
+    # constant series of every metric, at the minimum length and at 3 points: no crash,
+    # no nan in the evidence
+    series = {name: 0.5 for name in healthy_series()} | {"eval/test_error": 0.3,
+                                                         "policy/clipfrac_region": 0.0,
+                                                         "kl_ctrl/beta": 0.1}
+    for n in (3, DEFAULT.min_steps, 2 * DEFAULT.min_steps):
+        out = RULES[rule_id](table(series, run_config(), steps=np.arange(float(n))), DEFAULT)
+        if isinstance(out, list):
+            for f in out:
+                json.dumps(f.as_dict(), allow_nan=False)

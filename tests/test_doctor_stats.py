@@ -1,0 +1,170 @@
+"""The doctor's trend statistics on hand-made series, with the arithmetic in comments.
+
+No torch: these are pure numpy functions (the doctor never imports torch).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rlscope.doctor.stats import (
+    aligned,
+    correlation,
+    noise_sigma,
+    robust_z,
+    slope_interval,
+    trend,
+    window_size,
+)
+
+
+def test_window_size_by_hand():
+    # max(1, min(n // 2, max(3, int(0.2 n))))
+    assert window_size(60) == 12  # min(30, max(3, 12))
+    assert window_size(20) == 4  # min(10, max(3, 4))
+    assert window_size(10) == 3  # min(5, max(3, 2))
+    assert window_size(5) == 2  # min(2, max(3, 1)): never more than half the series
+    assert window_size(1) == 1
+
+
+def test_trend_of_a_pure_linear_ramp():
+    # values = 3 + 0.5·s on steps 0..19 (n = 20, window w = 4).
+    steps = np.arange(20, dtype=float)
+    values = 3.0 + 0.5 * steps
+    tr = trend(steps, values)
+    assert tr.n == 20
+    assert (tr.first_step, tr.last_step) == (0.0, 19.0)
+    # first window: 3 + 0.5·mean(0, 1, 2, 3) = 3 + 0.5·1.5 = 3.75
+    assert tr.first_mean == pytest.approx(3.75)
+    # last window: 3 + 0.5·mean(16, 17, 18, 19) = 3 + 0.5·17.5 = 11.75
+    assert tr.last_mean == pytest.approx(11.75)
+    assert tr.change == pytest.approx(8.0)
+    # least squares recovers the slope exactly; every bootstrap resample of an exact line
+    # has the same slope, so the interval collapses onto it (up to rounding).
+    assert tr.slope == pytest.approx(0.5, abs=1e-12)
+    assert tr.slope_low - 1e-9 <= 0.5 <= tr.slope_high + 1e-9
+    assert tr.slope_high - tr.slope_low < 1e-9
+    # every first difference is 0.5, so their std (the noise) is 0
+    assert tr.noise == pytest.approx(0.0, abs=1e-12)
+    # |change| = 8 > 3·0 standard errors and > 1e-4·11.75
+    assert tr.exceeds_noise is True
+    assert tr.direction == "up"
+    # 19 differences, all positive
+    assert (tr.ups, tr.downs) == (19, 0)
+
+
+def test_trend_of_a_falling_ramp_is_down():
+    steps = np.arange(10, dtype=float)
+    tr = trend(steps, 10.0 - 2.0 * steps)
+    # w = 3: first mean 10 − 2·1 = 8, last mean 10 − 2·8 = −6
+    assert (tr.first_mean, tr.last_mean) == (pytest.approx(8.0), pytest.approx(-6.0))
+    assert tr.slope == pytest.approx(-2.0)
+    assert tr.direction == "down"
+    assert (tr.ups, tr.downs) == (0, 9)
+
+
+def test_trend_of_pure_noise_does_not_exceed_the_noise():
+    # 5 + 0.1·N(0, 1), 60 steps, seed 0: the windows (w = 12) differ by about
+    # 0.1·√(2/12) ≈ 0.041 (one standard error); the bar is 3 standard errors.
+    rng = np.random.default_rng(0)
+    steps = np.arange(60, dtype=float)
+    values = 5.0 + 0.1 * rng.standard_normal(60)
+    tr = trend(steps, values)
+    assert tr.exceeds_noise is False
+    assert tr.direction == "flat"
+    # σ is estimated from first differences: std(diff)/√2 ≈ 0.1
+    assert 0.07 < tr.noise < 0.13
+    # with no trend the slope interval contains 0
+    assert tr.slope_low < 0.0 < tr.slope_high
+    # independent noise: ups and downs near 59/2 each, and they add to 59 (no ties)
+    assert tr.ups + tr.downs == 59
+    assert abs(tr.ups - tr.downs) < 20
+
+
+def test_trend_of_a_noisy_ramp_has_an_interval_around_the_slope():
+    rng = np.random.default_rng(1)
+    steps = np.arange(60, dtype=float)
+    values = 0.05 * steps + 0.1 * rng.standard_normal(60)
+    tr = trend(steps, values)
+    assert tr.slope_low < 0.05 < tr.slope_high
+    assert tr.slope_low > 0.0
+    assert tr.direction == "up"
+
+
+def test_trend_of_a_constant_series_is_flat():
+    steps = np.arange(30, dtype=float)
+    tr = trend(steps, np.full(30, 0.1))
+    assert tr.noise == 0.0
+    assert tr.change == 0.0
+    assert tr.exceeds_noise is False
+    assert tr.direction == "flat"
+    assert (tr.slope, tr.slope_low, tr.slope_high) == pytest.approx((0.0, 0.0, 0.0), abs=1e-12)
+    assert (tr.ups, tr.downs) == (0, 0)
+
+
+def test_trend_of_one_or_two_points_does_not_crash():
+    one = trend(np.array([5.0]), np.array([2.0]))
+    assert (one.first_mean, one.last_mean, one.noise, one.exceeds_noise) == (2.0, 2.0, 0.0, False)
+    assert (one.slope, one.ups, one.downs) == (0.0, 0, 0)
+    two = trend(np.array([0.0, 1.0]), np.array([1.0, 3.0]))
+    # w = 1: first 1, last 3; fewer than 3 points, so noise 0 and no slope fit
+    assert (two.change, two.noise, two.slope, two.ups) == (2.0, 0.0, 0.0, 1)
+
+
+def test_trend_as_dict_rounds_and_names_the_direction():
+    steps = np.arange(20, dtype=float)
+    d = trend(steps, 3.0 + 0.5 * steps).as_dict()
+    assert d["direction"] == "up"
+    assert d["first_mean"] == 3.75
+    assert d["n"] == 20
+
+
+def test_noise_sigma_by_hand():
+    # [1, 3, 2, 5]: differences [2, −1, 3], mean 4/3, deviations [2/3, −7/3, 5/3],
+    # population variance (4 + 49 + 25)/9/3 = 26/9, std √26/3; σ = √26/3/√2 = √13/3 ≈ 1.2019
+    assert noise_sigma(np.array([1.0, 3.0, 2.0, 5.0])) == pytest.approx(math.sqrt(13) / 3)
+    # alternating ±1: differences ±2 alternate, std 2, σ = 2/√2 = √2
+    assert noise_sigma(np.array([1.0, -1.0, 1.0, -1.0, 1.0])) == pytest.approx(math.sqrt(2))
+    # fewer than three points: 0
+    assert noise_sigma(np.array([1.0, 9.0])) == 0.0
+
+
+def test_slope_interval_degenerate_steps():
+    # all points at one step: no slope
+    assert slope_interval(np.zeros(5), np.arange(5.0)) == (0.0, 0.0, 0.0)
+    assert slope_interval(np.arange(2.0), np.arange(2.0)) == (0.0, 0.0, 0.0)
+
+
+def test_robust_z_by_hand():
+    # [1, 2, 3, 4, 100]: median 3; |x − 3| = [2, 1, 0, 1, 97], median 1; scale 1.4826·1
+    z = robust_z(np.array([1.0, 2.0, 3.0, 4.0, 100.0]))
+    assert z == pytest.approx(np.array([-2.0, -1.0, 0.0, 1.0, 97.0]) / 1.4826)
+    # [10, 12, 14, 16]: median 13; |x − 13| = [3, 1, 1, 3], median 2; scale 2.9652
+    z = robust_z(np.array([10.0, 12.0, 14.0, 16.0]))
+    assert z == pytest.approx(np.array([-3.0, -1.0, 1.0, 3.0]) / 2.9652)
+    # a constant series has MAD 0: zeros (documented), never inf or nan
+    assert np.array_equal(robust_z(np.full(6, 0.3)), np.zeros(6))
+
+
+def test_correlation_by_hand():
+    # a = [1, 2, 3], b = [2, 4, 7]: deviations [−1, 0, 1] and [−7/3, −1/3, 8/3];
+    # Σ products = 7/3 + 8/3 = 5, Σa'² = 2, Σb'² = 114/9, r = 5/√(2·114/9) = 15/√228
+    assert correlation(np.array([1.0, 2.0, 3.0]), np.array([2.0, 4.0, 7.0])) == \
+        pytest.approx(15 / math.sqrt(228))
+    assert correlation(np.arange(5.0), -3 * np.arange(5.0)) == pytest.approx(-1.0)
+    # a constant side or fewer than 3 points: 0, not nan
+    assert correlation(np.arange(5.0), np.full(5, 2.0)) == 0.0
+    assert correlation(np.array([1.0, 2.0]), np.array([2.0, 1.0])) == 0.0
+
+
+def test_aligned_keeps_shared_steps():
+    s1 = (np.array([0.0, 1.0, 2.0, 3.0]), np.array([10.0, 11.0, 12.0, 13.0]))
+    s2 = (np.array([1.0, 3.0, 5.0]), np.array([0.1, 0.3, 0.5]))
+    steps, v1, v2 = aligned(s1, s2)
+    # shared steps 1 and 3
+    assert steps.tolist() == [1.0, 3.0]
+    assert v1.tolist() == [11.0, 13.0]
+    assert v2.tolist() == [0.1, 0.3]
