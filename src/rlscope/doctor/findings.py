@@ -58,7 +58,9 @@ class DoctorConfig:
     kl_runaway_factor: float = 3.0
     """kl_runaway: KL above this multiple of the adaptive controller's target ..."""
     kl_runaway_growth: float = 10.0
-    """... or, with no target, the last window's KL this many times the first window's."""
+    """... or, with no target, the last window's KL this many times the first window's ..."""
+    kl_ceiling: float = 0.5
+    """... and above this many nats per token."""
     kl_small: float = 1e-4
     """kl_too_small: a per-token KL to the behaviour policy below this is tiny."""
     value_spike_z: float = 6.0

@@ -191,6 +191,7 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
         return []
     facts = _facts(t)
     cause = _sampling_cause(facts)
+    from_config = cause is not None
     if cause is None:
         cause = ("estimator noise: k1 is negative per sample and its mean is small against "
                  "its spread" if noisy else
@@ -208,27 +209,33 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
         ("replay the sampler's kept set (--replay_sampling_mask) or sample without "
          "top-k/top-p", "compare sampler and learner log-probs on the same tokens",
          "use an importance correction (--is_correction token_mask)"),
-        0.8 if "sampling" in cause else 0.5)]
+        0.8 if from_config else 0.5)]
 
 
 def kl_runaway(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """KL to the reference far above the adaptive controller's target (kl_runaway_factor ×),
-    or, with no target recorded, the last window's KL kl_runaway_growth × the first window's
-    while the adaptive β (if logged) keeps rising."""
-    name = t.first(*KL_REF)
+    """The sequence KL to the reference far above the adaptive controller's target
+    (kl_runaway_factor ×); or, with no target recorded, a per-token KL to the reference trending
+    up to kl_runaway_growth × its first window and above kl_ceiling nats per token. The adaptive
+    β, when logged, is reported alongside."""
+    facts = _facts(t)
+    target = facts.get("kl_target_value") if facts.get("kl_control") == "adaptive" else None
+    name = t.first(*(KL_REF if target else KL_REF[1:]))
     if name is None or not t.has(name, c.min_steps):
         return Unavailable(KL_REF)
     steps, kl = t.series(name)
     tr = trend(steps, kl)
-    facts = _facts(t)
-    target = facts.get("kl_target_value") if facts.get("kl_control") == "adaptive" else None
     evidence: dict[str, Any] = {"metric": name, "trend": tr.as_dict()}
     fired = False
-    if target and name == "policy/kl_ref_seq_k1" and tr.last_mean > c.kl_runaway_factor * target:
-        evidence["target"] = target
-        fired = True
-    elif tr.direction == "up" and tr.last_mean > c.kl_runaway_growth * max(abs(tr.first_mean),
-                                                                          1e-3):
+    if target and name == "policy/kl_ref_seq_k1":
+        if tr.last_mean > c.kl_runaway_factor * target:
+            evidence["target"] = target
+            fired = True
+    elif name != "policy/kl_ref_seq_k1" and tr.direction == "up" \
+            and tr.last_mean > max(c.kl_ceiling,
+                                   c.kl_runaway_growth * max(abs(tr.first_mean), 1e-3)):
+        # No target: a per-token KL that grew many times over and passed an absolute ceiling
+        # (ordinary growth from ~0 to a few hundredths of a nat is not a runaway).
+        evidence["ceiling"] = c.kl_ceiling
         fired = True
     if not fired:
         return []
@@ -374,7 +381,7 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
     outside_band, means the logged behaviour log-probs are not the learner's."""
     facts = _facts(t)
     names = ("policy/ratio_mean_first", "sampler/frac_outside_band", "sampler/logp_diff_mean",
-             "policy/kl_behaviour_k2_first")
+             "policy/kl_behaviour_k2_first", "policy/clipfrac_region_first")
     if not any(t.has(n, 3) for n in names):
         return Unavailable(names)
     if facts.get("on_policy") is False:
@@ -392,6 +399,10 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
         diff = np.abs(t.values("sampler/logp_diff_mean"))
         if diff.mean() > c.mismatch_tol:
             evidence["logp_diff_mean_abs"] = _r(float(diff.mean()))
+    if t.has("policy/clipfrac_region_first", 3):
+        clipped = t.values("policy/clipfrac_region_first")
+        if clipped.mean() > 0:
+            evidence["clipfrac_region_first"] = _r(float(clipped.mean()))
     if t.has("policy/kl_behaviour_k2_first", 3):
         k2 = t.values("policy/kl_behaviour_k2_first")
         if k2.mean() > c.mismatch_tol ** 2 / 2:  # ½(Δℓ)² for a log-prob gap of mismatch_tol
@@ -476,17 +487,22 @@ def stale_replay(t: MetricTable, c: DoctorConfig) -> RuleOut:
 
 
 def throughput_regression(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """Step time growing beyond noise; evidence: correlation with length and the generation
-    share of the step."""
+    """Step time growing beyond noise (and 20%) together with response length (length
+    trending up, correlation ≥ 0.5) where length is logged; evidence: that correlation and
+    the generation share of the step. Slower steps at constant length point at the machine
+    (other load), not at the run, and are not reported."""
     if not t.has("time/step", c.min_steps):
         return Unavailable(("time/step",))
     tr = trend(*t.series("time/step"))
     if tr.direction != "up" or tr.last_mean < 1.2 * tr.first_mean:
         return []
     evidence: dict[str, Any] = {"trend": tr.as_dict()}
-    if t.has("length/mean"):
+    if t.has("length/mean", c.min_steps):
         _, step_t, length = aligned(t.series("time/step"), t.series("length/mean"))
-        evidence["correlation_with_length"] = _r(correlation(step_t, length))
+        corr = correlation(step_t, length)
+        if trend(*t.series("length/mean")).direction != "up" or corr < 0.5:
+            return []  # slower steps without longer responses: the machine, not the run
+        evidence["correlation_with_length"] = _r(corr)
     if t.has("time/sample"):
         _, sample_t, step_t = aligned(t.series("time/sample"), t.series("time/step"))
         evidence["generation_share"] = _r(float(sample_t.sum() / max(step_t.sum(), 1e-12)))

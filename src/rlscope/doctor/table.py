@@ -74,7 +74,8 @@ class MetricTable:
         return sorted(self._steps)
 
     def has(self, name: str, min_points: int = 1) -> bool:
-        return len(self._steps.get(name, ())) >= min_points
+        """Whether ``name`` has at least ``min_points`` points (and at least one)."""
+        return len(self._steps.get(name, ())) >= max(min_points, 1)
 
     def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) sorted by step; a step logged twice keeps its last value."""
