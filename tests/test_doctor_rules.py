@@ -929,3 +929,18 @@ def test_sampler_mismatch_reads_first_pass_clipping():
               run_config())
     f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
     assert f.evidence["clipfrac_region_first"] == pytest.approx(0.02)
+
+
+def test_kl_runaway_ignores_steady_linear_growth_without_a_target():
+    """0.001 → 0.2 nats/token, linear: 100× its first window but neither above the 0.5
+    ceiling nor accelerating (both thirds share one slope)."""
+    quiet(RULES["kl_runaway"](table({"policy/kl_ref_k1": 0.001 + 0.2 * STEPS / 59}), DEFAULT))
+
+
+def test_kl_runaway_fires_on_accelerating_growth_below_the_ceiling():
+    """Linear 0.0025/step to step 40, then doubling every 8 steps: last third's slope ≫ the
+    first two thirds', though the KL ends below 0.5."""
+    kl = np.where(STEPS <= 40, 0.0025 * STEPS, 0.1 * 2 ** ((STEPS - 40) / 8))
+    f = fired(RULES["kl_runaway"](table({"policy/kl_ref_k1": kl}), DEFAULT), "kl_runaway")
+    assert f.evidence["slope_late"] > 3 * f.evidence["slope_early"]
+    assert f.evidence["trend"]["last_mean"] < 0.5

@@ -60,7 +60,9 @@ class DoctorConfig:
     kl_runaway_growth: float = 10.0
     """... or, with no target, the last window's KL this many times the first window's ..."""
     kl_ceiling: float = 0.5
-    """... and above this many nats per token."""
+    """... and above this many nats per token ..."""
+    kl_acceleration: float = 3.0
+    """... or its last third's slope this many times its first two thirds' slope."""
     kl_small: float = 1e-4
     """kl_too_small: a per-token KL to the behaviour policy below this is tiny."""
     value_spike_z: float = 6.0
@@ -73,6 +75,9 @@ class DoctorConfig:
     """truncation: truncated fraction (length/clip_ratio) above this in the last window."""
     mismatch_tol: float = 1e-3
     """sampler_mismatch: |first-pass ratio − 1| above this on an on-policy run."""
+    mismatch_k2: float = 1e-3
+    """sampler_mismatch: first-pass ½(ℓ_learner − ℓ_sampler)² above this (a gap of ~0.045 nats;
+    engines that share numerics stay orders of magnitude below)."""
     outside_band: float = 0.01
     """sampler_mismatch: fraction of tokens with ρ outside [0.9, 1.1] above this."""
     clip_saturation: float = 0.8

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlscope.doctor.table import ImportResult, MetricTable
-from rlscope.doctor.translate import translate
+from rlscope.doctor.translate import TRANSLATIONS, translate
 from rlscope.doctor.verl import RECORD, read_verl
 
 FORMATS = ("auto", "run", "verl", "trl", "wandb", "tinker", "jsonl", "csv")
@@ -57,6 +57,9 @@ def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
         if hit is not None:
             return hit
         canonical, note = translate(framework, name) if framework else (name, "")
+        if framework and canonical == name and name.startswith("train/"):
+            canonical, note = translate(framework, name.removeprefix("train/"))
+            canonical = name if canonical == name.removeprefix("train/") else canonical
         if canonical != name:
             table.original[canonical] = name
             if note:
@@ -68,10 +71,16 @@ def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
 
 
 def guess_framework(names: list[str]) -> str | None:
+    """The framework whose metric names these are: by characteristic prefixes, else the one
+    with the most exact name matches (at least two; a ``train/`` prefix, as W&B shows TRL's
+    metrics, is ignored)."""
     for framework, markers in FRAMEWORK_MARKERS.items():
         if any(n.startswith(markers) for n in names):
             return framework
-    return None
+    bare = {n.removeprefix("train/") for n in names}
+    counts = {fw: len(bare & set(table)) for fw, table in TRANSLATIONS.items()}
+    best = max(counts, key=lambda fw: counts[fw])
+    return best if counts[best] >= 2 else None
 
 
 def _number(value: Any) -> float | None:
@@ -212,10 +221,11 @@ def read_csv(path: Path, fmt: str) -> list[MetricTable]:
     else:
         table = MetricTable(source=path.name, fmt=fmt)
         tables[path.name] = table
-        names = [h for i, h in enumerate(header) if i != step_col]
-        columns = [None if i == step_col else (i, table, h) for i, h in enumerate(header)]
-    framework = guess_framework(names) or guess_framework(
-        [n.removeprefix("train/") for n in names])
+        names = [h for i, h in enumerate(header) if i != step_col and h.strip()]
+        # an unnamed first column is a pandas index (W&B's history export)
+        columns = [None if i == step_col or not h.strip() else (i, table, h)
+                   for i, h in enumerate(header)]
+    framework = guess_framework(names)
     renames = {id(t): _renamer(t, framework) for t in tables.values()}
     first = next(iter(tables.values()))
     index = 0
@@ -243,8 +253,7 @@ def read_csv(path: Path, fmt: str) -> list[MetricTable]:
             if value is None:
                 bad[col[2]] = bad.get(col[2], 0) + 1
                 continue
-            name = col[2].removeprefix("train/") if framework == "trl" else col[2]
-            col[1].add(step, renames[id(col[1])](name), value)
+            col[1].add(step, renames[id(col[1])](col[2]), value)
     for name, count in bad.items():
         first.problem(None, f"column {name!r}: {count} non-numeric cells skipped")
     return list(tables.values())
@@ -259,7 +268,7 @@ def sniff(path: Path) -> str:
         raise DoctorError(f"{path} is empty: expected a training log (verl console log, TRL "
                           "trainer_state.json, W&B CSV export, metrics.jsonl or a CSV/JSONL "
                           "with a step column)")
-    if b"\x00" in head[:4096] or _binary_share(head) > 0.3:
+    if _binary_share(head) > 0.3:
         raise DoctorError(f"{path} looks binary: the doctor reads text logs (verl console log, "
                           "trainer_state.json, CSV or JSONL)")
     text = head.decode("utf-8", errors="replace")
@@ -286,15 +295,14 @@ def sniff(path: Path) -> str:
 
 
 def _binary_share(data: bytes) -> float:
-    text_bytes = set(range(32, 127)) | {9, 10, 13}
+    """The share of the first 4 KB that is neither printable ASCII, whitespace, nor part of
+    valid UTF-8 text: a log with a line of junk is text, a checkpoint is not."""
     sample = data[:4096]
     if not sample:
         return 0.0
-    try:
-        sample.decode("utf-8")
-        return 0.0
-    except UnicodeDecodeError:
-        return sum(b not in text_bytes for b in sample) / len(sample)
+    text = sample.decode("utf-8", errors="replace")
+    odd = sum(ch == "\ufffd" or (ord(ch) < 32 and ch not in "\t\n\r\x1b") for ch in text)
+    return odd / len(text)
 
 
 def load(path: str | Path, fmt: str = "auto") -> ImportResult:

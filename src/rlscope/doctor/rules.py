@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from rlscope.doctor.findings import DoctorConfig, Finding, Unavailable
-from rlscope.doctor.stats import aligned, correlation, robust_z, trend, window_size
+from rlscope.doctor.stats import (
+    aligned,
+    correlation,
+    robust_z,
+    slope_interval,
+    trend,
+    window_size,
+)
 from rlscope.doctor.table import MetricTable
 
 RuleOut = list[Finding] | Unavailable
@@ -215,8 +222,9 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
 def kl_runaway(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """The sequence KL to the reference far above the adaptive controller's target
     (kl_runaway_factor ×); or, with no target recorded, a per-token KL to the reference trending
-    up to kl_runaway_growth × its first window and above kl_ceiling nats per token. The adaptive
-    β, when logged, is reported alongside."""
+    up to kl_runaway_growth × its first window and either above kl_ceiling nats per token or
+    accelerating (the slope of the last third kl_acceleration × that of the first two thirds).
+    The adaptive β, when logged, is reported alongside."""
     facts = _facts(t)
     target = facts.get("kl_target_value") if facts.get("kl_control") == "adaptive" else None
     name = t.first(*(KL_REF if target else KL_REF[1:]))
@@ -231,12 +239,17 @@ def kl_runaway(t: MetricTable, c: DoctorConfig) -> RuleOut:
             evidence["target"] = target
             fired = True
     elif name != "policy/kl_ref_seq_k1" and tr.direction == "up" \
-            and tr.last_mean > max(c.kl_ceiling,
-                                   c.kl_runaway_growth * max(abs(tr.first_mean), 1e-3)):
-        # No target: a per-token KL that grew many times over and passed an absolute ceiling
-        # (ordinary growth from ~0 to a few hundredths of a nat is not a runaway).
-        evidence["ceiling"] = c.kl_ceiling
-        fired = True
+            and tr.last_mean > c.kl_runaway_growth * max(abs(tr.first_mean), 1e-3):
+        # No target: a per-token KL that grew many times over and either passed an absolute
+        # ceiling or is accelerating (ordinary growth from ~0 is linear or levels off).
+        third = len(kl) // 3
+        early = slope_interval(steps[:-third], kl[:-third])[0] if third >= 3 else 0.0
+        late = slope_interval(steps[-third:], kl[-third:])[0] if third >= 3 else 0.0
+        accelerating = late > c.kl_acceleration * max(early, 0.0) and late > 0
+        if tr.last_mean > c.kl_ceiling or accelerating:
+            evidence |= {"ceiling": c.kl_ceiling, "slope_early": _r(early),
+                         "slope_late": _r(late)}
+            fired = True
     if not fired:
         return []
     if t.has("kl_ctrl/beta", c.min_steps):
@@ -405,7 +418,7 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
             evidence["clipfrac_region_first"] = _r(float(clipped.mean()))
     if t.has("policy/kl_behaviour_k2_first", 3):
         k2 = t.values("policy/kl_behaviour_k2_first")
-        if k2.mean() > c.mismatch_tol ** 2 / 2:  # ½(Δℓ)² for a log-prob gap of mismatch_tol
+        if k2.mean() > c.mismatch_k2:
             evidence["kl_behaviour_k2_first"] = _r(float(k2.mean()))
     if not evidence:
         return []
