@@ -18,6 +18,8 @@ import numpy as np
 WINDOW_FRAC = 0.2
 MIN_WINDOW = 3
 N_BOOTSTRAP = 200
+MAX_BOOTSTRAP_POINTS = 2000
+"""Longer series are thinned evenly for the slope's bootstrap interval (not for the slope)."""
 Z = 3.0
 REL_TOL = 1e-4
 """Changes below this fraction of the series' scale never count (float rounding)."""
@@ -73,6 +75,9 @@ def slope_interval(steps: np.ndarray, values: np.ndarray, n_boot: int = N_BOOTST
     if len(steps) < 3 or np.ptp(steps) == 0:
         return 0.0, 0.0, 0.0
     slope = float(np.polyfit(steps, values, 1)[0])
+    if len(steps) > MAX_BOOTSTRAP_POINTS:  # evenly thinned: bounded memory on long runs
+        keep = np.linspace(0, len(steps) - 1, MAX_BOOTSTRAP_POINTS).round().astype(int)
+        steps, values = steps[keep], values[keep]
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(steps), size=(n_boot, len(steps)))
     xs, ys = steps[idx], values[idx]
