@@ -485,8 +485,12 @@ def test_no_signal_fires_when_most_advantages_are_zero():
 
 
 def test_no_signal_reads_zero_std_groups():
-    f = fired(RULES["no_signal"](table({"group/zero_std_frac": 0.7}), DEFAULT), "no_signal")
-    assert f.evidence["metric"] == "group/zero_std_frac"
+    """TRL's frac_reward_zero_std directly; a mixed-group rate of 0.3 means 70% uniform."""
+    f = fired(RULES["no_signal"](table({"frac_reward_zero_std": 0.7}), DEFAULT), "no_signal")
+    assert f.evidence["metric"] == "frac_reward_zero_std"
+    f = fired(RULES["no_signal"](table({"group/mixed_rate": 0.3}), DEFAULT), "no_signal")
+    assert f.evidence["last_window_mean"] == pytest.approx(0.7)
+    quiet(RULES["no_signal"](table({"group/mixed_rate": 0.9}), DEFAULT))
 
 
 def test_no_signal_stays_quiet():
@@ -495,7 +499,8 @@ def test_no_signal_stays_quiet():
 
 def test_no_signal_unavailable():
     out = RULES["no_signal"](table({"reward/mean": 0.1}), DEFAULT)
-    assert out == Unavailable(("adv/frac_zero", "group/zero_std_frac", "group/fallback"))
+    assert out == Unavailable(("adv/frac_zero", "frac_reward_zero_std", "group/mixed_rate",
+                               "group/fallback"))
 
 
 # ---------------------------------------------------------------- length_hacking

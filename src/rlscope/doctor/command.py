@@ -24,7 +24,7 @@ class DoctorCommand:
     trainer_state.json, a W&B CSV export, a tinker-cookbook metrics.jsonl, or any CSV/JSONL
     with a step column."""
 
-    path: Annotated[str, tyro.conf.Positional]
+    path: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="PATH")]
     """The run directory or log file."""
     format: str = "auto"
     """Input format: auto (sniff), run, verl, trl, wandb, tinker, jsonl, csv."""

@@ -328,12 +328,16 @@ def value_instability(t: MetricTable, c: DoctorConfig) -> RuleOut:
 
 
 def no_signal(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """A high fraction of zero advantages or zero-std groups (or mixed-group fallbacks): the
-    data is too easy or too hard for the group size."""
-    name = t.first("adv/frac_zero", "group/zero_std_frac", "group/fallback")
+    """A high fraction of zero advantages, of zero-std groups (TRL's frac_reward_zero_std,
+    1 − group/mixed_rate) or of mixed-group fallbacks in the last window: the data is too easy
+    or too hard for the group size."""
+    names = ("adv/frac_zero", "frac_reward_zero_std", "group/mixed_rate", "group/fallback")
+    name = t.first(*names)
     if name is None or not t.has(name, 3):
-        return Unavailable(("adv/frac_zero", "group/zero_std_frac", "group/fallback"))
+        return Unavailable(names)
     values = t.values(name)
+    if name == "group/mixed_rate":  # groups with any spread; the rest carry no signal
+        values = 1.0 - values
     frac = float(values[-window_size(len(values)):].mean())
     if frac <= c.no_signal_frac:
         return []
