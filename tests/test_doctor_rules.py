@@ -532,7 +532,8 @@ def test_length_hacking_stays_quiet():
 
 def test_length_hacking_unavailable():
     out = RULES["length_hacking"](table({"length/mean": 100.0}), DEFAULT)
-    assert out == Unavailable(("length/mean", "reward/mean"))
+    assert out == Unavailable(("length/mean", "reward/mean"), all_of=True)
+    assert str(out) == "length/mean and reward/mean"
 
 
 # ---------------------------------------------------------------- truncation

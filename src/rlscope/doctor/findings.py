@@ -38,9 +38,14 @@ class Finding:
 
 @dataclass(frozen=True)
 class Unavailable:
-    """The rule could not run: ``needs`` names the metrics (any one of each group) it lacks."""
+    """The rule could not run: ``needs`` names what it lacks, any one of them (``all_of``:
+    every one of them)."""
 
     needs: tuple[str, ...]
+    all_of: bool = False
+
+    def __str__(self) -> str:
+        return (" and " if self.all_of else " or ").join(self.needs)
 
 
 @dataclass(frozen=True)

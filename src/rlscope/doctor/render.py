@@ -40,7 +40,7 @@ def _evidence(f: Finding) -> str:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.4g}"
+    return f"{x:.4g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
 
 
 def _header(d: Diagnosis) -> str:
@@ -63,7 +63,7 @@ def _trend_rows(d: Diagnosis) -> list[list[str]]:
 
 
 def _unavailable_lines(d: Diagnosis) -> list[str]:
-    return [f"{rule}: needs {' or '.join(u.needs)}" for rule, u in d.unavailable.items()]
+    return [f"{rule}: needs {u}" for rule, u in d.unavailable.items()]
 
 
 def to_markdown(diagnoses: list[Diagnosis]) -> str:
@@ -155,7 +155,8 @@ def to_terminal(diagnoses: list[Diagnosis], console: Console | None = None) -> N
         for title, cols, rows in _tables(d):
             table = Table(title=title, title_justify="left")
             for i, col in enumerate(cols):
-                table.add_column(col, no_wrap=i == 0)
+                table.add_column(col, no_wrap=i > 0, overflow="fold", max_width=None if i
+                                 else 40)
             for row in rows:
                 table.add_row(*row)
             console.print(table)
@@ -167,7 +168,7 @@ def to_terminal(diagnoses: list[Diagnosis], console: Console | None = None) -> N
 def _tables(d: Diagnosis) -> list[tuple[str, list[str], list[list[str]]]]:
     out: list[tuple[str, list[str], list[list[str]]]] = []
     if d.trends:
-        out.append(("trends", ["metric", "first", "last", "change", "beyond noise", "up/down"],
+        out.append(("trends", ["metric", "first", "last", "change", "trend", "up/down"],
                     _trend_rows(d)))
     if d.phases:
         out.append(("time per step", ["phase", "mean s", "share"],

@@ -276,7 +276,7 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
                             "> 1)",))
     name = t.first(*KL_LAST_PASS)
     if name is None or not t.has(name, c.min_steps) or not t.has("reward/mean", c.min_steps):
-        return Unavailable((KL_LAST_PASS[0], "reward/mean"))
+        return Unavailable(("(" + " or ".join(KL_LAST_PASS) + ")", "reward/mean"), all_of=True)
     kl = np.abs(t.values(name))
     if kl[-window_size(len(kl)):].mean() >= c.kl_small or \
             trend(*t.series(name)).direction == "up":
@@ -353,7 +353,7 @@ def no_signal(t: MetricTable, c: DoctorConfig) -> RuleOut:
 def length_hacking(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """Mean length trending beyond noise and correlated with reward (|r| ≥ length_corr)."""
     if not t.has("length/mean", c.min_steps) or not t.has("reward/mean", c.min_steps):
-        return Unavailable(("length/mean", "reward/mean"))
+        return Unavailable(("length/mean", "reward/mean"), all_of=True)
     tr = trend(*t.series("length/mean"))
     _, length, reward = aligned(t.series("length/mean"), t.series("reward/mean"))
     corr = correlation(length, reward)
