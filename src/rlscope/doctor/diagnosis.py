@@ -73,16 +73,18 @@ def trend_table(t: MetricTable, names: list[str] | None = None) -> dict[str, Tre
 
 
 def phase_table(t: MetricTable) -> dict[str, tuple[float, float]]:
+    """Phase → (mean seconds each time it ran, its total time / the steps' total time). A
+    phase outside the step (evaluation) can exceed 100%."""
     total_name = t.first(*TOTAL_TIME)
     phases = [n for n in t.names() if n.startswith(TIME_PREFIXES) and n != total_name]
     if not phases:
         return {}
-    total = float(t.values(total_name).mean()) if total_name else sum(
-        float(t.values(n).mean()) for n in phases)
-    out = {n: (float(t.values(n).mean()), float(t.values(n).mean()) / max(total, 1e-12))
+    total = float(t.values(total_name).sum()) if total_name else sum(
+        float(t.values(n).sum()) for n in phases)
+    out = {n: (float(t.values(n).mean()), float(t.values(n).sum()) / max(total, 1e-12))
            for n in phases}
     if total_name:
-        out[total_name] = (total, 1.0)
+        out[total_name] = (float(t.values(total_name).mean()), 1.0)
     return out
 
 

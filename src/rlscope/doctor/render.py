@@ -90,7 +90,8 @@ def to_markdown(diagnoses: list[Diagnosis]) -> str:
                     "| --- | --- | --- | --- | --- | --- |"]
             out += ["| " + " | ".join(r) + " |" for r in _trend_rows(d)] + [""]
         if d.phases:
-            out += ["### Time per step", "", "| phase | mean s | share |", "| --- | --- | --- |"]
+            out += ["### Time", "", "| phase | mean s | share of step time |",
+                    "| --- | --- | --- |"]
             out += [f"| {k} | {_fmt(m)} | {s:.0%} |" for k, (m, s) in d.phases.items()] + [""]
         if d.validation:
             out += ["### Validation", "", "| metric | evaluations | first | last | best |",
@@ -171,7 +172,7 @@ def _tables(d: Diagnosis) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append(("trends", ["metric", "first", "last", "change", "trend", "up/down"],
                     _trend_rows(d)))
     if d.phases:
-        out.append(("time per step", ["phase", "mean s", "share"],
+        out.append(("time", ["phase", "mean s", "share of step time"],
                     [[k, _fmt(m), f"{s:.0%}"] for k, (m, s) in d.phases.items()]))
     if d.validation:
         out.append(("validation", ["metric", "evaluations", "first", "last", "best"],
