@@ -551,8 +551,8 @@ def primary_validation(t: MetricTable) -> str | None:
             return preferred
     for key in ("acc", "reward", "score", "pass", "mean@"):
         hits = [n for n in names if key in n]
-        if hits:
-            return hits[0]
+        if hits:  # the mean over samples (mean@k) before best@k / maj@k summaries
+            return min(hits, key=lambda n: ("mean@" not in n, n))
     return names[0] if names else None
 
 
