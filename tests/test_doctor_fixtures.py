@@ -128,3 +128,45 @@ def test_cli_terminal_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert "is empty" in capsys.readouterr().err
     assert main(["doctor", str(FIXTURES / "tinker_metrics.jsonl"), "--output", "pdf"]) == 2
     assert "--output 'pdf' is unknown" in capsys.readouterr().err
+
+
+def test_real_trl_grpo_trainer_state() -> None:
+    """TRL 1.16 GRPOTrainer, 120 steps of a tiny Llama (tests/fixtures/doctor/README.md): train
+    entries, eval entries every 20 steps (kept under their eval_ names) and the final summary."""
+    (d,) = run_doctor(FIXTURES / "trl_grpo_trainer_state.json")
+    t = d.table
+    assert t.fmt == "trl" and t.config["global_step"] == 120
+    assert len(t.series("reward/mean")[0]) == 120
+    assert t.original["policy/kl_ref_k3"] == "kl" and "during the update" in \
+        t.notes["policy/kl_ref_k3"]
+    assert t.series("eval_reward")[0].tolist() == [20.0, 40.0, 60.0, 80.0, 100.0, 120.0]
+    assert t.has("train_runtime")
+    # at most 6 completion tokens: most completions are cut at the limit
+    found = _by_id(d)
+    assert found["truncation"].evidence["last_window_mean"] > 0.5
+    assert "entropy_collapse" not in found
+
+
+def test_real_trl_grpo_with_a_learning_rate_ten_times_higher() -> None:
+    """lr 0.1: entropy 2.9 → 0.18 by step 10, then every completion cut at the limit with
+    reward 0 and frac_reward_zero_std 1."""
+    (d,) = run_doctor(FIXTURES / "trl_grpo_high_lr_trainer_state.json")
+    found = _by_id(d)
+    collapse = found["entropy_collapse"]
+    assert collapse.step is not None and collapse.step <= 15
+    assert found["no_signal"].evidence["metric"] == "frac_reward_zero_std"
+    assert found["truncation"].evidence["last_window_mean"] == 1.0
+    verdict = d.verdict
+    assert verdict is not None and verdict.evidence["verdict"] != "improving"
+
+
+def test_real_trl_ppo_trainer_state() -> None:
+    """TRL 1.12 experimental PPOTrainer: PPO names translated; val/ is the value function, not
+    validation, so there is no learning verdict."""
+    (d,) = run_doctor(FIXTURES / "trl_ppo_trainer_state.json")
+    t = d.table
+    assert t.original["policy/kl_ref_seq_k1"] == "objective/kl"
+    assert t.original["loss/value"] == "loss/value_avg"
+    assert t.original["value/clipfrac"] == "val/clipfrac_avg"
+    assert "learning_verdict" in d.unavailable
+    assert "value_instability" not in _by_id(d)

@@ -532,7 +532,8 @@ def throughput_regression(t: MetricTable, c: DoctorConfig) -> RuleOut:
         0.6, step=tr.first_step)]
 
 
-EVAL_PREFIXES = ("eval/", "val-core/", "val/", "eval_", "test/")
+EVAL_PREFIXES = ("eval/", "val-core/", "val-aux/", "eval_", "test/")
+"""Validation metrics. Not "val/": TRL's PPO logs its value function under it."""
 LOWER_IS_BETTER = ("error", "loss", "nll", "perplexity")
 
 
