@@ -17,6 +17,7 @@ import numpy as np
 
 from rlscope.doctor.findings import DoctorConfig, Finding, Unavailable
 from rlscope.doctor.stats import (
+    MIN_WINDOW,
     aligned,
     correlation,
     robust_z,
@@ -86,13 +87,14 @@ def _sampling_cause(facts: dict[str, Any]) -> str | None:
 def entropy_collapse(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """Entropy below max(entropy_floor, entropy_floor_frac × its start) from some step on
     (≥ 80% of later points, and the last window), with the crossing step and the decay rate
-    (slope of log entropy per step up to the crossing)."""
+    (slope of log entropy per step up to the crossing). The start is the mean of the first
+    three points: a collapse can take only a few steps."""
     name = t.first(*ENTROPY)
     if name is None or not t.has(name, c.min_steps):
         return Unavailable(ENTROPY)
     steps, h = t.series(name)
     w = window_size(len(h))
-    start = float(h[:w].mean())
+    start = float(h[:MIN_WINDOW].mean())  # the first few steps: a collapse can be fast
     threshold = max(c.entropy_floor, c.entropy_floor_frac * start)
     below = h < threshold
     if not below[-w:].all():
