@@ -1,9 +1,12 @@
 """Report figures: the SEM band equals a hand computation, a single run has no band, one colour
-per name across every figure, and files written as PNG and SVG."""
+per name across every figure, files written as PNG and SVG, and no pyplot or torch import."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -88,3 +91,15 @@ def test_write_figures_png_and_svg(tmp_path: Path) -> None:
     assert again[0].svg.read_bytes() == files[0].svg.read_bytes()  # deterministic SVG
     assert slug("eval/test_error") == "eval-test_error" and slug("a b//c") == "a-b-c"
 
+
+def test_report_imports_neither_pyplot_nor_torch(tmp_path: Path) -> None:
+    sweep = make_sweep(tmp_path / "sweep")
+    code = ("import sys; from rlscope.report.build import build_report; "
+            f"build_report({str(sweep)!r}); "
+            "bad = [m for m in ('matplotlib.pyplot', 'torch') if m in sys.modules]; "
+            "assert not bad, bad")
+    src = Path(__file__).resolve().parents[1] / "src"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"},
+                         check=False)
+    assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""The `rlscope` command line: train, demo, bench, methods, tasks, doctor.
+"""The `rlscope` command line: train, demo, bench, methods, tasks, doctor, report.
 
 Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers at once.
 """
@@ -22,6 +22,7 @@ commands:
   methods   list the update-rule presets and their components
   tasks     list the tasks and their options
   doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
+  report    a self-contained HTML report and figures for a run or sweep (`rlscope report --help`)
 """
 
 
@@ -104,6 +105,14 @@ def cmd_doctor(args: list[str]) -> int:
     return run(cmd)
 
 
+def cmd_report(args: list[str]) -> int:
+    from rlscope.report.command import ReportCommand, run
+
+    cmd = _tyro_parse(ReportCommand, args, "rlscope report")
+    assert isinstance(cmd, ReportCommand)
+    return run(cmd)
+
+
 def cmd_tasks(args: list[str]) -> int:
     from rlscope.tasks import TASKS, TaskConfig, make_task
 
@@ -120,7 +129,7 @@ def cmd_tasks(args: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "methods": cmd_methods,
-    "tasks": cmd_tasks, "doctor": cmd_doctor,
+    "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report,
 }
 
 
