@@ -1,9 +1,11 @@
 """Hand-built run and sweep directories for the report tests (no training, no torch).
 
 `make_sweep` writes what ``rlscope sweep`` writes: ``results.csv`` in tidy long form, a run
-directory per (name, seed) with the same values in its JSONL files, ``sweep.json`` and
-``crossings.csv``. Values are a closed-form function of (name, seed, step), so a test can
-recompute any mean or standard error by hand with `value`.
+directory per (name, seed) with the same values in its JSONL files, ``sweep.json`` (with a
+record per run) and ``crossings.csv``; plus `FAILED`, a run that failed before logging (a
+directory with only ``config.json``, no rows, its error in ``sweep.json``). Values are a
+closed-form function of (name, seed, step), so a test can recompute any mean or standard
+error by hand with `value`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ TRAIN_STEPS = tuple(range(10))
 EVAL_STEPS = (0, 5, 9)
 TRAIN_METRICS = ("reward/mean", "policy/entropy")
 EVAL_METRICS = ("eval/test_error", "eval/entropy")
+FAILED = ("beta_s3", "beta", 3, "RuntimeError: CUDA out of memory")
+"""(run, name, seed, error) of the run that failed before logging anything."""
 CROSSINGS = [["name", "metric", "threshold", "step_mean", "step_sd", "n"],
              ["alpha", "eval/test_error", "0.5", "5", "0", "3"],
              ["beta", "eval/test_error", "0.5", "9", "0", "2"]]
@@ -75,11 +79,13 @@ def write_run_dir(run_dir: Path, name: str, method: str, seed: int) -> None:
 def make_sweep(root: Path) -> Path:
     """A sweep directory of 2 names × 3 seeds; returns its path."""
     root.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, records = [], []
     for name, method in NAMES.items():
         for seed in SEEDS:
             run = f"{name}_s{seed}"
             write_run_dir(root / "runs" / run, name, method, seed)
+            records.append({"run": run, "name": name, "seed": seed, "status": "completed",
+                            "wall_time_s": 1.5, "error": ""})
             for kind, steps, metrics in (("train", TRAIN_STEPS, TRAIN_METRICS),
                                          ("eval", EVAL_STEPS, EVAL_METRICS)):
                 rows += [[run, name, method, seed, kind, s, m, value(name, seed, s, m)]
@@ -88,9 +94,14 @@ def make_sweep(root: Path) -> Path:
         w = csv.writer(f)
         w.writerow(["run", "name", "method", "seed", "kind", "step", "metric", "value"])
         w.writerows(rows)
+    run, name, seed, error = FAILED
+    (root / "runs" / run).mkdir()
+    (root / "runs" / run / "config.json").write_text(json.dumps(config(name, NAMES[name], seed)))
+    records.append({"run": run, "name": name, "seed": seed, "status": "failed",
+                    "wall_time_s": 0.5, "error": error})
     (root / "sweep.json").write_text(json.dumps(
-        {"task": "token_reversal", "seeds": list(SEEDS), "num_steps": len(TRAIN_STEPS),
-         "runs": [{"name": n, "method": m} for n, m in NAMES.items()]}))
+        {"name": "ablation", "manifest": "[sweep]\nseeds = [0, 1, 2]\n", "seeds": list(SEEDS),
+         "machine": {"device": "cpu", "cpu_count": 2}, "runs": records}))
     with (root / "crossings.csv").open("w", newline="") as f:
         csv.writer(f).writerows(CROSSINGS)
     return root

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from report_dirs import CROSSINGS, NAMES, SEEDS, make_sweep
+from report_dirs import CROSSINGS, FAILED, NAMES, SEEDS, make_sweep
 
 from rlscope.cli import main
 from rlscope.report.build import DEFAULT_METRICS, build_report
@@ -78,14 +78,16 @@ def test_sweep_report_sections_and_tables(sweep_report: tuple[Path, str]) -> Non
     assert page.sections == SECTIONS
     n_runs = len(NAMES) * len(SEEDS)
     assert len(page.rows["final-table"]) == len(NAMES)
-    assert len(page.rows["runs-table"]) == n_runs
+    assert len(page.rows["runs-table"]) == n_runs + 1  # the failed run is listed too
     assert len(page.rows["components-table"]) == len(NAMES)
     assert len(page.rows["crossings-table"]) == len(CROSSINGS) - 1
     assert page.rows["samples-table"] and all(r[0] == "9" for r in page.rows["samples-table"])
     assert len(page.rows["samples-table"]) == 4 * len(NAMES)
     assert page.classes.count("report-figure") == len(DEFAULT_METRICS)
     assert page.classes.count("findings-name") == len(NAMES)
-    assert page.classes.count("findings-run") == n_runs
+    assert page.classes.count("findings-run") == n_runs  # the failed run has no metrics
+    assert "manifest-table" in page.rows and ["seeds", "[0, 1, 2]"] in page.rows["manifest-table"]
+    assert not any(r[0] == "runs" for r in page.rows["manifest-table"])  # shown as runs-table
     assert "rlscope-doctor" in page.classes
     assert ["torch_version", "2.13.0+cpu"] in page.rows["environment-table"]
     # alpha's final test errors at step 9 are 0.4375, 0.9375, 1.4375: mean 0.9375, sd 0.5
@@ -190,9 +192,21 @@ def test_report_on_a_crashed_run_and_a_sweep_missing_a_run_dir(tmp_path: Path) -
     for f in (sweep / "runs" / "beta_s2").iterdir():
         f.unlink()
     (sweep / "runs" / "beta_s2").rmdir()
-    (sweep / "crossings.csv").unlink()
+    for name in ("crossings.csv", "sweep.json"):
+        (sweep / name).unlink()
     text = build_report(sweep).html.read_text()
     page = Page(text)
-    assert "crossings" not in page.sections
-    assert len(page.rows["runs-table"]) == len(NAMES) * len(SEEDS)
-    assert any("no run directory" in r for r in page.rows["runs-table"])
+    assert "crossings" not in page.sections and "manifest-table" not in page.rows
+    runs = {r[0]: r for r in page.rows["runs-table"]}
+    assert len(runs) == len(NAMES) * len(SEEDS) + 1  # without sweep.json, from runs/
+    assert runs["beta_s2"][4] == "no run directory" and runs[FAILED[0]][3] == str(FAILED[2])
+    assert "beta_s2: no run directory" in text
+
+
+def test_failed_run_shows_its_status_and_error(sweep_report: tuple[Path, str]) -> None:
+    _, text = sweep_report
+    runs = {r[0]: r for r in Page(text).rows["runs-table"]}
+    run, name, seed, error = FAILED
+    assert runs[run][1:5] == [name, "dg", str(seed), "failed"]
+    assert runs[run][-1] == error and runs[run][7] == "doctor could not run"
+    assert runs["alpha_s0"][4:8] == ["completed", "10", "1.5", "1 info"]

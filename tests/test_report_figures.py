@@ -58,6 +58,13 @@ def test_single_run_has_no_band() -> None:
     assert ax.get_legend().get_texts()[0].get_text() == "r (1 run)"
 
 
+def test_a_diverged_seed_leaves_a_gap_not_an_error(tmp_path: Path) -> None:
+    c = Curve("r", np.array([0.0, 1.0, 2.0]), np.array([1.0, math.nan, math.inf]),
+              np.array([0.1, math.nan, math.nan]), np.array([2, 2, 2]))
+    files = write_figures({"m": {"r": c}}, name_colors(["r"]), tmp_path)
+    assert files[0].png.read_bytes().startswith(PNG_MAGIC)
+
+
 def test_colours_follow_sorted_names_in_every_figure(tmp_path: Path) -> None:
     styles = name_colors(["gamma", "alpha", "beta", "alpha"])
     assert [s.color for s in styles.values()] == list(PALETTE[:3])

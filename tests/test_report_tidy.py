@@ -78,7 +78,7 @@ def test_results_csv_round_trip_and_hand_sem(tmp_path: Path) -> None:
     assert alpha.sem_S[1] == pytest.approx(sd / math.sqrt(len(vals)), rel=1e-12)
 
 
-def test_results_csv_skips_non_finite_and_rejects_missing_columns(tmp_path: Path) -> None:
+def test_non_finite_values_are_kept_and_make_the_mean_nan(tmp_path: Path) -> None:
     good = tmp_path / "results.csv"
     with good.open("w", newline="") as f:
         w = csv.writer(f)
@@ -86,7 +86,16 @@ def test_results_csv_skips_non_finite_and_rejects_missing_columns(tmp_path: Path
         w.writerow(["a_s0", "a", "grpo", "0", "eval", "0", "m", "nan"])
         w.writerow(["a_s0", "a", "grpo", "0", "eval", "1", "m", "inf"])
         w.writerow(["a_s0", "a", "grpo", "0", "eval", "2", "m", "0.5"])
-    assert [r.value for r in read_results_csv(good)] == [0.5]
+        w.writerow(["a_s0", "a", "grpo", "0", "eval", "3", "m", "not a number"])
+        w.writerow(["a_s1", "a", "grpo", "1", "eval", "1", "m", "0.25"])
+        w.writerow(["a_s1", "a", "grpo", "1", "eval", "2", "m", "0.75"])
+    rows = read_results_csv(good)
+    assert [r.step for r in rows] == [0, 1, 2, 1, 2]
+    c = curves(rows, "m")["a"]
+    assert math.isnan(c.mean_S[0]) and c.mean_S[1] == math.inf and math.isnan(c.sem_S[1])
+    assert c.mean_S[2] == 0.625  # a diverged step does not hide the steps after it
+    diverged = final_values([*rows, _row("a_s1", "a", 3, math.nan, "m")], ["m"])["a"]["m"]
+    assert math.isnan(diverged.mean) and diverged.n == 2 and diverged.text() == "nan (2)"
     bad = tmp_path / "bad.csv"
     bad.write_text("run,name,step,value\na,a,0,1\n")
     with pytest.raises(ReportError, match="missing column"):
@@ -97,11 +106,12 @@ def test_rows_from_run_dir_reads_train_and_eval(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text(
-        json.dumps({"step": 0, "reward/mean": 0.5, "flag": True, "bad": "nan"}) + "\n"
-        + "{partial line\n" + json.dumps({"step": 1, "reward/mean": 0.75}) + "\n")
+        json.dumps({"step": 0, "reward/mean": 0.5, "flag": True, "note": "text"}) + "\n"
+        + "{partial line\n" + json.dumps({"step": 1, "reward/mean": "nan"}) + "\n")
     (run_dir / "eval.jsonl").write_text(json.dumps({"step": 1, "eval/test_error": 0.25}) + "\n")
     rows = rows_from_run_dir(run_dir, "r", "r", "grpo", 0)
-    assert [(r.kind, r.step, r.metric, r.value) for r in rows] == [
-        ("train", 0, "reward/mean", 0.5), ("train", 1, "reward/mean", 0.75),
-        ("eval", 1, "eval/test_error", 0.25)]
+    assert [(r.kind, r.step, r.metric) for r in rows] == [
+        ("train", 0, "reward/mean"), ("train", 0, "flag"), ("train", 1, "reward/mean"),
+        ("eval", 1, "eval/test_error")]
+    assert [r.value for r in rows][:2] == [0.5, 1.0] and math.isnan(rows[2].value)
     assert len(rows_from_run_dir(run_dir, "r", "r", "grpo", 0, {"eval/test_error"})) == 1

@@ -25,7 +25,7 @@ from typing import Any
 from rlscope.doctor.diagnosis import Diagnosis
 from rlscope.doctor.render import to_html as doctor_html
 from rlscope.report.figures import FigureFiles, Style, slug
-from rlscope.report.load import ReportInput, RunInfo
+from rlscope.report.load import ReportInput, RunInfo, run_records
 from rlscope.report.tidy import final_values, finite, read_jsonl
 
 ENV_KEYS = ("rlscope_version", "git_commit", "python_version", "torch_version", "device",
@@ -40,6 +40,7 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-
  margin:0 auto;max-width:1200px;padding:1rem 2rem;color:#1a1a1a;line-height:1.4}
 h1{font-size:1.6rem;margin-bottom:.2rem} h2{border-bottom:1px solid #ddd;padding-bottom:.2rem}
 nav a{margin-right:1rem} .meta{color:#555;font-size:.9rem}
+.table-wrap{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.9rem}
 th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:left;vertical-align:top}
 th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -84,7 +85,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], row_class: str,
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "\n".join(f'<tr class="{row_class}">' + "".join(cell(c) for c in r) + "</tr>"
                      for r in rows)
-    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
+    return (f'<div class="table-wrap"><table{attrs}><thead><tr>{head}</tr></thead><tbody>\n'
+            f"{body}\n</tbody></table></div>")
 
 
 def swatch(name: str, styles: dict[str, Style]) -> Html:
@@ -172,26 +174,27 @@ def config_section(inp: ReportInput, styles: dict[str, Style],
                          f"{esc(json.dumps(config, indent=2, default=str))}</pre></details>")
     else:
         if inp.manifest:
-            manifest = [(k, _compact(v)) for k, v in inp.manifest.items()]
+            # the per-run records are the Runs table below
+            skip = {"runs"} if run_records(inp.manifest) else set()
+            manifest = [(k, _compact(v)) for k, v in inp.manifest.items() if k not in skip]
             parts += ["<h3>Manifest (sweep.json)</h3>",
                       table(["key", "value"], manifest, "manifest-row", "manifest-table"),
                       "<details><summary>Full sweep.json</summary><pre>"
                       f"{esc(json.dumps(inp.manifest, indent=2, default=str))}</pre></details>"]
         rows = []
         for r in inp.runs:
-            rows.append([r.run, swatch(r.name, styles), r.method, r.seed,
-                         r.status.get("status", "" if r.run_dir else "no run directory"),
-                         r.status.get("steps", ""), _wall(r.status),
-                         _finding_counts(diagnoses.get(r.run))])
+            status = r.status.get("status") or r.record.get("status") or (
+                "" if r.run_dir else "no run directory")
+            wall = finite(r.status.get("wall_time_s", r.record.get("wall_time_s")))
+            rows.append([r.run, swatch(r.name, styles), r.method, r.seed, status,
+                         r.status.get("steps", ""), "" if wall is None else f"{wall:.1f}",
+                         _finding_counts(diagnoses.get(r.run)),
+                         _compact(r.record.get("error") or "")])
         parts += ["<h3>Runs</h3>", table(["run", "name", "method", "seed", "status", "steps",
-                                          "wall s", "findings"], rows, "run-row", "runs-table")]
+                                          "wall s", "findings", "error"], rows, "run-row",
+                                         "runs-table")]
     parts.append("</section>")
     return "\n".join(parts)
-
-
-def _wall(status: dict[str, Any]) -> str:
-    wall = finite(status.get("wall_time_s"))
-    return "" if wall is None else f"{wall:.1f}"
 
 
 def _finding_counts(diag: list[Diagnosis] | str | None) -> str:

@@ -3,10 +3,11 @@
 - A **run directory** (``runs/<name>/``) has ``metrics.jsonl``; its ``config.json``,
   ``eval.jsonl``, ``samples.jsonl`` and ``status.json`` are read when present.
 - A **sweep directory** (written by ``rlscope sweep``) has ``results.csv`` (tidy rows, the
-  source of every curve and final value), and optionally ``sweep.json`` (the manifest),
+  source of every curve and final value), and optionally ``sweep.json`` (the manifest, with
+  one record per run under ``runs``: ``run``, ``name``, ``seed``, ``status``, ``error``, ...),
   ``crossings.csv`` and the run directories ``runs/<name>_s<seed>/`` (configs, samples and
-  the doctor's input). A run directory without rows in ``results.csv`` (a run that failed
-  before logging) is still listed.
+  the doctor's input). A run without rows in ``results.csv`` (one that failed before logging)
+  is still listed: from ``sweep.json``'s records when it has them, else from ``runs/``.
 
 Nothing here imports torch or matplotlib.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rlscope.report.tidy import ReportError, TidyRow, read_results_csv, rows_from_run_dir
+from rlscope.report.tidy import ReportError, TidyRow, finite, read_results_csv, rows_from_run_dir
 
 RUN_ID = re.compile(r"^(?P<name>.+)_s(?P<seed>\d+)$")
 """A sweep's run id: the name, ``_s`` and the seed."""
@@ -41,6 +42,9 @@ class RunInfo:
     """``config.json``: ``config``, ``derived``, ``method_spec``, ``task_description`` and the
     environment (versions, device, platform)."""
     status: dict[str, Any] = field(default_factory=dict)
+    """``status.json``: status, steps, wall time."""
+    record: dict[str, Any] = field(default_factory=dict)
+    """Its record in ``sweep.json``'s ``runs`` (status and error of a run that failed)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,14 @@ class ReportInput:
         return sorted({r.name for r in self.runs})
 
 
+def run_records(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``sweep.json``'s per-run records by run id (empty when it has none)."""
+    runs = manifest.get("runs")
+    if not isinstance(runs, list):
+        return {}
+    return {str(r["run"]): r for r in runs if isinstance(r, dict) and "run" in r}
+
+
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``; empty when the file is missing or not an object (a report
     on a crashed run should still render)."""
@@ -83,14 +95,17 @@ def read_csv_table(path: Path) -> tuple[list[str], list[list[str]]] | None:
 
 
 def _run_info(run_dir: Path, run: str, name: str | None = None, method: str | None = None,
-              seed: int | None = None) -> RunInfo:
+              seed: int | None = None, record: dict[str, Any] | None = None) -> RunInfo:
+    """A run's record; a directory that is not there gives a record without files."""
     config = read_json(run_dir / "config.json")
     cfg = config.get("config", {})
     run_cfg = cfg.get("run", {}) if isinstance(cfg, dict) else {}
+    if seed is None:
+        seed = int(run_cfg.get("seed", 0))
     return RunInfo(run=run, name=name or run_cfg.get("name") or run_dir.name,
-                   method=method or str(cfg.get("method", "")),
-                   seed=seed if seed is not None else int(run_cfg.get("seed", 0)),
-                   run_dir=run_dir, config=config, status=read_json(run_dir / "status.json"))
+                   method=method or str(cfg.get("method", "")), seed=seed,
+                   run_dir=run_dir if run_dir.is_dir() else None, config=config,
+                   status=read_json(run_dir / "status.json"), record=record or {})
 
 
 def load_run(path: Path, metrics: Collection[str]) -> ReportInput:
@@ -103,26 +118,30 @@ def load_run(path: Path, metrics: Collection[str]) -> ReportInput:
 def load_sweep(path: Path, metrics: Collection[str]) -> ReportInput:
     """A sweep directory: rows from ``results.csv``, runs from it and from ``runs/``."""
     rows = read_results_csv(path / "results.csv", metrics)
+    manifest = read_json(path / "sweep.json")
+    records = run_records(manifest)
     runs: dict[str, RunInfo] = {}
     with (path / "results.csv").open(newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
             if r["run"] not in runs:
-                run_dir = path / "runs" / r["run"]
-                seed = int(float(r["seed"])) if r["seed"].strip() else 0
-                runs[r["run"]] = _run_info(run_dir, r["run"], r["name"], r["method"], seed) \
-                    if run_dir.is_dir() else RunInfo(run=r["run"], name=r["name"],
-                                                    method=r["method"], seed=seed, run_dir=None)
+                seed = finite(r["seed"])
+                runs[r["run"]] = _run_info(path / "runs" / r["run"], r["run"], r["name"],
+                                           r["method"], int(seed or 0), records.get(r["run"]))
     runs_root = path / "runs"
-    for run_dir in sorted(runs_root.iterdir()) if runs_root.is_dir() else []:
-        if run_dir.is_dir() and run_dir.name not in runs:
-            m = RUN_ID.match(run_dir.name)
-            runs[run_dir.name] = _run_info(run_dir, run_dir.name,
-                                           m["name"] if m else run_dir.name, None,
-                                           int(m["seed"]) if m else None)
+    others = list(records) if records else sorted(
+        d.name for d in (runs_root.iterdir() if runs_root.is_dir() else []) if d.is_dir())
+    for run in others:
+        if run in runs:
+            continue
+        record, m = records.get(run, {}), RUN_ID.match(run)
+        seed = finite(record.get("seed"))
+        if seed is None and m:
+            seed = float(m["seed"])
+        runs[run] = _run_info(runs_root / run, run, record.get("name") or (m["name"] if m else run),
+                              None, None if seed is None else int(seed), record)
     return ReportInput(path=path, kind="sweep", rows=rows,
                        runs=sorted(runs.values(), key=lambda r: (r.name, r.seed, r.run)),
-                       manifest=read_json(path / "sweep.json"),
-                       crossings=read_csv_table(path / "crossings.csv"))
+                       manifest=manifest, crossings=read_csv_table(path / "crossings.csv"))
 
 
 def load(path: str | Path, metrics: Collection[str]) -> ReportInput:

@@ -11,8 +11,10 @@ long as the replacement returns the same `Curve` and `FinalValue` records.
 
 Conventions (stated once, used by the figures and the tables):
 
-- a value that is not a finite number (``nan``, ``inf``, a string, a boolean) is skipped, as
-  the doctor does, so one diverged step does not blank a whole curve;
+- values are used as logged, as ``rlscope.sweep.aggregate`` does: ``nan`` and ``±inf`` (which
+  the JSONL files hold as strings) are kept, so a diverged seed makes its name's mean ``nan``
+  at that step (a gap in the line) and in the final table, instead of silently dropping out;
+  booleans count as 0/1; anything else that is not a number is skipped;
 - curves: at each step, the mean over the runs of a name that logged the metric at that step,
   and the standard error of that mean, ``SEM = s / √n`` with the sample standard deviation
   ``s`` (ddof = 1); with one run at a step the SEM is not estimable and is NaN (no band);
@@ -42,7 +44,7 @@ class ReportError(ValueError):
 
 @dataclass(frozen=True)
 class TidyRow:
-    """One finite value of one metric at one step of one run."""
+    """One logged value of one metric at one step of one run."""
 
     run: str
     name: str
@@ -87,15 +89,24 @@ class FinalValue:
         return f"{self.mean:.4g}{sd} ({self.n})"
 
 
+def number(value: Any) -> float | None:
+    """A logged value as a float: numbers and booleans, and the strings of numbers (CSV cells,
+    and ``"nan"`` / ``"inf"`` / ``"-inf"``, which is how the JSONL files write non-finite
+    floats); None for anything else."""
+    if isinstance(value, bool | int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
 def finite(value: Any) -> float | None:
-    """``value`` as a float when it is a finite number (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        x = float(value)
-    except ValueError:
-        return None
-    return x if math.isfinite(x) else None
+    """`number`, and only when finite (steps, seeds, wall times)."""
+    x = number(value)
+    return x if x is not None and math.isfinite(x) else None
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -128,7 +139,7 @@ def read_results_csv(path: Path, metrics: Collection[str] | None = None) -> list
         for r in reader:
             if metrics is not None and r["metric"] not in metrics:
                 continue
-            value, step, seed = finite(r["value"]), finite(r["step"]), finite(r["seed"])
+            value, step, seed = number(r["value"]), finite(r["step"]), finite(r["seed"])
             if value is None or step is None:
                 continue
             rows.append(TidyRow(run=r["run"], name=r["name"], method=r["method"],
@@ -150,7 +161,7 @@ def rows_from_run_dir(run_dir: Path, run: str, name: str, method: str, seed: int
             for metric, raw in obj.items():
                 if metric == "step" or (metrics is not None and metric not in metrics):
                     continue
-                value = finite(raw)
+                value = number(raw)
                 if value is not None:
                     rows.append(TidyRow(run=run, name=name, method=method, seed=seed,
                                         kind=kind, step=step, metric=metric, value=value))
@@ -169,7 +180,10 @@ def _per_run(rows: Iterable[TidyRow], metric: str) -> dict[str, dict[str, dict[f
 def sem(values: np.ndarray) -> float:
     """Standard error of the mean, ``s / √n`` with ddof = 1; NaN for fewer than two values."""
     n = len(values)
-    return float(np.std(values, ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
+    if n < 2:
+        return math.nan
+    with np.errstate(invalid="ignore"):  # an inf makes the sd nan, as it should, quietly
+        return float(np.std(values, ddof=1) / math.sqrt(n))
 
 
 def curves(rows: Iterable[TidyRow], metric: str) -> dict[str, Curve]:
@@ -180,7 +194,8 @@ def curves(rows: Iterable[TidyRow], metric: str) -> dict[str, Curve]:
         mean, err, n = [], [], []
         for s in steps:
             vals = np.array([series[s] for series in runs.values() if s in series])
-            mean.append(float(vals.mean()))
+            with np.errstate(invalid="ignore"):  # inf − inf: nan, quietly
+                mean.append(float(vals.mean()))
             err.append(sem(vals))
             n.append(len(vals))
         out[name] = Curve(name=name, steps_S=np.array(steps), mean_S=np.array(mean),
@@ -197,6 +212,7 @@ def final_values(rows: Iterable[TidyRow], metrics: Iterable[str]
     for metric in metrics:
         for name, runs in _per_run(rows, metric).items():
             last = np.array([series[max(series)] for series in runs.values()])
-            sd = float(np.std(last, ddof=1)) if len(last) >= 2 else math.nan
-            out[name][metric] = FinalValue(mean=float(last.mean()), sd=sd, n=len(last))
+            sd = sem(last) * math.sqrt(len(last))
+            with np.errstate(invalid="ignore"):
+                out[name][metric] = FinalValue(mean=float(last.mean()), sd=sd, n=len(last))
     return dict(sorted(out.items()))
