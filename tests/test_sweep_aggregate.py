@@ -121,6 +121,10 @@ def test_curves_by_hand() -> None:
     assert by["b", 0].mean == 0.5 and math.isnan(by["b", 0].sem) and by["b", 0].n == 1
 
 
+def test_empty_tables_say_so() -> None:
+    assert final_markdown([]).endswith("No run has logged these metrics yet.\n")
+
+
 def test_a_repeated_step_keeps_the_last_value() -> None:
     rows = [*_rows(), TidyRow("a_s2", "a", "grpo", 2, "eval", 10, "eval/test_error", 0.6)]
     a = final_table(rows, ["eval/test_error"])[0]

@@ -426,9 +426,11 @@ def final_markdown(cells: Sequence[FinalCell]) -> str:
     by_key = {(c.name, c.metric): c for c in cells}
     names = list(dict.fromkeys(c.name for c in cells))
     method = {c.name: c.method for c in cells}
-    lines = [f"Final evaluation: mean ± sd (n) of each seed's last value; {SD_NOTE}.", "",
-             "| name | method | " + " | ".join(f"`{m}`" for m in metrics) + " |",
-             "| --- | --- |" + " --- |" * len(metrics)]
+    lines = [f"Final evaluation: mean ± sd (n) of each seed's last value; {SD_NOTE}.", ""]
+    if not cells:
+        return "\n".join([*lines, "No run has logged these metrics yet."]) + "\n"
+    lines += ["| name | method | " + " | ".join(f"`{m}`" for m in metrics) + " |",
+              "| --- | --- |" + " --- |" * len(metrics)]
     for name in names:
         row = [f"{_g(c.mean)} ± {_g(c.sd)} ({c.n})" if (c := by_key.get((name, m))) else "–"
                for m in metrics]
@@ -445,9 +447,11 @@ def crossings_markdown(found: Sequence[Crossing]) -> str:
     method = {c.name: c.method for c in found}
     lines = ["First step at which each seed's value crosses the threshold: mean ± sd over the "
              "seeds that crossed (crossed/seeds); sd is the sample standard deviation "
-             "(ddof = 1; nan when fewer than two crossed).", "",
-             "| name | method | " + " | ".join(f"`{m}` {d} {t:g}" for m, d, t in specs) + " |",
-             "| --- | --- |" + " --- |" * len(specs)]
+             "(ddof = 1; nan when fewer than two crossed).", ""]
+    if not found:
+        return "\n".join([*lines, "No run has logged these metrics yet."]) + "\n"
+    lines += ["| name | method | " + " | ".join(f"`{m}` {d} {t:g}" for m, d, t in specs) + " |",
+              "| --- | --- |" + " --- |" * len(specs)]
     for name in names:
         row = []
         for m, d, t in specs:
