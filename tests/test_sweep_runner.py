@@ -74,6 +74,9 @@ def test_two_runs_two_seeds_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
                for r in index["runs"])
     assert index["runs"][0]["command"].startswith("rlscope train --task token_reversal")
     assert "torch_version" in index["machine"]
+    # each run's console output has its own log, starting with its command
+    assert (out / "logs" / "dg_s1.log").read_text().startswith(
+        f"$ {index['runs'][3]['command']}\n")
 
     # results.csv: one row per logged number of every run
     rows = load_tidy(out / "results.csv")
@@ -211,4 +214,5 @@ def test_a_failing_run_is_reported_and_the_others_complete(
     broken = index["broken_s0"]
     assert broken["status"] == "failed" and broken["error"] and "Traceback" in broken["traceback"]
     assert "CUDA" in broken["error"] or "device" in broken["error"]
+    assert "Traceback" in (out / "logs" / "broken_s0.log").read_text()
     assert {r.name for r in load_tidy(out)} == {"ok", "also_ok"}

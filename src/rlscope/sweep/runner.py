@@ -14,13 +14,15 @@ Each run is planned from what its directory holds:
 
 Runs go one after another in this process (``jobs = 1``) or in ``jobs`` spawned worker
 processes (nothing shared; a run's results do not depend on where it ran). A run that raises is
-recorded as failed with its error and the others go on. ``<output>/sweep.json`` lists every run
+recorded as failed with its error and the others go on; each run's console output goes to
+``<output>/logs/<run>.log``. ``<output>/sweep.json`` lists every run
 with its plan, status, wall time and error, rewritten after each run, so a killed sweep leaves
 an accurate record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -85,6 +87,10 @@ class RunRecord:
     """Seconds the run took in this invocation (None when skipped or pending)."""
     final_eval: dict[str, float] = field(default_factory=dict)
     """Its last evaluation."""
+    findings: list[str] = field(default_factory=list)
+    """Ids of the doctor's findings on it, informative ones aside (all: its findings.json)."""
+    log: str = ""
+    """Its console output (``<output>/logs/<run>.log``)."""
     error: str = ""
     """For a failed run: the exception."""
     traceback: str = ""
@@ -105,6 +111,8 @@ class Outcome:
     """The exception, for a failed run."""
     traceback: str = ""
     """Its traceback."""
+    findings: list[str] = field(default_factory=list)
+    """Ids of the doctor's findings on the run (findings.json), informative ones aside."""
 
 
 @dataclass(frozen=True)
@@ -214,18 +222,39 @@ def prepare(spec: RunSpec, plan: Plan) -> RunSpec:
 # -------------------------------------------------------------------------------- execute
 
 
+def log_path(spec: RunSpec) -> Path:
+    """Where a run's console output goes: ``<output>/logs/<run>.log`` (beside, not inside, the
+    run directory, which `train` must find empty to use it)."""
+    return spec.run_dir.parent.parent / "logs" / f"{spec.run}.log"
+
+
 def execute(spec: RunSpec) -> Outcome:
-    """Train one run; an exception becomes a failed outcome (so one run cannot stop a sweep).
-    Runs in a worker process when jobs > 1."""
+    """Train one run with its console output (the doctor's live alerts, warnings) sent to its
+    log, so parallel runs do not interleave unlabelled lines; an exception becomes a failed
+    outcome (so one run cannot stop a sweep). Runs in a worker process when jobs > 1."""
     from rlscope.train import train
 
+    log = log_path(spec)
+    log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    try:
-        result = train(spec.config)
-    except Exception as e:
-        return Outcome("failed", time.perf_counter() - t0, {}, f"{type(e).__name__}: {e}",
-                       traceback.format_exc())
-    return Outcome(result.status, result.wall_time_s, dict(result.final_eval))
+    with log.open("a", encoding="utf-8") as f, contextlib.redirect_stdout(f), \
+            contextlib.redirect_stderr(f):
+        f.write(f"$ {spec.command_line}\n")
+        try:
+            result = train(spec.config)
+        except Exception as e:
+            f.write(traceback.format_exc())
+            return Outcome("failed", time.perf_counter() - t0, {}, f"{type(e).__name__}: {e}",
+                           traceback.format_exc())
+    return Outcome(result.status, result.wall_time_s, dict(result.final_eval),
+                   findings=_finding_ids(result.run_dir))
+
+
+def _finding_ids(run_dir: Path) -> list[str]:
+    """The ids of the doctor's findings on a finished run that are not merely informative."""
+    findings = (_read_json(run_dir / "findings.json") or {}).get("findings", [])
+    return [str(f.get("id")) for f in findings
+            if isinstance(f, dict) and f.get("severity") != "info"]
 
 
 def default_threads(jobs: int) -> int:
@@ -286,10 +315,11 @@ def run_sweep(manifest: Manifest, options: SweepOptions = SweepOptions(),
     for i, spec in enumerate(specs):
         plan, reason = plan_run(spec)
         record = RunRecord(spec.run, spec.id, spec.entry, spec.seed, str(spec.run_dir),
-                           spec.command_line, plan, reason)
+                           spec.command_line, plan, reason, log=str(log_path(spec)))
         if plan == "skip":
             record.status = reason
             record.final_eval = _last_eval(spec.run_dir)
+            record.findings = _finding_ids(spec.run_dir)
             report(f"skip     {spec.run} ({reason})")
         else:
             if plan != "run":
@@ -302,8 +332,8 @@ def run_sweep(manifest: Manifest, options: SweepOptions = SweepOptions(),
     def finished(i: int, outcome: Outcome, k: int) -> None:
         r = records[i]
         r.status, r.wall_time_s = outcome.status, outcome.wall_time_s
-        r.final_eval, r.error, r.traceback = outcome.final_eval, outcome.error, \
-            outcome.traceback
+        r.final_eval, r.findings = outcome.final_eval, outcome.findings
+        r.error, r.traceback = outcome.error, outcome.traceback
         write_index(manifest, options, records, machine, started)
         report(f"[{k}/{len(todo)}] {progress_line(r)}")
 
@@ -339,4 +369,6 @@ def progress_line(record: RunRecord) -> str:
     shown = "  ".join(f"{k.removeprefix('eval/')} {record.final_eval[k]:.4g}"
                       for k in ("eval/test_error", "eval/entropy")
                       if isinstance(record.final_eval.get(k), int | float))
+    if record.findings:
+        shown += f"  doctor: {', '.join(record.findings)}"
     return f"{record.run} {record.status} in {record.wall_time_s or 0.0:.1f}s  {shown}".rstrip()
