@@ -227,3 +227,15 @@ filter_tau = "abc"
                      "[runs.a]: run.batch_size=15", "[runs.c] filter_tau = 'abc'"):
         assert sum(expected in p for p in problems) == 1, expected
     assert str(info.value).startswith("m.toml: 6 problems:\n  - ")
+
+
+def test_the_example_and_the_documented_manifest_parse() -> None:
+    root = Path(__file__).resolve().parents[1]
+    example = load_manifest(root / "examples" / "sweep_demo.toml")
+    assert [s.run for s in example.runs] == ["grpo_s0", "grpo_s1", "dg_s0", "dg_s1"]
+    assert example.output == Path("sweeps/sweep_demo")
+    docs = (root / "docs" / "training.md").read_text()
+    block = docs.split("### The manifest\n\n```toml\n", 1)[1].split("```", 1)[0]
+    documented = parse_manifest(block)
+    assert len(documented.runs) == (1 + 3) * 3
+    assert documented.runs[-1].config.diagnostics.entropy_diagnostics is True
