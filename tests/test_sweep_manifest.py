@@ -127,6 +127,9 @@ def test_seeds_names_and_output_defaults(tmp_path: Path) -> None:
     # no [sweep]: named after the file, one seed 0, output sweeps/<name>
     assert m.name == "my_sweep" and m.seeds == (0,) and m.output == Path("sweeps/my_sweep")
     assert m.text == path.read_text() and m.source == str(path)
+    spaced = tmp_path / "my sweep.toml"
+    spaced.write_text(path.read_text())
+    assert load_manifest(spaced).name == "my_sweep"
     m = parse_manifest("[sweep]\nname = \"x\"\noutput = \"elsewhere\"\nseeds = [5, 2]\n"
                        "final_metrics = [\"eval/test_error\"]\n"
                        "crossings = [{ metric = \"eval/test_error\", threshold = 0.25 },"

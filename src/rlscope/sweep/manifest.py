@@ -451,10 +451,12 @@ def parse_manifest(text: str, source: str = "<manifest>", output: str | Path | N
 
 
 def load_manifest(path: str | Path, output: str | Path | None = None) -> Manifest:
-    """Read and expand a manifest file (its stem names a sweep without ``[sweep] name``)."""
+    """Read and expand a manifest file (its stem, made directory-safe, names a sweep without
+    ``[sweep] name``)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ManifestError(str(path), [f"cannot read: {e}"]) from None
-    return parse_manifest(text, str(path), output, default_name=path.stem)
+    return parse_manifest(text, str(path), output,
+                          default_name=re.sub(r"[^A-Za-z0-9_.+-]", "_", path.stem))
