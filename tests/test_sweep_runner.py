@@ -137,11 +137,12 @@ def test_manifest_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_resume_after_a_killed_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three runs finish; then one loses its status (killed after its last checkpoint), one
-    loses status and checkpoints (killed before any), one keeps both. Running the sweep again
-    resumes the first, restarts the second, skips the third, and the logs come out the same."""
-    text = SMALL + "[runs.a]\nmethod = \"grpo\"\n[runs.b]\nmethod = \"dg\"\n" \
-        "[runs.c]\nmethod = \"reinforce\"\n"
+    """Three runs finish; then one is made to look killed during step 2, after its step-2
+    checkpoint (no status, no later checkpoint, a half-written line), one killed before any
+    checkpoint, and one is left alone. Running the sweep again resumes the first from step 2,
+    restarts the second, skips the third, and the logs come out the same as before."""
+    text = SMALL + "checkpoint_every = 2\n[runs.a]\nmethod = \"grpo\"\n[runs.b]\n" \
+        "method = \"dg\"\n[runs.c]\nmethod = \"reinforce\"\n"
     out = tmp_path / "out"
     first = run_sweep(parse_manifest(text, output=out))
     assert [r.status for r in first.records] == ["completed"] * 3
@@ -151,8 +152,10 @@ def test_resume_after_a_killed_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyP
     c_status = (c / "status.json").stat().st_mtime_ns
 
     (a / "status.json").unlink()
-    with (a / "eval.jsonl").open("a") as f:  # a record the kill left after the checkpoint
-        f.write(json.dumps({"step": 3, "eval/test_error": 9.0}) + "\n{\"step\": 3, \"ev")
+    (a / "checkpoints" / "step_3.pt").unlink()
+    (a / "checkpoints" / "latest.pt").write_text("step_2.pt")
+    with (a / "eval.jsonl").open("a") as f:  # cut off by the kill
+        f.write('{"step": 3, "ev')
     (b / "status.json").unlink()
     for p in (b / "checkpoints").iterdir():
         p.unlink()
@@ -172,7 +175,7 @@ def test_resume_after_a_killed_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert calls[0].run.resume == str(a) and calls[1].run.resume == ""
     assert [(r.plan, r.status) for r in second.records] == [
         ("resume", "completed"), ("restart", "completed"), ("skip", "completed")]
-    assert lines[:3] == ["resume   a_s0 (interrupted, checkpoint at step 3)",
+    assert lines[:3] == ["resume   a_s0 (interrupted, checkpoint at step 2)",
                          "restart  b_s0 (interrupted, no checkpoint)",
                          "skip     c_s0 (completed)"]
     assert second.count("completed") == 2 and second.skipped == 1
@@ -184,7 +187,9 @@ def test_resume_after_a_killed_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyP
                                                                               "throughput/"))}
                 for line in text.splitlines()]
 
-    for d in (a, b):  # the same records, none doubled, the stray ones gone
+    # a's step 2 and evaluations at 2 and 3 were logged before the "kill" and again after it:
+    # each appears once, with the same values
+    for d in (a, b):
         for f, before in logs[d].items():
             assert strip((d / f).read_text()) == strip(before), (d.name, f)
 
