@@ -1,4 +1,4 @@
-"""The `rlscope` command line: train, demo, bench, methods, tasks, doctor, report.
+"""The `rlscope` command line: train, sweep, demo, bench, methods, tasks, doctor, report.
 
 Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers at once.
 """
@@ -17,6 +17,7 @@ Observable RL post-training for language-model policies.
 
 commands:
   train     train one method on one task (`rlscope train --help` lists every option)
+  sweep     run a TOML manifest of runs × seeds in parallel and aggregate (`rlscope sweep --help`)
   demo      train reinforce, grpo and dg on token_reversal on CPU and compare them (~1 min)
   bench     sampler / learner / loop throughput as JSON (`rlscope bench --help`)
   methods   list the update-rule presets and their components
@@ -113,6 +114,14 @@ def cmd_report(args: list[str]) -> int:
     return run(cmd)
 
 
+def cmd_sweep(args: list[str]) -> int:
+    from rlscope.sweep.command import SweepCommand, run
+
+    cmd = _tyro_parse(SweepCommand, args, "rlscope sweep")
+    assert isinstance(cmd, SweepCommand)
+    return run(cmd)
+
+
 def cmd_tasks(args: list[str]) -> int:
     from rlscope.tasks import TASKS, TaskConfig, make_task
 
@@ -129,7 +138,7 @@ def cmd_tasks(args: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "methods": cmd_methods,
-    "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report,
+    "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report, "sweep": cmd_sweep,
 }
 
 

@@ -1,0 +1,82 @@
+"""``rlscope sweep MANIFEST.toml``: options and the command itself."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+import tyro
+from rich.console import Console
+from rich.markup import escape
+
+from rlscope.sweep.manifest import Manifest, ManifestError, load_manifest
+from rlscope.sweep.runner import SweepOptions, plan_run, run_sweep, with_threads
+
+
+@dataclass(frozen=True)
+class SweepCommand:
+    """Run a manifest of runs (named runs × grid points × seeds) and aggregate the results:
+    results.csv / results.parquet (tidy), final.md (mean ± sd over seeds), crossings.md and
+    curves.csv. Finished runs are skipped, so running a killed sweep again resumes it."""
+
+    manifest: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="MANIFEST.toml")]
+    """The TOML manifest (format: docs/training.md, "Sweeps")."""
+    jobs: int = 1
+    """Worker processes running runs in parallel."""
+    threads: int = 0
+    """CPU threads for torch per run; 0 = the manifest's threads if set, else cores / jobs."""
+    dry_run: bool = False
+    """Validate the manifest and print the expanded runs (id, seed, directory, plan and the
+    equivalent `rlscope train` command); run nothing."""
+    output: str = ""
+    """The sweep directory (default: the manifest's [sweep] output, else sweeps/<name>)."""
+
+
+def dry_run(manifest: Manifest, options: SweepOptions) -> str:
+    """The expanded runs as text: per run its id, seed, directory, what a real invocation would
+    do with it, and the equivalent train command."""
+    specs = with_threads(manifest.runs, options)
+    ids = list(dict.fromkeys(s.id for s in specs))
+    lines = [f"sweep {manifest.name}: {len(specs)} runs ({len(ids)} ids × "
+             f"{len(manifest.seeds)} seeds) → {manifest.output}", ""]
+    for spec in specs:
+        plan, reason = plan_run(spec)
+        lines += [f"{spec.id}  seed {spec.seed}  {spec.run_dir}  [{plan}"
+                  + (f": {reason}" if reason else "") + "]", f"  {spec.command_line}"]
+    return "\n".join(lines) + "\n"
+
+
+def run(cmd: SweepCommand) -> int:
+    """0 when every run finished, 1 when some failed, 2 for an unusable manifest."""
+    err = Console(stderr=True, highlight=False)
+    if cmd.jobs < 1 or cmd.threads < 0:
+        err.print("[red]error:[/red] --jobs must be >= 1 and --threads >= 0")
+        return 2
+    try:
+        manifest = load_manifest(cmd.manifest, cmd.output or None)
+    except ManifestError as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        return 2
+    options = SweepOptions(jobs=cmd.jobs, threads=cmd.threads)
+    if cmd.dry_run:
+        sys.stdout.write(dry_run(manifest, options))
+        return 0
+    out = Console(highlight=False, soft_wrap=True)
+    t0 = time.perf_counter()
+    out.print(f"sweep {manifest.name}: {len(manifest.runs)} runs, {cmd.jobs} job(s) → "
+              f"{manifest.output}")
+    result = run_sweep(manifest, options, lambda line: out.print(escape(line)))
+    agg = result.aggregate
+    out.print(f"\nsweep {manifest.name}: {result.count('completed')} completed, "
+              f"{result.count('out_of_regime')} out of regime, {result.skipped} skipped, "
+              f"{len(result.failed)} failed in {time.perf_counter() - t0:.1f}s")
+    for r in result.failed:
+        out.print(f"  [red]failed[/red] {escape(r.run)}: {escape(r.error)}")
+    out.print("")
+    out.print(escape((manifest.output / "final.md").read_text(encoding="utf-8")))
+    out.print("wrote " + ", ".join(str(p) for p in agg.files) + f" ({agg.rows} tidy rows)")
+    if agg.parquet_note:
+        out.print(f"no results.parquet: {escape(agg.parquet_note)}")
+    return 1 if result.failed else 0
