@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 import tyro
@@ -21,8 +22,11 @@ class SweepCommand:
     results.csv / results.parquet (tidy), final.md (mean ± sd over seeds), crossings.md and
     curves.csv. Finished runs are skipped, so running a killed sweep again resumes it."""
 
-    manifest: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="MANIFEST.toml")]
-    """The TOML manifest (format: docs/training.md, "Sweeps")."""
+    manifest: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="MANIFEST.toml")] = ""
+    """The TOML manifest (format: docs/training.md, "Sweeps"); or use --builtin."""
+    builtin: str = ""
+    """A manifest that ships with rlscope instead of a file: evidence (the sandbox's standard
+    experiment matrix, docs/evidence/README.md)."""
     jobs: int = 1
     """Worker processes running runs in parallel."""
     threads: int = 0
@@ -32,6 +36,25 @@ class SweepCommand:
     equivalent `rlscope train` command); run nothing."""
     output: str = ""
     """The sweep directory (default: the manifest's [sweep] output, else sweeps/<name>)."""
+    report: bool = True
+    """After aggregating, write figures/ and report.html into the sweep directory (needs
+    matplotlib: pip install 'rlscope[report]')."""
+
+
+BUILTIN = Path(__file__).parent / "builtin"
+
+
+def manifest_path(cmd: SweepCommand) -> Path:
+    """The manifest file of ``cmd`` (ValueError saying what to pass when it names none)."""
+    if bool(cmd.manifest) == bool(cmd.builtin):
+        raise ValueError("give either a MANIFEST.toml or --builtin NAME")
+    if cmd.builtin:
+        path = BUILTIN / f"{cmd.builtin}.toml"
+        if not path.exists():
+            names = ", ".join(sorted(p.stem for p in BUILTIN.glob("*.toml")))
+            raise ValueError(f"--builtin {cmd.builtin!r} is unknown; built-in manifests: {names}")
+        return path
+    return Path(cmd.manifest)
 
 
 def dry_run(manifest: Manifest, options: SweepOptions) -> str:
@@ -55,7 +78,10 @@ def run(cmd: SweepCommand) -> int:
         err.print("[red]error:[/red] --jobs must be >= 1 and --threads >= 0")
         return 2
     try:
-        manifest = load_manifest(cmd.manifest, cmd.output or None)
+        manifest = load_manifest(manifest_path(cmd), cmd.output or None)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        return 2
     except ManifestError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}")
         return 2
@@ -79,4 +105,13 @@ def run(cmd: SweepCommand) -> int:
     out.print("wrote " + ", ".join(str(p) for p in agg.files) + f" ({agg.rows} tidy rows)")
     if agg.parquet_note:
         out.print(f"no results.parquet: {escape(agg.parquet_note)}")
+    if cmd.report and agg.rows:
+        try:
+            from rlscope.report.build import build_report
+        except ImportError as e:  # matplotlib missing
+            out.print(f"no report: {escape(str(e))} (pip install 'rlscope[report]')")
+        else:
+            built = build_report(manifest.output)
+            out.print(f"wrote {built.html} and {len(built.figures)} figures in "
+                      f"{manifest.output / 'figures'}")
     return 1 if result.failed else 0
