@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
@@ -249,6 +250,15 @@ def final_section(inp: ReportInput, metrics: Sequence[str], styles: dict[str, St
             + "</section>")
 
 
+def compact_number(cell: str) -> str:
+    """A CSV cell with a non-integer number shown to 4 significant digits (others as read)."""
+    try:
+        value = float(cell)
+    except ValueError:
+        return cell
+    return cell if not math.isfinite(value) or value.is_integer() else f"{value:.4g}"
+
+
 def crossings_section(inp: ReportInput, styles: dict[str, Style]) -> str:
     """``crossings.csv`` as it is (its columns are the sweep's to choose); a ``name`` column
     gets the names' colours."""
@@ -256,7 +266,8 @@ def crossings_section(inp: ReportInput, styles: dict[str, Style]) -> str:
         return ""
     header, rows = inp.crossings
     col = header.index("name") if "name" in header else -1
-    shown = [[swatch(c, styles) if i == col else c for i, c in enumerate(r)] for r in rows]
+    shown = [[swatch(c, styles) if i == col else compact_number(c) for i, c in enumerate(r)]
+             for r in rows]
     return ('<section id="crossings"><h2>Crossings</h2>'
             + table(header, shown, "crossing-row", "crossings-table") + "</section>")
 
