@@ -221,3 +221,18 @@ def test_a_failing_run_is_reported_and_the_others_complete(
     assert "CUDA" in broken["error"] or "device" in broken["error"]
     assert "Traceback" in (out / "logs" / "broken_s0.log").read_text()
     assert {r.name for r in load_tidy(out)} == {"ok", "also_ok"}
+
+
+def test_builtin_evidence_manifest_validates(capsys: pytest.CaptureFixture[str]) -> None:
+    """The evidence suite's 32 configurations × 3 seeds pass every check before anything runs;
+    an unknown built-in name lists the valid ones."""
+    from rlscope.cli import main
+
+    assert main(["sweep", "--builtin", "evidence", "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("sweep evidence: 96 runs (32 ids × 3 seeds)")
+    assert "noise-filtered_dg-filter_tau=0.2  seed 2" in out
+    assert main(["sweep", "--builtin", "nope"]) == 2
+    assert "built-in manifests: evidence" in capsys.readouterr().err
+    assert main(["sweep"]) == 2
+    assert "give either a MANIFEST.toml or --builtin NAME" in capsys.readouterr().err
