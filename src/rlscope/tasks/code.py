@@ -1,0 +1,220 @@
+"""``code_unit_tests``: write the body of a Python function from its specification; the reward
+is the fraction of hidden unit tests it passes, run in `rlscope.sandbox` (TASKS.md,
+"Real-model tasks").
+
+Data. `rlscope/data/code_specs.json` ships 22 small specifications. Each has a signature and a
+docstring (the prompt), a reference body (used only by tests, to show that a right answer
+scores 1) and 3–6 hidden tests ``function(*args) == expected``. Specs marked ``heldout`` (5 of
+them) are never training prompts; evaluation reads only them.
+
+Prompt and completion. The prompt is ``def <signature>:`` and a line holding the docstring in
+triple quotes, in byte ids (`rlscope.tokenizer.ByteTokenizer` with one special token, END,
+id 256, the stop token). The completion is the function **body**, continuing the prompt; it
+ends at the first END token, and the body ends before the first non-empty line that is not
+indented (so top-level code a model appends after the function, ``print(...)`` or a second
+``def``, is dropped, as HumanEval's stop sequences do). The program run is prompt + body.
+
+Reward. Passed / total hidden tests of the program (`rlscope.sandbox.run_tests`), scored for a
+batch by at most ``CodeConfig.workers`` sandboxes at a time. Anything the completion does —
+empty, binary, a syntax error, a hang, an escape attempt — is a reward of 0, never an
+exception. The exact expected reward is not exposed (it would need the reward of every
+possible program).
+
+Interface. The class follows the `Task` protocol but is **not registered** in
+`rlscope.tasks.TASKS` yet: its prompts are a fixed finite set (the registry's shared tests
+expect per-seed random held-out sets), its options are not `TaskConfig` fields (`CodeConfig`),
+and the default tiny transformer would need ~260 + 256 positions. `score_programs` and
+`extract_body` are the standalone reward interface for any generator.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+
+import torch
+
+from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.sandbox import SandboxLimits, SandboxResult, TestCase, run_many
+from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
+from rlscope.tokenizer import ByteTokenizer
+
+END = "<|end|>"
+"""The stop token's name (id 256 of the task's tokenizer)."""
+EVAL_SEED_OFFSET = 1_000_003
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """One function specification: the prompt, the reference body and the hidden tests."""
+
+    function: str
+    prompt: str
+    reference: str
+    tests: tuple[TestCase, ...]
+    heldout: bool
+
+
+@dataclass(frozen=True)
+class CodeConfig:
+    """Options of ``code_unit_tests`` beyond `TaskConfig`."""
+
+    completion_len: int = 256
+    """Most bytes generated for a body (END included)."""
+    workers: int = 2
+    """Sandboxes run at a time when a batch is scored (each takes up to one CPU core)."""
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    """Per-program sandbox limits (`rlscope.sandbox.SandboxLimits`)."""
+
+
+def make_prompt(signature: str, doc: str) -> str:
+    """``def <signature>:`` and the docstring, as the policy sees it."""
+    return f'def {signature}:\n    """{doc}"""\n'
+
+
+@functools.lru_cache(maxsize=1)
+def load_specs() -> tuple[CodeSpec, ...]:
+    """The shipped specifications (`rlscope/data/code_specs.json`)."""
+    raw = json.loads(resources.files("rlscope.data").joinpath("code_specs.json")
+                     .read_text(encoding="utf-8"))
+    return tuple(CodeSpec(function=s["function"], prompt=make_prompt(s["signature"], s["doc"]),
+                          reference=s["reference"], heldout=bool(s["heldout"]),
+                          tests=tuple(TestCase(tuple(t["args"]), t["expected"])
+                                      for t in s["tests"]))
+                 for s in raw)
+
+
+def extract_body(completion: str) -> str:
+    """The function body in ``completion``: the text before the first END marker, cut before
+    the first non-empty line that does not start with whitespace."""
+    text = completion.split(END, 1)[0]
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.strip() and not line[0].isspace():
+            return "".join(lines[:i])
+    return text
+
+
+def score_programs(specs: Sequence[CodeSpec], completions: Sequence[str],
+                   cfg: CodeConfig | None = None) -> list[SandboxResult]:
+    """Sandbox results of ``spec.prompt + extract_body(completion)`` against each spec's
+    hidden tests, pairwise; at most ``cfg.workers`` sandboxes at a time. Never raises for
+    anything in ``completions``."""
+    if len(specs) != len(completions):
+        raise ValueError(f"{len(specs)} specs but {len(completions)} completions")
+    cfg = cfg or CodeConfig()
+    jobs = [(s.prompt + extract_body(c), s.function, s.tests)
+            for s, c in zip(specs, completions, strict=True)]
+    return run_many(jobs, cfg.limits, cfg.workers)
+
+
+class CodeUnitTestsTask:
+    """Complete a function body from its specification; reward = fraction of hidden unit
+    tests passed in the sandbox."""
+
+    name = "code_unit_tests"
+    family = "sequence"
+    options: tuple[str, ...] = EVAL_OPTIONS
+    has_labels = False
+    binary_rewards = False
+
+    def __init__(self, cfg: TaskConfig, code_cfg: CodeConfig | None = None,
+                 specs: Sequence[CodeSpec] | None = None) -> None:
+        """``specs``: default the shipped ones (tests may pass their own)."""
+        self.cfg = cfg
+        self.code_cfg = code_cfg or CodeConfig()
+        self.tokenizer = ByteTokenizer([END])
+        self.end_id = self.tokenizer.special_id(END)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.completion_len = self.code_cfg.completion_len
+        self.specs = tuple(load_specs() if specs is None else specs)
+        self.train_specs = tuple(s for s in self.specs if not s.heldout)
+        self.eval_specs = tuple(s for s in self.specs if s.heldout)
+        self._by_prompt = {tuple(self.tokenizer.encode(s.prompt)): s for s in self.specs}
+        self.prompt_len = max(len(p) for p in self._by_prompt)
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The END token: pass it to `rlscope.sampling.SamplingConfig.stop_token_ids`."""
+        return (self.end_id,)
+
+    def validate(self) -> list[str]:
+        errors = []
+        if not self.train_specs or not self.eval_specs:
+            errors.append("code_unit_tests needs training and held-out specs")
+        if self.cfg.eval_batches < 1 or self.cfg.eval_batch_size < 1:
+            errors.append("task.eval_batches and task.eval_batch_size must be >= 1")
+        if self.code_cfg.completion_len < 1 or self.code_cfg.workers < 1:
+            errors.append("code completion_len and workers must be >= 1")
+        return errors + self.code_cfg.limits.validate()
+
+    def describe(self) -> str:
+        return (f"{self.name}: write a Python function body from its specification "
+                f"({len(self.train_specs)} training / {len(self.eval_specs)} held-out specs); "
+                f"reward = fraction of hidden unit tests passed in a sandbox")
+
+    def _prompts(self, specs: Sequence[CodeSpec]) -> PromptBatch:
+        return PromptBatch.left_padded(
+            [torch.tensor(self.tokenizer.encode(s.prompt), dtype=torch.long) for s in specs])
+
+    def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch:
+        """``n`` training specs, uniformly with replacement."""
+        index = torch.randint(0, len(self.train_specs), (n,), generator=generator)
+        return self._prompts([self.train_specs[int(i)] for i in index])
+
+    def eval_prompts(self, seed: int) -> list[PromptBatch]:
+        """``eval_batches`` batches of held-out specs, drawn with replacement from a generator
+        seeded with ``seed + EVAL_SEED_OFFSET``."""
+        g = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
+        out = []
+        for _ in range(self.cfg.eval_batches):
+            index = torch.randint(0, len(self.eval_specs), (self.cfg.eval_batch_size,),
+                                  generator=g)
+            out.append(self._prompts([self.eval_specs[int(i)] for i in index]))
+        return out
+
+    def spec_of(self, prompt_P: torch.Tensor, mask_P: torch.Tensor | None) -> CodeSpec:
+        """The spec whose prompt is the row ``prompt_P`` (padding removed)."""
+        ids = prompt_P if mask_P is None else prompt_P[mask_P.bool()]
+        key = tuple(int(i) for i in ids)
+        if key not in self._by_prompt:
+            raise ValueError("code_unit_tests: a prompt row is not one of the task's specs")
+        return self._by_prompt[key]
+
+    def completions(self, batch: RolloutBatch) -> list[str]:
+        """Decoded completion text of each row (tokens after a stop are not counted)."""
+        out = []
+        for tokens_T, mask_T in zip(batch.completion_tokens_BT, batch.completion_mask_BT,
+                                    strict=True):
+            ids = [int(i) for i in tokens_T[mask_T.bool()]
+                   if 0 <= int(i) < self.vocab_size]
+            out.append(self.tokenizer.decode(ids))
+        return out
+
+    def results(self, batch: RolloutBatch) -> list[SandboxResult]:
+        """Sandbox results of every row."""
+        mask = batch.prompt_mask_BP
+        specs = [self.spec_of(batch.prompt_tokens_BP[b], None if mask is None else mask[b])
+                 for b in range(batch.batch_size)]
+        return score_programs(specs, self.completions(batch), self.code_cfg)
+
+    def score(self, batch: RolloutBatch) -> Scores:
+        """``[B]`` fraction of hidden tests passed."""
+        rewards = [r.reward for r in self.results(batch)]
+        return Scores(rewards_B=torch.tensor(rewards, dtype=torch.float32))
+
+    def expected_reward(self, logp_targets_BT: torch.Tensor) -> torch.Tensor | None:
+        """Not exposed."""
+        return None
+
+    def eval_metrics(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+        """Per row: ``test_error`` = 1 − fraction passed; ``solved`` = all tests passed;
+        ``sandbox_ok`` = the program ran to its result (no timeout, crash, limit or block)."""
+        results = self.results(batch)
+        reward_B = torch.tensor([r.reward for r in results], dtype=torch.float32)
+        return {"test_error": 1.0 - reward_B,
+                "solved": torch.tensor([float(r.passed == r.total) for r in results]),
+                "sandbox_ok": torch.tensor([float(r.status == "ok") for r in results])}

@@ -1,0 +1,119 @@
+"""``code_unit_tests`` (TASKS.md, "Real-model tasks"): the shipped specs, body extraction, and
+rewards through the sandbox on hand-made completions (references score 1, garbage 0)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import torch
+
+from rlscope.batch import RolloutBatch
+from rlscope.sandbox import SandboxLimits
+from rlscope.tasks.base import TaskConfig
+from rlscope.tasks.code import (
+    END,
+    CodeConfig,
+    CodeUnitTestsTask,
+    extract_body,
+    load_specs,
+    score_programs,
+)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+FAST = CodeConfig(completion_len=256, workers=2,
+                  limits=SandboxLimits(cpu_seconds=1, wall_seconds=2.0, per_test_seconds=0.5))
+
+
+def test_specs_load_and_every_reference_passes_its_tests() -> None:
+    specs = load_specs()
+    assert len(specs) >= 20 and len({s.function for s in specs}) == len(specs)
+    assert all(3 <= len(s.tests) <= 8 for s in specs)
+    assert sum(s.heldout for s in specs) >= 3
+    for s in specs:
+        assert s.prompt.startswith(f"def {s.function}(") and s.prompt.endswith('"""\n')
+    results = score_programs(specs, [s.reference for s in specs], FAST)
+    assert [(r.status, r.reward) for r in results] == [("ok", 1.0)] * len(specs), [
+        (s.function, r.reason, r.outcomes) for s, r in zip(specs, results, strict=True)
+        if r.reward != 1.0]
+
+
+def test_wrong_bodies_score_below_one() -> None:
+    specs = load_specs()
+    results = score_programs(specs, ["    return None\n"] * len(specs), FAST)
+    assert all(r.status == "ok" and r.reward < 1.0 for r in results)
+
+
+def test_extract_body_cuts_at_end_and_at_top_level_code() -> None:
+    assert extract_body(f"    return 1\n{END}garbage") == "    return 1\n"
+    assert extract_body("    x = 1\n\n    return x\nprint(f(2))\ndef g(): pass\n") == (
+        "    x = 1\n\n    return x\n")
+    assert extract_body("    return 2") == "    return 2"
+    assert extract_body("") == "" and extract_body("return 3\n") == ""
+
+
+@pytest.mark.parametrize("completion", [
+    "", "\x00\x01\x02\xff", "    return '\udcff'\n", "é😀" * 500, "    " + "x" * 300_000,
+    "    while True:\n        pass\n", "    import os\n    os.system('true')\n",
+    f"{END}    return a + b\n", "return a + b\n"])
+def test_garbage_scores_zero(completion: str) -> None:
+    add = next(s for s in load_specs() if s.function == "add")
+    [result] = score_programs([add], [completion], FAST)
+    assert result.reward == 0.0
+
+
+def _rollout(task: CodeUnitTestsTask, specs_idx: list[int], texts: list[str]) -> RolloutBatch:
+    prompts = task._prompts([task.specs[i] for i in specs_idx])
+    T = task.completion_len
+    tokens_BT = torch.zeros(len(texts), T, dtype=torch.long)
+    mask_BT = torch.zeros(len(texts), T)
+    for b, text in enumerate(texts):
+        ids = task.tokenizer.encode(text)[: T - 1]
+        ids.append(task.end_id)
+        tokens_BT[b, :len(ids)] = torch.tensor(ids)
+        mask_BT[b, :len(ids)] = 1
+    B = len(texts)
+    return RolloutBatch(prompt_tokens_BP=prompts.tokens_BP,
+                        prompt_mask_BP=prompts.attention_mask_BP,
+                        completion_tokens_BT=tokens_BT, completion_mask_BT=mask_BT,
+                        logp_sampler_BT=torch.zeros(B, T), logp_raw_BT=torch.zeros(B, T),
+                        finished_by_stop_B=torch.ones(B, dtype=torch.bool),
+                        group_id_B=torch.arange(B))
+
+
+def test_batch_of_32_is_scored_in_bounded_time() -> None:
+    task = CodeUnitTestsTask(TaskConfig(), FAST)
+    n = len(task.specs)
+    idx = [b % n for b in range(32)]
+    garbage = ["", "    while True:\n        pass\n", "\x00\xff", "    return ("]
+    texts = [task.specs[i].reference if b % 2 == 0 else garbage[(b // 2) % 4]
+             for b, i in enumerate(idx)]
+    batch = _rollout(task, idx, texts)
+    start = time.monotonic()
+    rewards_B = task.score(batch).rewards_B
+    elapsed = time.monotonic() - start
+    assert rewards_B.shape == (32,)
+    assert rewards_B[0::2].tolist() == [1.0] * 16 and rewards_B[1::2].tolist() == [0.0] * 16
+    # 4 of the 16 garbage rows hang until their 1 s CPU limit; 2 workers: ~2-3 s in all
+    assert elapsed < 15.0, elapsed
+    metrics = task.eval_metrics(batch)
+    assert metrics["test_error"].tolist() == (1.0 - rewards_B).tolist()
+    assert metrics["solved"].sum() == 16
+
+
+def test_prompts_train_and_heldout_are_disjoint_and_decode() -> None:
+    task = CodeUnitTestsTask(TaskConfig(eval_batches=2, eval_batch_size=8), FAST)
+    assert task.validate() == []
+    train = task.sample_prompts(torch.Generator().manual_seed(0), 16)
+    evals = task.eval_prompts(0)
+    assert len(evals) == 2 and evals[0].batch_size == 8
+    assert torch.equal(evals[0].tokens_BP, task.eval_prompts(0)[0].tokens_BP)
+    heldout = {s.function for s in task.eval_specs}
+    for b in range(16):
+        spec = task.spec_of(train.tokens_BP[b], train.attention_mask_BP[b]
+                            if train.attention_mask_BP is not None else None)
+        assert spec.function not in heldout
+    assert task.vocab_size == 257 and task.stop_token_ids == (256,)
+    assert "code_unit_tests" in task.describe()
