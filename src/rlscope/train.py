@@ -27,7 +27,7 @@ from rlscope.config import Derived, TrainConfig, effective_config, to_dict, vali
 from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snapshot
 from rlscope.doctor.live import LiveDoctor, alert_line
 from rlscope.doctor.render import findings_json
-from rlscope.evaluation import evaluate
+from rlscope.evaluation import evaluate, heldout_batch
 from rlscope.learner import (
     LearnerInputs,
     UpdatePlan,
@@ -231,16 +231,7 @@ def train(cfg: TrainConfig) -> RunResult:
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl", append)
     eval_log = JsonlWriter(run_dir / "eval.jsonl", append)
     samples_log = JsonlWriter(run_dir / "samples.jsonl", append)
-    eval_sets = task.eval_prompts(r.seed)
-    eval_prompts = PromptBatch(
-        tokens_BP=torch.cat([p.tokens_BP for p in eval_sets]),
-        attention_mask_BP=None if eval_sets[0].attention_mask_BP is None else
-        torch.cat([p.attention_mask_BP for p in eval_sets if p.attention_mask_BP is not None]),
-        targets_BT=None if eval_sets[0].targets_BT is None else
-        torch.cat([p.targets_BT for p in eval_sets if p.targets_BT is not None]),
-        score_mask_BT=None if eval_sets[0].score_mask_BT is None else
-        torch.cat([p.score_mask_BT for p in eval_sets if p.score_mask_BT is not None]),
-    ).to(device)
+    eval_prompts = heldout_batch(task, r.seed).to(device)
     # The kept set describes the sampled prefixes; label-trained methods read other tokens.
     replay_keep = cfg.sampling.replay_sampling_mask and not spec.needs_labels
     temperature = cfg.sampling.temperature
