@@ -170,9 +170,10 @@ def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
             assert metric_def(key).timing == "eval", key
 
 
-# The bandits have their own option sets and eval tests (test_digits_bandit, test_lm_bandit).
-@pytest.mark.parametrize("task", [t for t in TASKS if t != "token_reversal"
-                                  and t not in ("digits_bandit", "lm_bandit")])
+# The bandits and the text tasks have their own option sets and eval tests
+# (test_digits_bandit, test_lm_bandit, test_arithmetic).
+@pytest.mark.parametrize("task", [t for t in TASKS if t != "token_reversal" and t not in (
+    "digits_bandit", "lm_bandit", "arithmetic", "length_target")])
 def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
     options = dataclasses.replace(SMALL_TASK, score_len=2)
     result = train(_cfg(tmp_path, "reinforce", task=task, task_options=options, num_steps=2,

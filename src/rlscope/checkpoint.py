@@ -19,6 +19,8 @@ import torch
 from rlscope.batch import RolloutBatch
 
 LATEST = "latest.pt"
+SFT_FILE = "sft.pt"
+"""The weights file `rlscope sft` writes in its output directory."""
 
 
 def new_run_dir(cfg: Any, runs_dir: str) -> Path:
@@ -88,3 +90,44 @@ def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
         entropy_coef=payload.get("entropy_coef", state.entropy_coef),
         entropy_history=list(payload.get("entropy_history", [])),
         queue=deque(RolloutBatch(**b) for b in payload["queue"]))
+
+
+def init_weights_path(path: str) -> Path:
+    """The weights file `--init` names: ``path`` itself, or inside a directory ``sft.pt``
+    (an `rlscope sft` output) or the latest checkpoint of a training run."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / SFT_FILE).exists():
+            return p / SFT_FILE
+        latest = p / "checkpoints" / LATEST
+        if latest.exists():
+            return p / "checkpoints" / latest.read_text().strip()
+        raise FileNotFoundError(f"--init {path}: the directory holds neither {SFT_FILE} nor "
+                                f"checkpoints/{LATEST}")
+    if not p.exists():
+        raise FileNotFoundError(f"--init {path}: no such file or directory")
+    return p
+
+
+def load_init(path: str, policy: torch.nn.Module, device: torch.device) -> dict[str, Any]:
+    """Load the policy weights of ``path`` (see `init_weights_path`) into ``policy``; returns
+    the whole payload. Raises ValueError, naming the parameters, when shapes differ."""
+    payload = torch.load(init_weights_path(path), map_location=device, weights_only=False)
+    if not isinstance(payload, dict) or "policy" not in payload:
+        raise ValueError(f"--init {path}: not an rlscope checkpoint (no 'policy' weights)")
+    own = policy.state_dict()
+    theirs = payload["policy"]
+    missing = sorted(set(own) - set(theirs))
+    extra = sorted(set(theirs) - set(own))
+    mismatched = [f"{k}: checkpoint {tuple(theirs[k].shape)} vs model {tuple(v.shape)}"
+                  for k, v in own.items() if k in theirs and theirs[k].shape != v.shape]
+    if missing or extra or mismatched:
+        hint = ""
+        if "model" in payload:
+            hint = (f" The checkpoint was trained with model {payload['model']} on task "
+                    f"{payload.get('task')!r} {payload.get('task_options')}: use the same model "
+                    "and task options.")
+        raise ValueError(f"--init {path} does not fit this policy: missing {missing[:5]}, "
+                         f"unexpected {extra[:5]}, shape mismatches {mismatched[:5]}.{hint}")
+    policy.load_state_dict(theirs)
+    return payload

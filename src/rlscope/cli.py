@@ -1,4 +1,4 @@
-"""The `rlscope` command line: train, sweep, demo, bench, methods, tasks, doctor, report.
+"""The `rlscope` command line: train, sft, sweep, demo, bench, methods, tasks, doctor, report.
 
 Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers at once.
 """
@@ -17,6 +17,7 @@ Observable RL post-training for language-model policies.
 
 commands:
   train     train one method on one task (`rlscope train --help` lists every option)
+  sft       supervised warm start on a task's pairs or a JSONL file (`rlscope sft --help`)
   sweep     run a TOML manifest of runs × seeds in parallel and aggregate (`rlscope sweep --help`)
   demo      train reinforce, grpo and dg on token_reversal on CPU and compare them (~1 min)
   bench     sampler / learner / loop throughput as JSON (`rlscope bench --help`)
@@ -56,6 +57,31 @@ def cmd_train(args: list[str]) -> int:
                       f"{final.get('eval/entropy', float('nan')):.4f}",
                       f"{result.wall_time_s:.1f}", str(result.run_dir))
     Console().print(table)
+    return 0
+
+
+def cmd_sft(args: list[str]) -> int:
+    from rlscope.sft import SftConfig, sft, validate_sft
+
+    cfg = _tyro_parse(SftConfig, args, "rlscope sft")
+    assert isinstance(cfg, SftConfig)
+    console = Console(stderr=True)
+    errors = validate_sft(cfg)
+    if errors:
+        console.print("[red]error:[/red] invalid configuration:\n  - " + "\n  - ".join(errors))
+        return 2
+    result = sft(cfg)
+    first = result.evals[0] if result.evals else {}
+    last = result.evals[-1] if result.evals else {}
+    table = Table(title=f"sft on {cfg.task}")
+    for col in ("", "heldout loss", "test_error"):
+        table.add_column(col)
+    for label, row in (("start", first), ("end", last)):
+        table.add_row(label, f"{row.get('sft/heldout_loss', float('nan')):.4f}",
+                      f"{row.get('eval/test_error', float('nan')):.4f}")
+    Console().print(table)
+    Console().print(f"wrote {result.out_dir} in {result.wall_time_s:.1f} s; continue with "
+                    f"rlscope train --task {cfg.task} --init {result.out_dir}")
     return 0
 
 
@@ -137,8 +163,9 @@ def cmd_tasks(args: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "train": cmd_train, "demo": cmd_demo, "bench": cmd_bench, "methods": cmd_methods,
-    "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report, "sweep": cmd_sweep,
+    "train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "bench": cmd_bench,
+    "methods": cmd_methods, "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report,
+    "sweep": cmd_sweep,
 }
 
 

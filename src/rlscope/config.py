@@ -91,6 +91,10 @@ class RunConfig:
     """Save a resumable checkpoint every this many steps (0 = only at the end)."""
     resume: str = ""
     """Resume the run in this run directory from its latest checkpoint."""
+    init: str = ""
+    """Start the policy from these weights: an `rlscope sft` output (its directory or
+    sft.pt), a run directory (its latest checkpoint) or a checkpoint file. The model must have
+    the same shapes; the KL reference is the initialised policy. Empty = random init."""
     progress: bool = True
     """Show the live progress bar and metrics line."""
     cuda_graphs: bool = True
@@ -129,6 +133,9 @@ class Derived:
     overlong: str = "none"
     """The method's overlong handling in force: its own where completions can end early
     (`variable_lengths`), else ``none`` (on fixed-length completions it is a no-op)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """The stop tokens in force: --stop_token_ids where given, else the task's own
+    (``task.stop_token_ids``, e.g. the newline of the text tasks), else none."""
 
 
 class ConfigError(ValueError):
@@ -139,14 +146,31 @@ def derive(cfg: TrainConfig, spec: MethodSpec, task: Task) -> Derived:
     group = cfg.run.group_size or (8 if spec.grouped else 1)
     minibatch = max(cfg.run.batch_size // max(cfg.run.num_minibatches, 1), 1)
     max_new_tokens = cfg.sampling.max_new_tokens or task.completion_len
+    stops = stop_tokens(cfg, task)
     return Derived(
         group_size=group,
         num_prompts=cfg.run.batch_size // max(group, 1),
         max_new_tokens=max_new_tokens,
         micro_batch_size=cfg.run.micro_batch_size or minibatch,
         minibatch_size=minibatch,
-        overlong=spec.overlong.name if variable_lengths(cfg, max_new_tokens) else "none",
+        overlong=spec.overlong.name if variable_lengths(stops, max_new_tokens) else "none",
+        stop_token_ids=stops,
     )
+
+
+def stop_tokens(cfg: TrainConfig, task: Task) -> tuple[int, ...]:
+    """--stop_token_ids where given, else the task's default stop tokens (none for the token
+    sandbox, the newline for the byte-level text tasks)."""
+    return tuple(cfg.sampling.stop_token_ids) or tuple(getattr(task, "stop_token_ids", ()))
+
+
+def effective_config(cfg: TrainConfig, d: Derived) -> TrainConfig:
+    """``cfg`` with the stop tokens in force (``d.stop_token_ids``) as its sampling stops: what
+    `rlscope.train.train` runs and logs (a new config; ``cfg`` is unchanged)."""
+    if cfg.sampling.stop_token_ids == d.stop_token_ids:
+        return cfg
+    return dataclasses.replace(cfg, sampling=dataclasses.replace(
+        cfg.sampling, stop_token_ids=d.stop_token_ids))
 
 
 def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
@@ -208,17 +232,17 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     return spec, task, d
 
 
-def variable_lengths(cfg: TrainConfig, max_new_tokens: int) -> bool:
-    """Whether completions can end before ``max_new_tokens`` (a stop token is configured and
+def variable_lengths(stop_token_ids: tuple[int, ...], max_new_tokens: int) -> bool:
+    """Whether completions can end before ``max_new_tokens`` (a stop token is in force and
     more than one token is generated); otherwise every completion has exactly L_max tokens."""
-    return bool(cfg.sampling.stop_token_ids) and max_new_tokens > 1
+    return bool(stop_token_ids) and max_new_tokens > 1
 
 
 def overlong_errors(cfg: TrainConfig, spec: MethodSpec, d: Derived) -> list[str]:
     """Why the configured overlong handling cannot act (empty when it can)."""
     errors = []
     explicit = cfg.components.overlong not in (None, "none")
-    if explicit and not variable_lengths(cfg, d.max_new_tokens):
+    if explicit and not variable_lengths(d.stop_token_ids, d.max_new_tokens):
         errors.append(
             f"method.overlong={cfg.components.overlong!r} handles completions that reach "
             f"max_new_tokens={d.max_new_tokens}, but with no --stop_token_ids (or a single "

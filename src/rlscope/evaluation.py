@@ -16,6 +16,21 @@ from rlscope.tasks.base import Task
 GREEDY = SamplingConfig(temperature=0.0)
 
 
+def heldout_batch(task: Task, seed: int) -> PromptBatch:
+    """The task's held-out prompts of ``seed`` (``task.eval_prompts``) as one batch, attention
+    masks and targets kept (every set of one task has the same prompt width)."""
+    sets = task.eval_prompts(seed)
+
+    def cat(name: str) -> torch.Tensor | None:
+        values = [getattr(p, name) for p in sets]
+        return None if any(v is None for v in values) else torch.cat(values)
+
+    tokens_BP = cat("tokens_BP")
+    assert tokens_BP is not None
+    return PromptBatch(tokens_BP=tokens_BP, attention_mask_BP=cat("attention_mask_BP"),
+                       targets_BT=cat("targets_BT"), score_mask_BT=cat("score_mask_BT"))
+
+
 @torch.no_grad()
 def evaluate(policy: Policy, task: Task, prompt_sets: list[PromptBatch],
              max_new_tokens: int, stop_token_ids: tuple[int, ...] = (),

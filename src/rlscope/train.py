@@ -23,11 +23,11 @@ import torch
 
 from rlscope import checkpoint
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.config import Derived, TrainConfig, to_dict, validate
+from rlscope.config import Derived, TrainConfig, effective_config, to_dict, validate
 from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snapshot
 from rlscope.doctor.live import LiveDoctor, alert_line
 from rlscope.doctor.render import findings_json
-from rlscope.evaluation import evaluate
+from rlscope.evaluation import evaluate, heldout_batch
 from rlscope.learner import (
     LearnerInputs,
     UpdatePlan,
@@ -194,6 +194,7 @@ def greedy_rewards(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
 
 def train(cfg: TrainConfig) -> RunResult:
     spec, task, d = validate(cfg)
+    cfg = effective_config(cfg, d)  # the task's stop tokens where none are given
     r = cfg.run
     overlong = dataclasses.replace(spec.overlong, name=d.overlong)  # none on fixed lengths
     device = resolve_device(r.device)
@@ -202,6 +203,11 @@ def train(cfg: TrainConfig) -> RunResult:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
     policy = make_policy_for(task, cfg.model).to(device)
+    if r.init:
+        checkpoint.load_init(r.init, policy, device)
+        attach = getattr(task, "attach_policy", None)
+        if attach is not None:  # the task's own frozen initial copy is the loaded model
+            attach(policy)
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = copy.deepcopy(policy).requires_grad_(False).eval() if spec.needs_reference else None
@@ -225,14 +231,7 @@ def train(cfg: TrainConfig) -> RunResult:
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl", append)
     eval_log = JsonlWriter(run_dir / "eval.jsonl", append)
     samples_log = JsonlWriter(run_dir / "samples.jsonl", append)
-    eval_sets = task.eval_prompts(r.seed)
-    eval_prompts = PromptBatch(
-        tokens_BP=torch.cat([p.tokens_BP for p in eval_sets]),
-        targets_BT=None if eval_sets[0].targets_BT is None else
-        torch.cat([p.targets_BT for p in eval_sets if p.targets_BT is not None]),
-        score_mask_BT=None if eval_sets[0].score_mask_BT is None else
-        torch.cat([p.score_mask_BT for p in eval_sets if p.score_mask_BT is not None]),
-    ).to(device)
+    eval_prompts = heldout_batch(task, r.seed).to(device)
     # The kept set describes the sampled prefixes; label-trained methods read other tokens.
     replay_keep = cfg.sampling.replay_sampling_mask and not spec.needs_labels
     temperature = cfg.sampling.temperature

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlscope.tasks.arithmetic import ArithmeticTask
 from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import Scores, Task, TaskConfig
 from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
+from rlscope.tasks.length_target import LengthTargetTask
 from rlscope.tasks.lm_bandit import LMBanditTask
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
 
@@ -18,6 +20,8 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "format_answer": FormatAnswerTask,
     "digits_bandit": DigitsBanditTask,
     "lm_bandit": LMBanditTask,
+    "arithmetic": ArithmeticTask,
+    "length_target": LengthTargetTask,
 }
 
 

@@ -47,6 +47,19 @@ class TaskConfig:
     lm_kl_shaping: float = 0.0
     """lm_bandit: β of the KL-shaped training reward r − β(log π(a) − log π_ref(a)), π_ref the
     frozen initial policy (0 = plain reward; not combinable with reward_noise)."""
+    difficulty: int = 1
+    """arithmetic: 1 = a+b with operands 0..99; 2 = a+b or a−b with operands 10..999;
+    3 = three or four operands 0..99 joined by + or − (docs/tasks.md)."""
+    format_reward: float = 0.0
+    """arithmetic: reward in [0, 1) for a well-formed but wrong answer (a terminated integer in
+    canonical form); 0 = binary reward."""
+    length_limit: int = 64
+    """length_target: most tokens (bytes, stop included) a completion may have."""
+    band_min_words: int = 0
+    """length_target: with band_max_words > 0, the least words of a rewarded answer."""
+    band_max_words: int = 0
+    """length_target: reward 1 inside [band_min_words, band_max_words] words, else 0;
+    0 = the default reward 2 − words/16 (shorter is better)."""
 
 
 @dataclass(frozen=True)

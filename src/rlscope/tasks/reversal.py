@@ -77,6 +77,13 @@ class ReversalTask:
         return [self.sample_prompts(g, self.cfg.eval_batch_size)
                 for _ in range(self.cfg.eval_batches)]
 
+    def sft_pairs(self, generator: torch.Generator, n: int) -> list[tuple[list[int], list[int]]]:
+        """``n`` supervised pairs ``(prompt ids, target ids)`` of fresh prompts (for
+        `rlscope sft`); every position is supervised, scored or not."""
+        prompts = self.sample_prompts(generator, n)
+        assert prompts.targets_BT is not None
+        return list(zip(prompts.tokens_BP.tolist(), prompts.targets_BT.tolist(), strict=True))
+
     def _matches(self, batch: RolloutBatch) -> torch.Tensor:
         if batch.targets_BT is None:
             raise ValueError(f"{self.name}: rollout batch carries no targets")

@@ -1,0 +1,261 @@
+"""Supervised warm start: ``rlscope sft`` (TASKS.md, "Real-model tasks": where a base policy
+that already knows the format is needed, the project trains it itself).
+
+Cross-entropy on the completion tokens of prompt/completion pairs, the prompt tokens masked
+out of the loss. Pairs come from the task (``task.sft_pairs(generator, n)``: fresh correct
+pairs every step; arithmetic and the token sandbox have it) or from a JSONL file of
+``{"prompt": str, "completion": str}`` lines tokenised with the task's byte tokenizer (the
+completion as written: end it with the stop token, a newline, to teach stopping).
+
+Layout of a batch: the prompt left-padded to the task's ``prompt_len`` (attention mask 0 on
+padding), then the completion right-padded to ``completion_len`` with the task's first stop
+token (or 0); the logits at position j predict token j + 1; the loss mask is 1 exactly on the
+completion's own tokens. The output directory holds ``sft.pt`` (policy weights, model config,
+task name and options: what ``rlscope train --init`` reads), ``config.json`` and
+``metrics.jsonl`` (``sft/loss`` every step; ``sft/heldout_loss`` and the task's greedy
+``eval/*`` metrics on its held-out prompts every ``eval_every`` steps and at the end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlscope.batch import PromptBatch
+from rlscope.checkpoint import SFT_FILE
+from rlscope.evaluation import evaluate, heldout_batch
+from rlscope.metrics.sinks import JsonlWriter, LiveDisplay
+from rlscope.policy import ModelConfig
+from rlscope.tasks import TASKS, Task, TaskConfig, make_task
+from rlscope.tasks.base import make_policy_for
+from rlscope.utils import environment_info, resolve_device
+
+HELDOUT_SEED_OFFSET = 2_000_029
+"""Held-out SFT pairs come from a generator seeded with seed + this (never the training one)."""
+HELDOUT_PAIRS = 256
+
+Pair = tuple[list[int], list[int]]
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    """A supervised warm start: cross-entropy on completion tokens, then a checkpoint."""
+
+    task: str = "arithmetic"
+    """Task whose tokenizer, prompt width and completion length shape the data (and whose
+    held-out prompts evaluate the model)."""
+    data: str = ""
+    """JSONL file of {"prompt": ..., "completion": ...} strings; empty = pairs the task
+    generates (task.sft_pairs)."""
+    num_steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 64
+    """Pairs per step (drawn fresh from the task, or uniformly with replacement from --data)."""
+    lr: float = 3e-3
+    """Adam learning rate."""
+    seed: int = 0
+    """Model init and data order; the evaluation set is the task's for this seed (as in
+    rlscope train with the same --seed)."""
+    eval_every: int = 100
+    """Evaluate every this many steps and at the end (0 = only at the end)."""
+    runs_dir: str = "runs"
+    """Parent folder of the output directory."""
+    name: str = ""
+    """Output directory name (default: sft_<task>_s<seed>_<time>)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto."""
+    threads: int = 0
+    """CPU threads for torch (0 = leave torch's default)."""
+    progress: bool = True
+    """Show the progress bar."""
+    task_options: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+
+@dataclass(frozen=True)
+class SftResult:
+    out_dir: Path
+    metrics: list[dict[str, float]]
+    evals: list[dict[str, float]]
+    wall_time_s: float
+
+
+def sft_loss(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, mask_BL: torch.Tensor
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Mean token cross-entropy −log softmax(logits)[target] over positions with mask 1.
+
+    ``logits_BLV[:, j]`` predicts ``targets_BL[:, j]``; positions with mask 0 (prompt, padding)
+    contribute nothing, whatever their targets. Returns ``(loss, {"sft/tokens": count})``."""
+    logp_BLV = logits_BLV.float().log_softmax(-1)
+    nll_BL = -logp_BLV.gather(-1, targets_BL.clamp_min(0)[..., None])[..., 0]
+    mask_BL = mask_BL.to(nll_BL.dtype)
+    count = mask_BL.sum()
+    return (nll_BL * mask_BL).sum() / count.clamp_min(1.0), {"sft/tokens": count.detach()}
+
+
+def pad_id(task: Task) -> int:
+    """Right padding of completions: the task's first stop token, else 0."""
+    stops = tuple(getattr(task, "stop_token_ids", ()))
+    return stops[0] if stops else 0
+
+
+def sft_batch(pairs: Sequence[Pair], prompt_len: int, completion_len: int, pad: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tokens_BL, attention_BL, targets_BL, loss_mask_BL)``, L = prompt_len + completion_len
+    (see the module docstring); a pair that does not fit is a ValueError."""
+    P, T = prompt_len, completion_len
+    B = len(pairs)
+    tokens_BL = torch.full((B, P + T), pad, dtype=torch.long)
+    attention_BL = torch.ones(B, P + T, dtype=torch.long)
+    loss_BL = torch.zeros(B, P + T)
+    for i, (prompt, completion) in enumerate(pairs):
+        if not 0 < len(prompt) <= P or not 0 < len(completion) <= T:
+            raise ValueError(f"pair {i}: a prompt of {len(prompt)} and a completion of "
+                             f"{len(completion)} tokens must fit 1..{P} and 1..{T} (the task's "
+                             "prompt_len and completion_len)")
+        tokens_BL[i, P - len(prompt):P] = torch.tensor(prompt)
+        attention_BL[i, :P - len(prompt)] = 0
+        tokens_BL[i, P:P + len(completion)] = torch.tensor(completion)
+        loss_BL[i, P - 1:P - 1 + len(completion)] = 1.0  # positions predicting the completion
+    targets_BL = torch.cat([tokens_BL[:, 1:], torch.full((B, 1), pad)], 1)
+    return tokens_BL, attention_BL, targets_BL, loss_BL
+
+
+def read_pairs(path: str, task: Task) -> list[Pair]:
+    """The JSONL pairs of ``path`` tokenised with ``task.tokenizer``; clear errors for a task
+    without a text tokenizer or a malformed line."""
+    tokenizer = getattr(task, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(f"--data needs a task with a text tokenizer; {task.name!r} has none "
+                         "(use its generated pairs: leave --data empty)")
+    pairs = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) \
+                or not isinstance(row.get("completion"), str):
+            raise ValueError(f"{path}:{n}: expected {{\"prompt\": str, \"completion\": str}}")
+        pairs.append((tokenizer.encode(row["prompt"]), tokenizer.encode(row["completion"])))
+    if not pairs:
+        raise ValueError(f"{path}: no pairs")
+    return pairs
+
+
+def validate_sft(cfg: SftConfig) -> list[str]:
+    """Every problem of ``cfg`` (empty when it can run)."""
+    if cfg.task not in TASKS:
+        return [f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}"]
+    task = make_task(cfg.task, cfg.task_options)
+    errors = task.validate() + cfg.model.validate()
+    if not cfg.data and not hasattr(task, "sft_pairs"):
+        errors.append(f"task {cfg.task!r} generates no supervised pairs: give --data FILE.jsonl")
+    if cfg.data and not Path(cfg.data).is_file():
+        errors.append(f"--data {cfg.data}: no such file")
+    if cfg.num_steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.eval_every < 0:
+        errors.append("--num_steps and --eval_every must be >= 0, --batch_size >= 1, --lr > 0")
+    return errors
+
+
+def _pairs_of(task: Task, generator: torch.Generator, n: int) -> list[Pair]:
+    """``n`` fresh pairs from ``task.sft_pairs`` (an optional method of the protocol)."""
+    make = getattr(task, "sft_pairs", None)
+    if make is None:
+        raise ValueError(f"task {task.name!r} generates no supervised pairs")
+    pairs: list[Pair] = make(generator, n)
+    return pairs
+
+
+def sft(cfg: SftConfig) -> SftResult:
+    """Run the warm start of ``cfg`` and write its output directory (module docstring)."""
+    errors = validate_sft(cfg)
+    if errors:
+        raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
+    task = make_task(cfg.task, cfg.task_options)
+    device = resolve_device(cfg.device)
+    threads_before = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    policy = make_policy_for(task, cfg.model).to(device)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    data = read_pairs(cfg.data, task) if cfg.data else None
+    heldout = data[:HELDOUT_PAIRS] if data is not None else _pairs_of(
+        task, torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET), HELDOUT_PAIRS)
+    P, T, pad = task.prompt_len, task.completion_len, pad_id(task)
+    stops = tuple(getattr(task, "stop_token_ids", ()))
+    eval_prompts: PromptBatch = heldout_batch(task, cfg.seed).to(device)
+    name = cfg.name or f"sft_{cfg.task}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir = Path(cfg.runs_dir) / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(
+        {"sft": dataclasses.asdict(cfg), "task_description": task.describe(),
+         **environment_info(device)}, indent=2))
+    log = JsonlWriter(out_dir / "metrics.jsonl", append=False)
+    display = LiveDisplay(cfg.progress, cfg.num_steps, f"sft · {cfg.task}")
+    metrics: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+    t_run = time.perf_counter()
+
+    def batch_loss(pairs: Sequence[Pair]) -> torch.Tensor:
+        tokens, attention, targets, mask = (x.to(device) for x in sft_batch(pairs, P, T, pad))
+        return sft_loss(policy(tokens, attention)[0], targets, mask)[0]
+
+    def run_eval(step: int) -> None:
+        policy.eval()
+        with torch.no_grad():
+            values = {k: float(v) for k, v in evaluate(policy, task, [eval_prompts], T, stops,
+                                                       decode_graphs=False).items()}
+            values["sft/heldout_loss"] = float(batch_loss(heldout))
+        record = {"step": step, **values}
+        evals.append(record)
+        log.write(record)
+        display.eval(record)
+
+    try:
+        for step in range(cfg.num_steps):
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                run_eval(step)
+            if data is None:
+                pairs = _pairs_of(task, generator, cfg.batch_size)
+            else:
+                index = torch.randint(0, len(data), (cfg.batch_size,), generator=generator)
+                pairs = [data[i] for i in index.tolist()]
+            policy.train()
+            loss = batch_loss(pairs)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            record = {"step": step, "sft/loss": float(loss.detach())}
+            metrics.append(record)
+            log.write(record)
+            display.update(record)
+        run_eval(cfg.num_steps)
+        save_sft(out_dir, policy, cfg)
+    finally:
+        torch.set_num_threads(threads_before)
+        display.close()
+        log.close()
+    return SftResult(out_dir=out_dir, metrics=metrics, evals=evals,
+                     wall_time_s=time.perf_counter() - t_run)
+
+
+def save_sft(out_dir: Path, policy: torch.nn.Module, cfg: SftConfig) -> Path:
+    """Write ``sft.pt``: the policy weights, the model config, the task name and options."""
+    payload: dict[str, Any] = {
+        "policy": policy.state_dict(), "model": dataclasses.asdict(cfg.model),
+        "task": cfg.task, "task_options": dataclasses.asdict(cfg.task_options),
+        "steps": cfg.num_steps}
+    path = out_dir / SFT_FILE
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+    return path
