@@ -45,7 +45,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> list[dict[str, float | str]]:
         run = RunConfig(num_steps=cfg.num_steps, seed=cfg.seed, device=cfg.device,
                         runs_dir=cfg.runs_dir, progress=cfg.progress,
                         inner_epochs=cfg.grouped_inner_epochs if grouped else 1,
-                        name=f"{method}_s{cfg.seed}")
+                        name=f"{method}_s{cfg.seed}", doctor_every=0)
         result = train(dataclasses.replace(TrainConfig(method=method), run=run))
         first, final = result.evals[0], result.final_eval
         rows.append({"method": method, "initial_error": first["eval/test_error"],
