@@ -299,16 +299,23 @@ def train(cfg: TrainConfig) -> RunResult:
                 run_eval(step)
             t_step = time.perf_counter()
             m: dict[str, torch.Tensor] = {}
-            fresh = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
-                                    d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
-            _sync(device)
-            t_sampled = time.perf_counter()
-            fresh = scored(fresh, step)
-            if r.fill_batch:
-                fresh, fill_rounds = fill_mixed_groups(
-                    fresh, functools.partial(draw_scored, step), r.batch_size, d.group_size,
-                    r.max_fill_rounds)
-                m["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=device)
+            # --overfit_batch: the first scored batch stays at the head of the (checkpointed)
+            # queue and is trained on every step; nothing more is sampled.
+            fixed = state.queue[0] if r.overfit_batch and state.queue else None
+            if fixed is None:
+                fresh = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
+                                        d.group_size, d.max_new_tokens,
+                                        spec.needs_behaviour_sum_p2)
+                _sync(device)
+                t_sampled = time.perf_counter()
+                fresh = scored(fresh, step)
+                if r.fill_batch:
+                    fresh, fill_rounds = fill_mixed_groups(
+                        fresh, functools.partial(draw_scored, step), r.batch_size,
+                        d.group_size, r.max_fill_rounds)
+                    m["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=device)
+            else:
+                fresh, t_sampled = fixed, time.perf_counter()
             _sync(device)
             t_scored = time.perf_counter()
             if state.replay is not None:
@@ -316,12 +323,13 @@ def train(cfg: TrainConfig) -> RunResult:
                 drawn = state.replay.sample(r.delay, generator)
                 batch = fresh if drawn is None else drawn[0]
             else:
-                state.queue.append(fresh)
+                if fixed is None:
+                    state.queue.append(fresh)
                 if len(state.queue) <= r.delay:
                     state.step = step + 1
                     display.update({})
                     continue
-                batch = state.queue.popleft()
+                batch = state.queue[0] if r.overfit_batch else state.queue.popleft()
             m |= rollout_metrics(batch, overlong, d.max_new_tokens)
             batch, select_m, fallback = select_rows(spec, batch, overlong, d, r.seed, step)
             m |= select_m
