@@ -9,7 +9,6 @@ method's name: what a method needs it declares on its `MethodSpec`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import json
@@ -57,6 +56,7 @@ from rlscope.methods.selection import (
 from rlscope.methods.spec import MethodSpec, OverlongConfig
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows, read_jsonl
+from rlscope.policy import reference_of
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
@@ -210,8 +210,10 @@ def train(cfg: TrainConfig) -> RunResult:
             attach(policy)
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
-    ref = copy.deepcopy(policy).requires_grad_(False).eval() if spec.needs_reference else None
-    params = [p for m in (policy, value_head) if m is not None for p in m.parameters()]
+    ref = reference_of(policy) if spec.needs_reference else None
+    # Frozen weights (a LoRA policy's base) stay out of the optimizer.
+    params = [p for m in (policy, value_head) if m is not None for p in m.parameters()
+              if p.requires_grad]
     use_graphs = r.cuda_graphs and graphs.supported(policy, device)
     # CUDA graphs need capturable AdamW; elsewhere the fused kernel (4x the default on CPU).
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
@@ -396,6 +398,11 @@ def train(cfg: TrainConfig) -> RunResult:
         if status == "completed":
             run_eval(r.num_steps)
         checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
+        if cfg.model.lora_rank > 0:
+            from rlscope.policy.hf import HFPolicy
+
+            assert isinstance(policy, HFPolicy)
+            policy.save_adapter(run_dir / "adapter")
     except BaseException as error:
         status = "failed"
         (run_dir / "status.json").write_text(json.dumps(
