@@ -1,8 +1,10 @@
 """LoRA through PEFT on Hugging Face policies: only the adapters train, the KL reference is the
-base with the adapters disabled, and the saved adapter loads back with PEFT."""
+base with the adapters disabled, and the saved adapter loads back with PEFT. Gradient
+checkpointing gives the same update as storing the activations."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -84,3 +86,26 @@ def test_lora_run_changes_only_adapters_and_saved_adapter_reloads(tmp_path: Path
 def test_lora_is_rejected_on_the_tiny_transformer() -> None:
     with pytest.raises(ConfigError, match="lora_rank > 0 needs a Hugging Face policy"):
         validate(TrainConfig(model=ModelConfig(arch="tiny", lora_rank=4)))
+    with pytest.raises(ConfigError, match="gradient_checkpointing needs a Hugging Face"):
+        validate(TrainConfig(model=ModelConfig(arch="tiny", gradient_checkpointing=True)))
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_gradient_checkpointing_gives_the_same_update(tmp_path: Path, lora_rank: int) -> None:
+    states = []
+    for checkpointing in (False, True):
+        cfg = _lora_run(tmp_path)
+        cfg = dataclasses.replace(
+            cfg, model=dataclasses.replace(LORA, lora_rank=lora_rank,
+                                           gradient_checkpointing=checkpointing),
+            run=dataclasses.replace(cfg.run, num_steps=2, name=f"gc{checkpointing}"))
+        result = train(cfg)
+        latest = result.run_dir / "checkpoints" / "step_2.pt"
+        states.append(torch.load(latest, weights_only=False)["policy"])
+    gc = _fresh(dataclasses.replace(LORA, lora_rank=lora_rank, gradient_checkpointing=True))
+    assert any(getattr(m, "gradient_checkpointing", False) for m in gc.modules())
+    if lora_rank == 0:
+        assert not any(torch.equal(v, states[0][k]) for k, v in _fresh(MODEL).state_dict().items()
+                       if k.endswith("q_proj.weight"))  # the update moved the weights
+    for k, v in states[0].items():
+        torch.testing.assert_close(states[1][k], v, atol=1e-6, rtol=1e-5)

@@ -48,6 +48,9 @@ class ModelConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     """Module names (suffixes) that get adapters; ``all-linear`` = every linear layer but the
     output head."""
+    gradient_checkpointing: bool = False
+    """Hugging Face policies: recompute each block's activations in the backward pass instead
+    of storing them (less memory, about one more forward of compute; same update)."""
 
     def validate(self) -> list[str]:
         errors = []
@@ -68,6 +71,9 @@ class ModelConfig:
             errors.append("model.lora_rank > 0 needs a Hugging Face policy (--arch llama, qwen2 "
                           "or hf): LoRA is applied through PEFT, which the built-in tiny "
                           "transformer does not support")
+        if self.gradient_checkpointing and self.arch == "tiny":
+            errors.append("model.gradient_checkpointing needs a Hugging Face policy (--arch "
+                          "llama, qwen2 or hf)")
         if self.lora_rank > 0 and (self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1
                                    or not self.lora_targets):
             errors.append("model.lora_alpha must be > 0, model.lora_dropout in [0, 1) and "
@@ -89,6 +95,14 @@ def build_policy(cfg: ModelConfig, vocab_size: int, max_len: int) -> Policy:
     else:
         model = tiny_hf_model(cfg.arch, vocab_size, seed=None, hidden_size=cfg.d_model,
                               num_layers=cfg.n_layers, num_heads=cfg.n_heads, max_len=max_len)
+    if cfg.gradient_checkpointing:
+        # Non-reentrant checkpointing also works when the inputs need no grad (a frozen base).
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable(  # type: ignore[operator]
+                activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(  # type: ignore[operator]
+                gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
