@@ -64,6 +64,12 @@ class RunConfig:
     fill_batch: bool = False
     """With mixed-group selection, sample more prompts until mixed groups fill the batch
     (DAPO's dynamic sampling)."""
+    overfit_batch: bool = False
+    """Overfit one batch (the standard sanity check): sample and score the first batch once and
+    train on that same batch every step. Its behaviour log-probs stay those of that sampling
+    while the learner's logits are fresh each step, so the ratios drift away from 1 as the
+    policy moves; that is the point. A loss that does not fall here points at the learner,
+    not the data. Not with --delay, --replay_capacity or --fill_batch."""
     max_fill_rounds: int = 4
     """Generation rounds --fill_batch may use per step before it stops with an error."""
     eval_every: int = 20
@@ -211,6 +217,12 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if r.fill_batch and spec.selection != "mixed_groups":
         errors.append("run.fill_batch needs mixed-group selection: use a grouped method or "
                       "--selection mixed_groups")
+    if r.overfit_batch and (r.delay or cfg.replay.replay_capacity or r.fill_batch):
+        errors.append("run.overfit_batch trains on one fixed batch, so it cannot be combined "
+                      "with --delay, --replay_capacity or --fill_batch: drop those")
+    if cfg.model.lora_rank > 0 and r.init:
+        errors.append("model.lora_rank > 0 with run.init is not supported yet: --init loads "
+                      "full-model weights into a model without adapters")
     if r.max_fill_rounds < 1:
         errors.append(f"run.max_fill_rounds={r.max_fill_rounds} must be >= 1")
     if r.micro_batch_size < 0:

@@ -9,7 +9,6 @@ method's name: what a method needs it declares on its `MethodSpec`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import json
@@ -57,6 +56,7 @@ from rlscope.methods.selection import (
 from rlscope.methods.spec import MethodSpec, OverlongConfig
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows, read_jsonl
+from rlscope.policy import reference_of
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
@@ -210,8 +210,10 @@ def train(cfg: TrainConfig) -> RunResult:
             attach(policy)
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
-    ref = copy.deepcopy(policy).requires_grad_(False).eval() if spec.needs_reference else None
-    params = [p for m in (policy, value_head) if m is not None for p in m.parameters()]
+    ref = reference_of(policy) if spec.needs_reference else None
+    # Frozen weights (a LoRA policy's base) stay out of the optimizer.
+    params = [p for m in (policy, value_head) if m is not None for p in m.parameters()
+              if p.requires_grad]
     use_graphs = r.cuda_graphs and graphs.supported(policy, device)
     # CUDA graphs need capturable AdamW; elsewhere the fused kernel (4x the default on CPU).
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
@@ -299,16 +301,23 @@ def train(cfg: TrainConfig) -> RunResult:
                 run_eval(step)
             t_step = time.perf_counter()
             m: dict[str, torch.Tensor] = {}
-            fresh = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
-                                    d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
-            _sync(device)
-            t_sampled = time.perf_counter()
-            fresh = scored(fresh, step)
-            if r.fill_batch:
-                fresh, fill_rounds = fill_mixed_groups(
-                    fresh, functools.partial(draw_scored, step), r.batch_size, d.group_size,
-                    r.max_fill_rounds)
-                m["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=device)
+            # --overfit_batch: the first scored batch stays at the head of the (checkpointed)
+            # queue and is trained on every step; nothing more is sampled.
+            fixed = state.queue[0] if r.overfit_batch and state.queue else None
+            if fixed is None:
+                fresh = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
+                                        d.group_size, d.max_new_tokens,
+                                        spec.needs_behaviour_sum_p2)
+                _sync(device)
+                t_sampled = time.perf_counter()
+                fresh = scored(fresh, step)
+                if r.fill_batch:
+                    fresh, fill_rounds = fill_mixed_groups(
+                        fresh, functools.partial(draw_scored, step), r.batch_size,
+                        d.group_size, r.max_fill_rounds)
+                    m["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=device)
+            else:
+                fresh, t_sampled = fixed, time.perf_counter()
             _sync(device)
             t_scored = time.perf_counter()
             if state.replay is not None:
@@ -316,12 +325,13 @@ def train(cfg: TrainConfig) -> RunResult:
                 drawn = state.replay.sample(r.delay, generator)
                 batch = fresh if drawn is None else drawn[0]
             else:
-                state.queue.append(fresh)
+                if fixed is None:
+                    state.queue.append(fresh)
                 if len(state.queue) <= r.delay:
                     state.step = step + 1
                     display.update({})
                     continue
-                batch = state.queue.popleft()
+                batch = state.queue[0] if r.overfit_batch else state.queue.popleft()
             m |= rollout_metrics(batch, overlong, d.max_new_tokens)
             batch, select_m, fallback = select_rows(spec, batch, overlong, d, r.seed, step)
             m |= select_m
@@ -388,6 +398,11 @@ def train(cfg: TrainConfig) -> RunResult:
         if status == "completed":
             run_eval(r.num_steps)
         checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
+        if cfg.model.lora_rank > 0:
+            from rlscope.policy.hf import HFPolicy
+
+            assert isinstance(policy, HFPolicy)
+            policy.save_adapter(run_dir / "adapter")
     except BaseException as error:
         status = "failed"
         (run_dir / "status.json").write_text(json.dumps(

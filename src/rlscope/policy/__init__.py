@@ -3,13 +3,19 @@ and the value head. `build_policy` turns a `ModelConfig` into a policy."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from rlscope.policy.base import Policy, position_ids_from_mask
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
 from rlscope.policy.value_head import ValueHead
+
+if TYPE_CHECKING:
+    from rlscope.policy.hf import HFPolicy
 
 MODEL_ARCHS = ("tiny", "llama", "qwen2", "hf")
 
@@ -31,6 +37,20 @@ class ModelConfig:
     """Transformer blocks."""
     dtype: str = "float32"
     """Parameter dtype: float32 or float64 (tests use float64 for exact identities)."""
+    lora_rank: int = 0
+    """LoRA rank r for Hugging Face policies (llama, qwen2, hf), via PEFT: the base weights
+    are frozen and only the adapters train; the run saves them to ``<run_dir>/adapter``
+    (PEFT format). 0 = off (full fine-tuning). Hu et al. arXiv:2106.09685."""
+    lora_alpha: int = 16
+    """LoRA scaling α (the update is (α / r)·B·A)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch's input while training."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Module names (suffixes) that get adapters; ``all-linear`` = every linear layer but the
+    output head."""
+    gradient_checkpointing: bool = False
+    """Hugging Face policies: recompute each block's activations in the backward pass instead
+    of storing them (less memory, about one more forward of compute; same update)."""
 
     def validate(self) -> list[str]:
         errors = []
@@ -45,6 +65,19 @@ class ModelConfig:
                           f"model.n_heads={self.n_heads}")
         if self.dtype not in ("float32", "float64"):
             errors.append(f"model.dtype={self.dtype!r}: use float32 or float64")
+        if self.lora_rank < 0:
+            errors.append(f"model.lora_rank={self.lora_rank} must be >= 0 (0 = off)")
+        if self.lora_rank > 0 and self.arch == "tiny":
+            errors.append("model.lora_rank > 0 needs a Hugging Face policy (--arch llama, qwen2 "
+                          "or hf): LoRA is applied through PEFT, which the built-in tiny "
+                          "transformer does not support")
+        if self.gradient_checkpointing and self.arch == "tiny":
+            errors.append("model.gradient_checkpointing needs a Hugging Face policy (--arch "
+                          "llama, qwen2 or hf)")
+        if self.lora_rank > 0 and (self.lora_alpha <= 0 or not 0 <= self.lora_dropout < 1
+                                   or not self.lora_targets):
+            errors.append("model.lora_alpha must be > 0, model.lora_dropout in [0, 1) and "
+                          "model.lora_targets non-empty")
         return errors
 
 
@@ -58,11 +91,77 @@ def build_policy(cfg: ModelConfig, vocab_size: int, max_len: int) -> Policy:
     from rlscope.policy.hf import HFPolicy, load_hf_model, tiny_hf_model
 
     if cfg.arch == "hf":
-        return HFPolicy(load_hf_model(cfg.path)).to(dtype)
-    model = tiny_hf_model(cfg.arch, vocab_size, seed=None, hidden_size=cfg.d_model,
-                          num_layers=cfg.n_layers, num_heads=cfg.n_heads, max_len=max_len)
+        model = load_hf_model(cfg.path)
+    else:
+        model = tiny_hf_model(cfg.arch, vocab_size, seed=None, hidden_size=cfg.d_model,
+                              num_layers=cfg.n_layers, num_heads=cfg.n_heads, max_len=max_len)
+    if cfg.gradient_checkpointing:
+        # Non-reentrant checkpointing also works when the inputs need no grad (a frozen base).
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable(  # type: ignore[operator]
+                activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(  # type: ignore[operator]
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        targets = cfg.lora_targets
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                          lora_dropout=cfg.lora_dropout,
+                          target_modules="all-linear" if targets == ("all-linear",)
+                          else list(targets))
+        model = get_peft_model(model, lora)  # freezes the base; adapters start as a no-op
     return HFPolicy(model).to(dtype)
 
 
-__all__ = ["MODEL_ARCHS", "ModelConfig", "Policy", "TinyConfig", "TinyTransformer", "ValueHead",
-           "build_policy", "position_ids_from_mask"]
+class AdapterDisabled(nn.Module):
+    """The KL reference of a LoRA policy: the same model with its adapters switched off (the
+    frozen base), so the reference costs no second copy of the weights.
+
+    The policy is held outside the module tree: this module has no parameters or state of its
+    own, and ``eval()`` / ``requires_grad_`` / checkpoints leave the policy alone. Every
+    `Policy` call runs the policy's own with the adapters disabled for its duration."""
+
+    def __init__(self, policy: HFPolicy) -> None:
+        super().__init__()
+        self._policy = (policy,)
+        self.vocab_size = policy.vocab_size
+        self.hidden_size = policy.hidden_size
+
+    def forward(self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits_BTV, hidden_BTD)`` of the base model."""
+        policy = self._policy[0]
+        with policy.adapters_disabled():
+            return policy(tokens_BT, attention_mask_BT)  # type: ignore[no-any-return]
+
+    def init_cache(self, batch_size: int, max_len: int) -> Any:
+        return self._policy[0].init_cache(batch_size, max_len)
+
+    def prefill(self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None,
+                cache: Any) -> torch.Tensor:
+        policy = self._policy[0]
+        with policy.adapters_disabled():
+            return policy.prefill(tokens_BT, attention_mask_BT, cache)
+
+    def decode_step(self, tokens_B: torch.Tensor, cache: Any) -> torch.Tensor:
+        policy = self._policy[0]
+        with policy.adapters_disabled():
+            return policy.decode_step(tokens_B, cache)
+
+
+def reference_of(policy: Policy) -> Any:
+    """The frozen KL reference for ``policy`` as it is now: `AdapterDisabled` for a PEFT
+    (LoRA) policy, else a deep copy (frozen, eval mode). The adapter view equals the policy at
+    the start because PEFT initialises LoRA's B to zero (the adapters start as a no-op)."""
+    from rlscope.policy.hf import HFPolicy
+
+    if isinstance(policy, HFPolicy) and policy.has_adapters:
+        return AdapterDisabled(policy)
+    return copy.deepcopy(policy).requires_grad_(False).eval()  # type: ignore[attr-defined]
+
+
+__all__ = ["MODEL_ARCHS", "AdapterDisabled", "ModelConfig", "Policy", "TinyConfig",
+           "TinyTransformer", "ValueHead", "build_policy", "position_ids_from_mask",
+           "reference_of"]

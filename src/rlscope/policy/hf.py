@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -127,6 +128,24 @@ class HFPolicy(nn.Module):
     def unwrap(self) -> nn.Module:
         """The underlying ``transformers`` model (the same object as ``self.model``)."""
         return self.model
+
+    @property
+    def has_adapters(self) -> bool:
+        """Whether the model is a PEFT model (LoRA adapters injected)."""
+        return hasattr(self.model, "peft_config")
+
+    def adapters_disabled(self) -> Any:
+        """A context manager inside which the model runs without its adapters (the base)."""
+        return self.model.disable_adapter()  # type: ignore[operator]
+
+    def save_adapter(self, path: str | Path) -> None:
+        """Write the LoRA adapters in PEFT format (``adapter_config.json`` and
+        ``adapter_model.safetensors``) to the directory ``path``; load them back with
+        ``peft.PeftModel.from_pretrained(base, path)`` on a base built the same way. Raises
+        ValueError when the model has no PEFT adapters."""
+        if not self.has_adapters:
+            raise ValueError("save_adapter needs a PEFT model (set --lora_rank > 0)")
+        self.model.save_pretrained(str(path))  # type: ignore[operator]
 
     # ------------------------------------------------------------------ full forward
 
