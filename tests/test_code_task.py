@@ -3,14 +3,22 @@ rewards through the sandbox on hand-made completions (references score 1, garbag
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from rlscope.batch import RolloutBatch
+from rlscope.config import RunConfig, TrainConfig, stop_tokens
+from rlscope.metrics.schema import unregistered
+from rlscope.metrics.sinks import read_jsonl
 from rlscope.sandbox import SandboxLimits
+from rlscope.tasks import make_task
 from rlscope.tasks.base import TaskConfig
 from rlscope.tasks.code import (
     END,
@@ -20,6 +28,7 @@ from rlscope.tasks.code import (
     load_specs,
     score_programs,
 )
+from rlscope.train import train
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -117,3 +126,78 @@ def test_prompts_train_and_heldout_are_disjoint_and_decode() -> None:
         assert spec.function not in heldout
     assert task.vocab_size == 257 and task.stop_token_ids == (256,)
     assert "code_unit_tests" in task.describe()
+
+
+def test_registered_with_task_config_options_and_stop_token() -> None:
+    cfg = TaskConfig(code_completion_len=32, code_workers=1, code_cpu_seconds=1,
+                     code_wall_seconds=2.5, code_per_test_seconds=0.5)
+    task = make_task("code_unit_tests", cfg)
+    assert isinstance(task, CodeUnitTestsTask) and task.validate() == []
+    assert task.completion_len == 32 and task.code_cfg.workers == 1
+    assert task.code_cfg.limits == SandboxLimits(cpu_seconds=1, wall_seconds=2.5,
+                                                 per_test_seconds=0.5)
+    fields = {f.name for f in dataclasses.fields(TaskConfig)}
+    assert set(task.options) <= fields
+    # the task's END token is the stop token in force unless --stop_token_ids is given
+    train_cfg = TrainConfig(task="code_unit_tests", task_options=cfg)
+    assert stop_tokens(train_cfg, task) == (256,)
+    # options of other tasks, reward noise and bad limits are refused by name
+    errors = CodeUnitTestsTask(TaskConfig(seq_len=3, reward_noise=0.1, code_workers=0,
+                                          code_wall_seconds=0.0)).validate()
+    for word in ("task.seq_len", "task.reward_noise", "workers", "wall_seconds"):
+        assert any(word in e for e in errors), (word, errors)
+
+
+def test_heldout_set_is_the_fixed_heldout_specs_for_every_seed() -> None:
+    """Unlike the generated tasks, every seed evaluates on the same held-out specs; the seed
+    only picks which of them fill the rows. Training prompts never reach them. Prompts are
+    left-padded to one width with an attention mask."""
+    task = make_task("code_unit_tests", TaskConfig(eval_batches=3, eval_batch_size=16))
+    assert isinstance(task, CodeUnitTestsTask)
+    heldout = {s.function for s in task.eval_specs}
+    a, b, other = task.eval_prompts(0), task.eval_prompts(0), task.eval_prompts(1)
+    assert len(a) == 3 and all(p.batch_size == 16 for p in a)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x.tokens_BP, y.tokens_BP) and x.targets_BT is None
+    assert not torch.equal(torch.cat([p.tokens_BP for p in a]),
+                           torch.cat([p.tokens_BP for p in other]))
+    seen: set[str] = set()
+    for p in a + other:
+        assert p.tokens_BP.shape[1] == task.prompt_len and p.attention_mask_BP is not None
+        seen |= {task.spec_of(p.tokens_BP[i], p.attention_mask_BP[i]).function
+                 for i in range(p.batch_size)}
+    assert seen == heldout
+    train_p = task.sample_prompts(torch.Generator().manual_seed(0), 64)
+    assert train_p.attention_mask_BP is not None
+    assert not {task.spec_of(train_p.tokens_BP[i], train_p.attention_mask_BP[i]).function
+                for i in range(64)} & heldout
+
+
+def test_grpo_three_steps_end_to_end(tmp_path: Path) -> None:
+    """3 GRPO steps of the tiny transformer on CPU: the sandbox scores every rollout, the
+    metrics are finite and registered, and the run completes."""
+    result = train(TrainConfig(
+        method="grpo", task="code_unit_tests",
+        task_options=TaskConfig(eval_batches=1, eval_batch_size=4, code_completion_len=48,
+                                code_cpu_seconds=1, code_wall_seconds=3.0,
+                                code_per_test_seconds=0.5),
+        run=RunConfig(num_steps=3, batch_size=8, group_size=4, eval_every=0, progress=False,
+                      device="cpu", threads=1, runs_dir=str(tmp_path), log_samples=2,
+                      samples_every=1)))
+    assert result.status == "completed"
+    metrics = read_jsonl(result.run_dir / "metrics.jsonl")
+    evals = read_jsonl(result.run_dir / "eval.jsonl")
+    assert len(metrics) == 3 and [e["step"] for e in evals] == [3]
+    for row in metrics + evals:
+        assert unregistered(row) == []
+        for key, value in row.items():
+            if isinstance(value, float):
+                assert math.isfinite(value), key
+    for row in metrics:
+        assert 0.0 <= row["reward/mean"] <= 1.0
+    for e in evals:
+        assert {"eval/test_error", "eval/solved", "eval/sandbox_ok"} <= set(e)
+        assert 0.0 <= e["eval/solved"] <= 1.0 - e["eval/test_error"] + 1e-6
+    config = json.loads((result.run_dir / "config.json").read_text())
+    assert config["config"]["sampling"]["stop_token_ids"] == [256]
+    assert config["derived"]["stop_token_ids"] == [256]

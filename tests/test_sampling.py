@@ -369,3 +369,17 @@ def test_hf_ragged_batch_equals_each_prompt_alone(hf_policy: torch.nn.Module,
                                    atol=ATOL, rtol=0)
         torch.testing.assert_close(out.logp_raw_BT[i, :n], alone.logp_raw_BT[0, :n],
                                    atol=ATOL, rtol=0)
+
+
+def test_noise_at_late_steps_matches_the_tensor_path() -> None:
+    """Past step ~187, ``(step + 1) * M1`` overflows int64: a Python-int step must wrap as a
+    tensor step does (long completions, e.g. code_unit_tests' 256 tokens, reach it)."""
+    from rlscope.sampling.processors import uniform_noise
+
+    seeds_N1 = torch.tensor([[0], [7], [123456789]])
+    steps = [0, 5, 187, 188, 255, 1000, 10**6]
+    together_NTV = uniform_noise(seeds_N1, torch.tensor(steps), 11)
+    for t, step in enumerate(steps):
+        alone_NV = uniform_noise(seeds_N1[:, 0], step, 11)
+        assert torch.equal(alone_NV, together_NTV[:, t]), step
+        assert ((alone_NV > 0) & (alone_NV < 1)).all()

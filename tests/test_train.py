@@ -176,14 +176,18 @@ def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
     "digits_bandit", "lm_bandit", "arithmetic", "length_target")])
 def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
     options = dataclasses.replace(SMALL_TASK, score_len=2)
+    if task == "code_unit_tests":  # reads none of the token-sandbox options
+        options = TaskConfig(eval_batches=1, eval_batch_size=4, code_completion_len=24)
     result = train(_cfg(tmp_path, "reinforce", task=task, task_options=options, num_steps=2,
                         eval_every=0))
     evals = read_jsonl(result.run_dir / "eval.jsonl")
     assert len(evals) == 1 and evals[0]["step"] == 2
-    extra = {"masked_reversal": "eval/test_error_unscored",
-             "chain_reversal": "eval/chain_reward", "chain_arithmetic": "eval/chain_reward",
-             "format_answer": "eval/chain_reward"}[task]
-    assert extra in evals[0]
+    extra = {"masked_reversal": ["eval/test_error_unscored"],
+             "chain_reversal": ["eval/chain_reward"], "chain_arithmetic": ["eval/chain_reward"],
+             "format_answer": ["eval/chain_reward"],
+             "code_unit_tests": ["eval/solved", "eval/sandbox_ok"]}[task]
+    for key in extra:
+        assert key in evals[0]
     assert unregistered(evals[0]) == []
 
 

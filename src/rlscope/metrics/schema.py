@@ -210,6 +210,11 @@ METRICS: tuple[MetricDef, ...] = (
        "share of greedy answers that are not a terminated canonical integer (arithmetic)"),
     _m("eval/words", "prompts", "seq_mean", "eval",
        "mean word count of greedy answers (length_target)"),
+    _m("eval/solved", "prompts", "seq_mean", "eval",
+       "share of greedy function bodies that pass every hidden test (code_unit_tests)"),
+    _m("eval/sandbox_ok", "prompts", "seq_mean", "eval",
+       "share of greedy programs that ran to a result in the sandbox: no timeout, crash, "
+       "limit or blocked call (code_unit_tests)"),
     _m("sft/loss", "tokens", "token_mean", "step",
        "rlscope sft: cross-entropy of the step's batch on completion tokens (prompt masked)"),
     _m("sft/heldout_loss", "tokens", "token_mean", "eval",

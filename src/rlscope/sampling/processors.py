@@ -63,6 +63,11 @@ def _fmix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 33) & _LOW31)
 
 
+def _wrap64(value: int) -> int:
+    """``value`` modulo 2**64 as a signed int64 (two's complement, as torch's int64 wraps)."""
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
 def uniform_noise(row_seeds: torch.Tensor, step: int | torch.Tensor,
                   width: int) -> torch.Tensor:
     """Counter-based uniforms in (0, 1), ``[*S, width]``, a pure function of (seed, step, column).
@@ -74,7 +79,10 @@ def uniform_noise(row_seeds: torch.Tensor, step: int | torch.Tensor,
     once, ``[N, T, width]``, bit for bit the same numbers (int64 arithmetic wraps the same way).
     """
     cols = torch.arange(width, device=row_seeds.device, dtype=torch.long)
-    x = _fmix64(row_seeds * _GOLDEN + (step + 1) * _M1)[..., None] + cols * _GOLDEN
+    # a Python-int step is wrapped to int64 here as a tensor step wraps in torch (past step
+    # ~187, (step + 1) * _M1 no longer fits int64 and torch would refuse the int)
+    offset = _wrap64((step + 1) * _M1) if isinstance(step, int) else (step + 1) * _M1
+    x = _fmix64(row_seeds * _GOLDEN + offset)[..., None] + cols * _GOLDEN
     bits = (_fmix64(x) >> 40) & ((1 << 24) - 1)
     return (bits.float() + 0.5) / float(1 << 24)
 

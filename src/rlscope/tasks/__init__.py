@@ -8,6 +8,7 @@ from rlscope.tasks.arithmetic import ArithmeticTask
 from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import Scores, Task, TaskConfig
 from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
+from rlscope.tasks.code import CodeUnitTestsTask
 from rlscope.tasks.length_target import LengthTargetTask
 from rlscope.tasks.lm_bandit import LMBanditTask
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
@@ -22,6 +23,7 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "lm_bandit": LMBanditTask,
     "arithmetic": ArithmeticTask,
     "length_target": LengthTargetTask,
+    "code_unit_tests": CodeUnitTestsTask,
 }
 
 

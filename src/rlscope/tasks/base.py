@@ -60,6 +60,21 @@ class TaskConfig:
     band_max_words: int = 0
     """length_target: reward 1 inside [band_min_words, band_max_words] words, else 0;
     0 = the default reward 2 − words/16 (shorter is better)."""
+    code_completion_len: int = 256
+    """code_unit_tests: most tokens generated for a function body (the END stop token
+    included)."""
+    code_workers: int = 2
+    """code_unit_tests: sandboxes run at a time when a batch is scored (each takes up to one
+    CPU core)."""
+    code_cpu_seconds: int = 2
+    """code_unit_tests: CPU seconds of one sandboxed program (RLIMIT_CPU) before it is killed
+    (reward 0)."""
+    code_wall_seconds: float = 5.0
+    """code_unit_tests: wall-clock seconds of one sandboxed program before the trainer kills it
+    (reward 0); keep it above code_cpu_seconds plus interpreter start-up."""
+    code_per_test_seconds: float = 1.0
+    """code_unit_tests: alarm per hidden test call inside the sandbox (a slow test fails
+    alone)."""
 
 
 @dataclass(frozen=True)

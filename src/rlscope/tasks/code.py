@@ -15,16 +15,26 @@ indented (so top-level code a model appends after the function, ``print(...)`` o
 ``def``, is dropped, as HumanEval's stop sequences do). The program run is prompt + body.
 
 Reward. Passed / total hidden tests of the program (`rlscope.sandbox.run_tests`), scored for a
-batch by at most ``CodeConfig.workers`` sandboxes at a time. Anything the completion does —
-empty, binary, a syntax error, a hang, an escape attempt — is a reward of 0, never an
-exception. The exact expected reward is not exposed (it would need the reward of every
+batch by at most ``code_workers`` (`CodeConfig.workers`) sandboxes at a time. Anything the
+completion does — empty, binary, a syntax error, a hang, an escape attempt — is a reward of 0,
+never an exception. The exact expected reward is not exposed (it would need the reward of every
 possible program).
 
-Interface. The class follows the `Task` protocol but is **not registered** in
-`rlscope.tasks.TASKS` yet: its prompts are a fixed finite set (the registry's shared tests
-expect per-seed random held-out sets), its options are not `TaskConfig` fields (`CodeConfig`),
-and the default tiny transformer would need ~260 + 256 positions. `score_programs` and
-`extract_body` are the standalone reward interface for any generator.
+Interface. Registered as ``--task code_unit_tests``. Its options are the flat `TaskConfig`
+fields ``code_completion_len``, ``code_workers``, ``code_cpu_seconds``, ``code_wall_seconds``
+and ``code_per_test_seconds``, turned into a `CodeConfig` (`CodeConfig.from_task_config`); a
+`CodeConfig` passed to the constructor overrides them (tests, other generators). The END token
+is the task's stop token (in force unless ``--stop_token_ids`` is given). Prompts are
+left-padded with NUL to the longest spec prompt (117 bytes), with an attention mask, so every
+batch has the same width; the tiny transformer then needs 117 + ``code_completion_len``
+positions.
+
+Held-out set. Unlike the generated tasks, the prompts are a fixed finite set: the held-out
+specs are the same for every seed; only which of them fill the ``eval_batches ×
+eval_batch_size`` rows (drawn with replacement from a generator seeded with ``seed +
+EVAL_SEED_OFFSET``) depends on the seed. Prompts carry no targets (no reference is shown to the
+learner; ``has_labels`` False) and reward noise does not apply.
+`score_programs` and `extract_body` are the standalone reward interface for any generator.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.sandbox import SandboxLimits, SandboxResult, TestCase, run_many
 from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
+from rlscope.tasks.text import fixed_left_padded
 from rlscope.tokenizer import ByteTokenizer
 
 END = "<|end|>"
@@ -68,6 +79,15 @@ class CodeConfig:
     """Sandboxes run at a time when a batch is scored (each takes up to one CPU core)."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     """Per-program sandbox limits (`rlscope.sandbox.SandboxLimits`)."""
+
+    @classmethod
+    def from_task_config(cls, cfg: TaskConfig) -> CodeConfig:
+        """The options given as `TaskConfig` fields (``--code_*`` on the command line); the
+        other sandbox limits keep their defaults."""
+        return cls(completion_len=cfg.code_completion_len, workers=cfg.code_workers,
+                   limits=SandboxLimits(cpu_seconds=cfg.code_cpu_seconds,
+                                        wall_seconds=cfg.code_wall_seconds,
+                                        per_test_seconds=cfg.code_per_test_seconds))
 
 
 def make_prompt(signature: str, doc: str) -> str:
@@ -117,15 +137,20 @@ class CodeUnitTestsTask:
 
     name = "code_unit_tests"
     family = "sequence"
-    options: tuple[str, ...] = EVAL_OPTIONS
+    options: tuple[str, ...] = ("code_completion_len", "code_workers", "code_cpu_seconds",
+                                "code_wall_seconds", "code_per_test_seconds", *EVAL_OPTIONS)
     has_labels = False
     binary_rewards = False
+    _foreign = ("vocab", "seq_len", "score_len", "binary_reward", "context_len", "lm_kl_shaping",
+                "difficulty", "format_reward", "length_limit", "band_min_words",
+                "band_max_words", "reward_noise")
 
     def __init__(self, cfg: TaskConfig, code_cfg: CodeConfig | None = None,
                  specs: Sequence[CodeSpec] | None = None) -> None:
-        """``specs``: default the shipped ones (tests may pass their own)."""
+        """``code_cfg``: default `CodeConfig.from_task_config(cfg)`; ``specs``: default the
+        shipped ones (tests may pass their own)."""
         self.cfg = cfg
-        self.code_cfg = code_cfg or CodeConfig()
+        self.code_cfg = code_cfg or CodeConfig.from_task_config(cfg)
         self.tokenizer = ByteTokenizer([END])
         self.end_id = self.tokenizer.special_id(END)
         self.vocab_size = self.tokenizer.vocab_size
@@ -138,11 +163,14 @@ class CodeUnitTestsTask:
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
-        """The END token: pass it to `rlscope.sampling.SamplingConfig.stop_token_ids`."""
+        """The END token ends a completion (used unless --stop_token_ids is given)."""
         return (self.end_id,)
 
     def validate(self) -> list[str]:
-        errors = []
+        c, default = self.cfg, TaskConfig()
+        errors = [f"task.{name} does not apply to code_unit_tests; leave it at "
+                  f"{getattr(default, name)}"
+                  for name in self._foreign if getattr(c, name) != getattr(default, name)]
         if not self.train_specs or not self.eval_specs:
             errors.append("code_unit_tests needs training and held-out specs")
         if self.cfg.eval_batches < 1 or self.cfg.eval_batch_size < 1:
@@ -157,8 +185,8 @@ class CodeUnitTestsTask:
                 f"reward = fraction of hidden unit tests passed in a sandbox")
 
     def _prompts(self, specs: Sequence[CodeSpec]) -> PromptBatch:
-        return PromptBatch.left_padded(
-            [torch.tensor(self.tokenizer.encode(s.prompt), dtype=torch.long) for s in specs])
+        return fixed_left_padded([self.tokenizer.encode(s.prompt) for s in specs],
+                                 self.prompt_len)
 
     def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch:
         """``n`` training specs, uniformly with replacement."""
@@ -204,7 +232,8 @@ class CodeUnitTestsTask:
     def score(self, batch: RolloutBatch) -> Scores:
         """``[B]`` fraction of hidden tests passed."""
         rewards = [r.reward for r in self.results(batch)]
-        return Scores(rewards_B=torch.tensor(rewards, dtype=torch.float32))
+        return Scores(rewards_B=torch.tensor(rewards, dtype=torch.float32,
+                                             device=batch.completion_tokens_BT.device))
 
     def expected_reward(self, logp_targets_BT: torch.Tensor) -> torch.Tensor | None:
         """Not exposed."""
@@ -214,7 +243,12 @@ class CodeUnitTestsTask:
         """Per row: ``test_error`` = 1 − fraction passed; ``solved`` = all tests passed;
         ``sandbox_ok`` = the program ran to its result (no timeout, crash, limit or block)."""
         results = self.results(batch)
-        reward_B = torch.tensor([r.reward for r in results], dtype=torch.float32)
-        return {"test_error": 1.0 - reward_B,
-                "solved": torch.tensor([float(r.passed == r.total) for r in results]),
-                "sandbox_ok": torch.tensor([float(r.status == "ok") for r in results])}
+        device = batch.completion_tokens_BT.device
+
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        return {"test_error": 1.0 - column([r.reward for r in results]),
+                "solved": column([float(r.status == "ok" and r.passed == r.total)
+                                  for r in results]),
+                "sandbox_ok": column([float(r.status == "ok") for r in results])}
