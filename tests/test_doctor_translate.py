@@ -19,7 +19,8 @@ def test_frameworks() -> None:
 
 @pytest.mark.parametrize(("framework", "name"), PAIRS)
 def test_every_canonical_is_in_the_schema(framework: str, name: str) -> None:
-    metric_def(TRANSLATIONS[framework][name].canonical)
+    canonical = TRANSLATIONS[framework][name].canonical
+    assert metric_def(canonical).name == canonical  # metric_def raises for unknown names
 
 
 @pytest.mark.parametrize(("framework", "name"), PAIRS)

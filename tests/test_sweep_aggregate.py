@@ -207,3 +207,10 @@ def test_aggregate_imports_no_torch() -> None:
     code = "import sys, rlscope.sweep.aggregate; assert 'torch' not in sys.modules"
     src = Path(__file__).resolve().parents[1] / "src"
     subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": str(src)})
+
+
+def test_mean_sd_of_seeds_diverging_both_ways_is_nan_not_an_error() -> None:
+    """One seed at +inf and one at -inf: the mean is nan (it used to raise in math.fsum)."""
+    mean, sd = mean_sd([math.inf, -math.inf])
+    assert math.isnan(mean) and math.isnan(sd)
+    assert mean_sd([math.inf, 1.0])[0] == math.inf

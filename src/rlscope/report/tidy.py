@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from rlscope.sweep import aggregate
+
 RESULTS_COLUMNS = ("run", "name", "method", "seed", "kind", "step", "metric", "value")
 
 
@@ -178,12 +180,9 @@ def _per_run(rows: Iterable[TidyRow], metric: str) -> dict[str, dict[str, dict[f
 
 
 def sem(values: np.ndarray) -> float:
-    """Standard error of the mean, ``s / √n`` with ddof = 1; NaN for fewer than two values."""
-    n = len(values)
-    if n < 2:
-        return math.nan
-    with np.errstate(invalid="ignore"):  # an inf makes the sd nan, as it should, quietly
-        return float(np.std(values, ddof=1) / math.sqrt(n))
+    """Standard error of the mean, ``s / √n`` with ddof = 1; NaN for fewer than two values
+    (`rlscope.sweep.aggregate.sem`, so the report and the sweep's tables agree)."""
+    return aggregate.sem([float(v) for v in values])
 
 
 def curves(rows: Iterable[TidyRow], metric: str) -> dict[str, Curve]:
@@ -211,8 +210,7 @@ def final_values(rows: Iterable[TidyRow], metrics: Iterable[str]
     out: dict[str, dict[str, FinalValue]] = defaultdict(dict)
     for metric in metrics:
         for name, runs in _per_run(rows, metric).items():
-            last = np.array([series[max(series)] for series in runs.values()])
-            sd = sem(last) * math.sqrt(len(last))
-            with np.errstate(invalid="ignore"):
-                out[name][metric] = FinalValue(mean=float(last.mean()), sd=sd, n=len(last))
+            last = [series[max(series)] for series in runs.values()]
+            mean, sd = aggregate.mean_sd(last)
+            out[name][metric] = FinalValue(mean=mean, sd=sd, n=len(last))
     return dict(sorted(out.items()))

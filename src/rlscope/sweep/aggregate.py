@@ -185,10 +185,13 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     n = len(values)
     if n == 0:
         return math.nan, math.nan
-    mean = math.fsum(values) / n
+    # fsum is exact for finite values but raises on inf + -inf (two seeds diverging in opposite
+    # directions); plain summation gives nan there, as it should.
+    total = math.fsum if all(math.isfinite(v) for v in values) else sum
+    mean = total(values) / n
     if n == 1:
         return mean, math.nan
-    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, math.sqrt(total((v - mean) ** 2 for v in values) / (n - 1))
 
 
 def sem(values: Sequence[float]) -> float:
