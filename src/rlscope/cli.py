@@ -18,6 +18,7 @@ Observable RL post-training for language-model policies.
 commands:
   train     train one method on one task (`rlscope train --help` lists every option)
   sft       supervised warm start on a task's pairs or a JSONL file (`rlscope sft --help`)
+  rm        train a reward model on a task's preference pairs (`rlscope rm --help`)
   sweep     run a TOML manifest of runs × seeds in parallel and aggregate (`rlscope sweep --help`)
   demo      train reinforce, grpo and dg on token_reversal on CPU and compare them (~1 min)
   bench     sampler / learner / loop throughput as JSON (`rlscope bench --help`)
@@ -82,6 +83,31 @@ def cmd_sft(args: list[str]) -> int:
     Console().print(table)
     Console().print(f"wrote {result.out_dir} in {result.wall_time_s:.1f} s; continue with "
                     f"rlscope train --task {cfg.task} --init {result.out_dir}")
+    return 0
+
+
+def cmd_rm(args: list[str]) -> int:
+    from rlscope.rm.train import RmConfig, train_rm, validate_rm
+
+    cfg = _tyro_parse(RmConfig, args, "rlscope rm")
+    assert isinstance(cfg, RmConfig)
+    console = Console(stderr=True)
+    errors = validate_rm(cfg)
+    if errors:
+        console.print("[red]error:[/red] invalid configuration:\n  - " + "\n  - ".join(errors))
+        return 2
+    result = train_rm(cfg)
+    first = result.evals[0] if result.evals else {}
+    last = result.evals[-1] if result.evals else {}
+    table = Table(title=f"reward model on {cfg.task}")
+    for col in ("", "held-out loss", "held-out accuracy", "probe accuracy"):
+        table.add_column(col)
+    for label, row in (("start", first), ("end", last)):
+        table.add_row(label, *(f"{row.get(k, float('nan')):.4f}" for k in (
+            "rm/heldout_loss", "rm/heldout_accuracy", "rm/probe_accuracy")))
+    Console().print(table)
+    Console().print(f"wrote {result.out_dir} in {result.wall_time_s:.1f} s; continue with "
+                    f"rlscope train --task {cfg.task} --rm_path {result.out_dir}")
     return 0
 
 
@@ -163,7 +189,7 @@ def cmd_tasks(args: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "train": cmd_train, "sft": cmd_sft, "demo": cmd_demo, "bench": cmd_bench,
+    "train": cmd_train, "sft": cmd_sft, "rm": cmd_rm, "demo": cmd_demo, "bench": cmd_bench,
     "methods": cmd_methods, "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report,
     "sweep": cmd_sweep,
 }

@@ -236,6 +236,8 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if cfg.optim.lr <= 0 or cfg.optim.grad_clip < 0:
         errors.append("optim.lr must be > 0 and optim.grad_clip >= 0")
     errors += task.validate() + cfg.sampling.validate() + cfg.model.validate()
+    # what only RL training needs (preference_rm: a reward model); sft and rm skip this
+    errors += getattr(task, "validate_training", list)()
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
     errors += requirement_errors(cfg, spec, task)

@@ -11,6 +11,7 @@ from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
 from rlscope.tasks.code import CodeUnitTestsTask
 from rlscope.tasks.length_target import LengthTargetTask
 from rlscope.tasks.lm_bandit import LMBanditTask
+from rlscope.tasks.preference import PreferenceTask
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
 
 TASKS: dict[str, Callable[[TaskConfig], Task]] = {
@@ -24,6 +25,7 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "arithmetic": ArithmeticTask,
     "length_target": LengthTargetTask,
     "code_unit_tests": CodeUnitTestsTask,
+    "preference_rm": PreferenceTask,
 }
 
 

@@ -54,12 +54,16 @@ class TaskConfig:
     """arithmetic: reward in [0, 1) for a well-formed but wrong answer (a terminated integer in
     canonical form); 0 = binary reward."""
     length_limit: int = 64
-    """length_target: most tokens (bytes, stop included) a completion may have."""
+    """length_target, preference_rm: most tokens (bytes, stop included) a completion may
+    have."""
     band_min_words: int = 0
     """length_target: with band_max_words > 0, the least words of a rewarded answer."""
     band_max_words: int = 0
     """length_target: reward 1 inside [band_min_words, band_max_words] words, else 0;
     0 = the default reward 2 − words/16 (shorter is better)."""
+    rm_path: str = ""
+    """preference_rm: the reward model to train against (the output directory of
+    `rlscope rm`, or its rm.pt); required by rlscope train on that task."""
     code_completion_len: int = 256
     """code_unit_tests: most tokens generated for a function body (the END stop token
     included)."""

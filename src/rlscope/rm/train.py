@@ -1,0 +1,218 @@
+"""``rlscope rm``: train a reward model on the preference pairs a task generates.
+
+Each step draws ``batch_size`` fresh pairs (``task.preference_pairs``), scores chosen and
+rejected sequences in one forward pass (`rlscope.rm.model.pack_sequences`) and takes an Adam
+step on the Bradley–Terry loss. Every ``eval_every`` steps and at the end it reports, on
+``heldout_pairs`` pairs from a generator the training stream never touches (seed +
+`HELDOUT_SEED_OFFSET`): ``rm/heldout_loss``, ``rm/heldout_accuracy`` (share of pairs ranked
+as the hidden preference ranks them) and, where the task has them, ``rm/probe_accuracy`` on
+pairs outside the training distribution (``task.repeat_probe_pairs``). At the end it stores
+the mean and std of its raw scores over the held-out answers (both sides of each pair) for
+standardisation and writes ``rm.pt`` (`rlscope.rm.model.save_reward_model`),
+``config.json`` and ``metrics.jsonl`` to the output directory. ``--init`` starts the backbone
+from a policy checkpoint (an `rlscope sft` output), as InstructGPT initialises its RM from the
+SFT model (Ouyang et al. arXiv:2203.02155).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlscope import checkpoint
+from rlscope.metrics.sinks import JsonlWriter, LiveDisplay
+from rlscope.policy import ModelConfig
+from rlscope.rm.model import (
+    RewardModel,
+    bradley_terry_loss,
+    build_reward_model,
+    pack_sequences,
+    save_reward_model,
+)
+from rlscope.tasks import TASKS, Task, TaskConfig, make_task
+from rlscope.tasks.preference import PreferencePair
+from rlscope.utils import environment_info, resolve_device
+
+HELDOUT_SEED_OFFSET = 2_000_029
+"""Held-out pairs come from a generator seeded with seed + this (never the training one)."""
+PROBE_SEED_OFFSET = 3_000_017
+
+
+@dataclass(frozen=True)
+class RmConfig:
+    """Train a reward model with the Bradley–Terry loss on a task's generated preference
+    pairs, then save it for ``rlscope train --rm_path``."""
+
+    task: str = "preference_rm"
+    """Task whose preference pairs (task.preference_pairs) train the model and whose prompt
+    width and completion length shape its input."""
+    num_steps: int = 400
+    """Optimizer steps."""
+    batch_size: int = 64
+    """Fresh pairs per step."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    seed: int = 0
+    """Model init and pair order (held-out pairs: seed + 2000029)."""
+    heldout_pairs: int = 512
+    """Held-out pairs for rm/heldout_accuracy (and as many repeat-probe pairs)."""
+    eval_every: int = 100
+    """Evaluate every this many steps and at the end (0 = only at the end)."""
+    init: str = ""
+    """Start the backbone from these policy weights (an rlscope sft output directory or
+    sft.pt; same model options); empty = random init."""
+    runs_dir: str = "runs"
+    """Parent folder of the output directory."""
+    name: str = ""
+    """Output directory name (default: rm_<task>_s<seed>_<time>); pass runs_dir/name to
+    rlscope train --rm_path."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto."""
+    threads: int = 0
+    """CPU threads for torch (0 = leave torch's default)."""
+    progress: bool = True
+    """Show the progress bar."""
+    task_options: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+
+@dataclass(frozen=True)
+class RmResult:
+    out_dir: Path
+    metrics: list[dict[str, float]]
+    evals: list[dict[str, float]]
+    wall_time_s: float
+
+
+def validate_rm(cfg: RmConfig) -> list[str]:
+    """Every problem of ``cfg`` (empty when it can run)."""
+    if cfg.task not in TASKS:
+        return [f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}"]
+    task = make_task(cfg.task, cfg.task_options)
+    errors = task.validate() + cfg.model.validate()
+    if not hasattr(task, "preference_pairs"):
+        errors.append(f"task {cfg.task!r} generates no preference pairs: use --task "
+                      "preference_rm")
+    if cfg.task_options.rm_path:
+        errors.append("--rm_path names a reward model to train against; rlscope rm writes one "
+                      "(give --name instead)")
+    if cfg.model.lora_rank:
+        errors.append("model.lora_rank > 0 is not supported for reward models: leave it at 0")
+    if cfg.init and not Path(cfg.init).exists():
+        errors.append(f"--init {cfg.init}: no such file or directory")
+    if cfg.num_steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.eval_every < 0 \
+            or cfg.heldout_pairs < 1:
+        errors.append("--num_steps and --eval_every must be >= 0, --batch_size and "
+                      "--heldout_pairs >= 1, --lr > 0")
+    return errors
+
+
+def pair_tensors(pairs: Sequence[PreferencePair], width: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens_NL, attention_NL)`` with N = 2B: the B chosen sequences, then the B rejected
+    ones (`pack_sequences`)."""
+    prompts = [p.prompt for p in pairs] * 2
+    completions = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    return pack_sequences(prompts, completions, width)
+
+
+def score_pairs(rm: RewardModel, pairs: Sequence[PreferencePair], width: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen_B, rejected_B)`` raw scores of ``pairs`` in one forward pass."""
+    tokens_NL, attention_NL = (x.to(device) for x in pair_tensors(pairs, width))
+    scores_N = rm(tokens_NL, attention_NL)
+    B = len(pairs)
+    return scores_N[:B], scores_N[B:]
+
+
+def _pairs(task: Task, method: str, generator: torch.Generator, n: int
+           ) -> list[PreferencePair]:
+    make = getattr(task, method)
+    pairs: list[PreferencePair] = make(generator, n)
+    return pairs
+
+
+def train_rm(cfg: RmConfig) -> RmResult:
+    """Train and save the reward model of ``cfg`` (module docstring)."""
+    errors = validate_rm(cfg)
+    if errors:
+        raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
+    task = make_task(cfg.task, cfg.task_options)
+    device = resolve_device(cfg.device)
+    threads_before = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    width = task.prompt_len + task.completion_len
+    rm = build_reward_model(cfg.model, task.vocab_size, width).to(device)
+    if cfg.init:
+        checkpoint.load_init(cfg.init, rm.backbone, device)
+    optimizer = torch.optim.Adam(rm.parameters(), lr=cfg.lr)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    heldout = _pairs(task, "preference_pairs",
+                     torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET),
+                     cfg.heldout_pairs)
+    probe = _pairs(task, "repeat_probe_pairs",
+                   torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET),
+                   cfg.heldout_pairs) if hasattr(task, "repeat_probe_pairs") else None
+    name = cfg.name or f"rm_{cfg.task}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir = Path(cfg.runs_dir) / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(
+        {"rm": dataclasses.asdict(cfg), "task_description": task.describe(),
+         **environment_info(device)}, indent=2))
+    log = JsonlWriter(out_dir / "metrics.jsonl", append=False)
+    display = LiveDisplay(cfg.progress, cfg.num_steps, f"rm · {cfg.task}")
+    metrics: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+    t_run = time.perf_counter()
+
+    def run_eval(step: int) -> None:
+        rm.eval()
+        with torch.no_grad():
+            chosen_B, rejected_B = score_pairs(rm, heldout, width, device)
+            loss, m = bradley_terry_loss(chosen_B, rejected_B)
+            record = {"step": step, "rm/heldout_loss": float(loss),
+                      "rm/heldout_accuracy": float(m["rm/accuracy"])}
+            if probe is not None:
+                c_B, r_B = score_pairs(rm, probe, width, device)
+                record["rm/probe_accuracy"] = float((c_B > r_B).float().mean())
+        evals.append(record)
+        log.write(record)
+        display.eval(record)
+
+    try:
+        for step in range(cfg.num_steps):
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                run_eval(step)
+            pairs = _pairs(task, "preference_pairs", generator, cfg.batch_size)
+            rm.train()
+            loss, m = bradley_terry_loss(*score_pairs(rm, pairs, width, device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            record = {"step": step, "rm/loss": float(loss.detach()),
+                      **{k: float(v) for k, v in m.items()}}
+            metrics.append(record)
+            log.write(record)
+            display.update(record)
+        run_eval(cfg.num_steps)
+        with torch.no_grad():
+            rm.set_standardisation(torch.cat(score_pairs(rm, heldout, width, device)))
+        final = evals[-1]
+        save_reward_model(out_dir, rm, cfg.model, cfg.task, cfg.task_options, task.vocab_size,
+                          task.prompt_len, task.completion_len,
+                          {"steps": cfg.num_steps, "seed": cfg.seed,
+                           **{k: v for k, v in final.items() if k != "step"}})
+    finally:
+        torch.set_num_threads(threads_before)
+        display.close()
+        log.close()
+    return RmResult(out_dir=out_dir, metrics=metrics, evals=evals,
+                    wall_time_s=time.perf_counter() - t_run)
