@@ -81,6 +81,9 @@ def last_real_index(attention_BL: torch.Tensor) -> torch.Tensor:
 class RewardModel(nn.Module):
     """r(x, y) = w · h_last + b on a policy backbone (module docstring)."""
 
+    score_mean: torch.Tensor
+    score_std: torch.Tensor
+
     def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
         super().__init__()
         self.backbone = backbone
@@ -191,8 +194,9 @@ def load_reward_model(path: str, task: str, prompt_len: int, completion_len: int
     errors = _compatibility(payload, path, task, prompt_len, completion_len)
     if errors:
         raise ValueError("; ".join(errors))
-    model_cfg = ModelConfig(**{k: tuple(v) if isinstance(v, list) else v
-                               for k, v in payload["model"].items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                              for k, v in payload["model"].items()}
+    model_cfg = ModelConfig(**fields)
     rm = build_reward_model(model_cfg, payload["vocab_size"],
                             payload["prompt_len"] + payload["completion_len"])
     rm.load_state_dict(payload["reward_model"])

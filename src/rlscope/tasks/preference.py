@@ -21,9 +21,11 @@ liked word; repetition and rambling past the limit cost points. The function is 
 bytes decode to U+FFFD and count as ordinary characters).
 
 Generated data. An answer is 2–6 distinct words drawn uniformly without replacement from
-`WORDS`, joined by spaces, then the newline: the supervised warm start (`sft_pairs`) imitates
-these, and a preference pair (`preference_pairs`) is two such answers to one prompt, the one
-with the higher true preference chosen (ties are redrawn). Because generated answers never
+`WORDS` and written in the fixed order of `WORDS` (so a small model learns to write fluent
+answers, and its greedy answers do not loop on one word), joined by spaces, then the
+newline. The supervised warm start (`sft_pairs`) imitates these; a preference pair
+(`preference_pairs`) is two such answers to one prompt, the one with the higher true
+preference chosen (ties are redrawn). Because generated answers never
 repeat a word, a reward model learns "liked words are good" but never sees the repetition
 penalty: a policy optimised hard against it can repeat liked words, raising the RM score while
 the true preference falls (reward-model over-optimisation, Gao et al. arXiv:2210.10760).
@@ -62,19 +64,19 @@ EVAL_SEED_OFFSET = 1_000_003
 LIKED_WORDS: frozenset[str] = frozenset(
     ("bright", "calm", "clear", "gentle", "golden", "kind", "quiet", "warm"))
 """The hidden preference's liked words (the reward model never sees this list)."""
-PLAIN_WORDS: tuple[str, ...] = ("stone", "road", "water", "tree", "house", "small", "old",
-                                "long", "cold", "dark", "grey", "field", "hill", "iron",
-                                "rain", "wall")
-WORDS: tuple[str, ...] = tuple(sorted(LIKED_WORDS)) + PLAIN_WORDS
-"""The words generated answers are drawn from (8 liked, 16 plain)."""
+WORDS: tuple[str, ...] = (
+    "stone", "calm", "road", "water", "bright", "tree", "house", "gentle", "small", "old",
+    "golden", "long", "cold", "kind", "dark", "grey", "quiet", "field", "hill", "warm", "iron",
+    "rain", "clear", "wall")
+"""The words generated answers use (8 liked, 16 plain), in the order answers list them."""
 MIN_WORDS, MAX_WORDS = 2, 6
 """Words per generated answer."""
 MAX_ANSWER_BYTES = sum(sorted((len(w) for w in WORDS), reverse=True)[:MAX_WORDS]) \
     + MAX_WORDS - 1 + 1
 """The longest generated answer in bytes (spaces and the newline included)."""
-TRUE_TARGET = 3.0
-"""``test_error`` counts a true preference of this many points (3 distinct liked words, no
-repeat) or more as perfect."""
+TRUE_TARGET = float(len(LIKED_WORDS))
+"""The best true preference (every liked word once, no repeat: 48 bytes with the newline);
+``test_error`` = 1 − true / TRUE_TARGET, clipped to [0, 1]."""
 _PUNCTUATION = ".,;:!?\"'()[]{}-"
 
 Pair = tuple[list[int], list[int]]
@@ -132,8 +134,10 @@ def _rng(generator: torch.Generator) -> random.Random:
 
 
 def sample_answer(rng: random.Random) -> str:
-    """A generated answer: 2–6 distinct words of `WORDS`, space-separated (no newline)."""
-    return " ".join(rng.sample(WORDS, rng.randint(MIN_WORDS, MAX_WORDS)))
+    """A generated answer: 2–6 distinct words of `WORDS` in their `WORDS` order,
+    space-separated (no newline)."""
+    picks = sorted(rng.sample(range(len(WORDS)), rng.randint(MIN_WORDS, MAX_WORDS)))
+    return " ".join(WORDS[i] for i in picks)
 
 
 class PreferenceTask:
@@ -220,7 +224,7 @@ class PreferenceTask:
         true preference chosen (a tie is redrawn); the same generator state gives the same
         pairs."""
         rng = _rng(generator)
-        pairs = []
+        pairs: list[PreferencePair] = []
         while len(pairs) < n:
             prompt, a, b = self._prompt(rng), sample_answer(rng), sample_answer(rng)
             sa, sb = true_preference(a), true_preference(b)
@@ -236,7 +240,7 @@ class PreferenceTask:
         (rejected, one point lower). A reward model that never saw a repeat tends to prefer the
         longer answer."""
         rng = _rng(generator)
-        pairs = []
+        pairs: list[PreferencePair] = []
         while len(pairs) < n:
             answer = sample_answer(rng)
             liked = [w for w in answer.split() if w in LIKED_WORDS]
