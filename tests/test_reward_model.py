@@ -30,18 +30,22 @@ from rlscope.rm.train import HELDOUT_SEED_OFFSET, RmConfig, RmResult, score_pair
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.train import train
 
-SMALL_EVAL = TaskConfig(eval_batches=1, eval_batch_size=16)
-ACCURACY_STEPS = 120
-ACCURACY_THRESHOLD = 0.80
+LIMIT = 40
+"""--length_limit of these tests (the default 64 costs half as much again)."""
+RM_TASK = TaskConfig(length_limit=LIMIT)
+SMALL_EVAL = TaskConfig(length_limit=LIMIT, eval_batches=1, eval_batch_size=16)
+ACCURACY_STEPS = 60
+ACCURACY_THRESHOLD = 0.78
 """Held-out pairwise accuracy after `ACCURACY_STEPS` steps of 32 pairs at lr 3e-3 (tiny
-transformer, 256 held-out pairs). Measured on a 2-core CPU: 0.887 / 0.879 / 0.887 for seeds
-0 / 1 / 2 (chance is 0.5); the threshold leaves a margin of about 0.08."""
+transformer, --length_limit 40, 256 held-out pairs). Measured on a 2-core CPU: 0.895 / 0.859
+/ 0.891 for seeds 0 / 1 / 2 (chance is 0.5); the threshold leaves a margin of 0.08 below the
+lowest. The recipe's 300 steps of 64 pairs reach 0.99 (docs/recipes.md)."""
 
 
 def _rm_cfg(tmp: Path, steps: int, name: str = "rm", **kw: object) -> RmConfig:
     return RmConfig(num_steps=steps, batch_size=32, lr=3e-3, heldout_pairs=256, eval_every=0,
                     device="cpu", threads=1, progress=False, runs_dir=str(tmp), name=name,
-                    **kw)  # type: ignore[arg-type]
+                    task_options=RM_TASK, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +84,15 @@ def test_packed_layout_and_last_token() -> None:
 
 def test_score_is_invariant_to_left_padding_and_batch_composition() -> None:
     torch.manual_seed(0)
-    rm = build_reward_model(ModelConfig(dtype="float64"), 256, 40).eval()
+    rm = build_reward_model(ModelConfig(dtype="float64"), 256, 48).eval()
     # a non-zero head so the scores differ between sequences
     torch.nn.init.normal_(rm.head.linear.weight)
     seq = [*b"Describe the sea.", *b"calm road\n"]
     with torch.no_grad():
         alone = rm(torch.tensor([seq]), torch.ones(1, len(seq), dtype=torch.long))
-        batch1 = rm(*pack_sequences([seq[:17], [*b"Hi"]], [seq[17:], [*b"x\n"]], 40))
+        batch1 = rm(*pack_sequences([seq[:17], [*b"Hi"]], [seq[17:], [*b"x\n"]], 48))
         batch2 = rm(*pack_sequences([[*b"A much longer prompt here."], seq[:17]],
-                                    [[*b"warm kind bright\n"], seq[17:]], 40))
+                                    [[*b"warm kind bright\n"], seq[17:]], 48))
     assert float(batch1[0]) == pytest.approx(float(alone[0]), abs=1e-10)
     assert float(batch2[1]) == pytest.approx(float(alone[0]), abs=1e-10)
     assert abs(float(batch1[1]) - float(alone[0])) > 1e-3  # another sequence scores otherwise
@@ -110,7 +114,7 @@ def test_heldout_accuracy_above_threshold(trained_rm: RmResult) -> None:
 
 
 def test_checkpoint_round_trip_and_standardisation(trained_rm: RmResult) -> None:
-    task = make_task("preference_rm")
+    task = make_task("preference_rm", RM_TASK)
     rm = load_reward_model(str(trained_rm.out_dir), "preference_rm", task.prompt_len,
                            task.completion_len, torch.device("cpu"))
     assert not any(p.requires_grad for p in rm.parameters()) and not rm.training
@@ -125,10 +129,10 @@ def test_checkpoint_round_trip_and_standardisation(trained_rm: RmResult) -> None
     assert float(scores_N.mean()) == pytest.approx(0.0, abs=1e-4)
     assert float(scores_N.std()) == pytest.approx(1.0, abs=1e-4)
     # the task's training reward is that standardised score of prompt + counted completion
-    task = make_task("preference_rm", TaskConfig(rm_path=str(trained_rm.out_dir)))
+    with_rm = dataclasses.replace(RM_TASK, rm_path=str(trained_rm.out_dir))
+    task = make_task("preference_rm", with_rm)
     prompt, answer = bytes(pairs[0].prompt).decode(), bytes(pairs[0].chosen)
-    batch = rollout("preference_rm", [prompt], [answer + b"junk after the stop"],
-                    TaskConfig(rm_path=str(trained_rm.out_dir)))
+    batch = rollout("preference_rm", [prompt], [answer + b"junk after the stop"], with_rm)
     assert float(task.score(batch).rewards_B[0]) == pytest.approx(float(scores_N[0]), abs=1e-5)
     assert float(task.eval_metrics(batch)["rm_score"][0]) == pytest.approx(
         float(scores_N[0]), abs=1e-5)
@@ -136,7 +140,8 @@ def test_checkpoint_round_trip_and_standardisation(trained_rm: RmResult) -> None
 
 def test_reward_model_errors(trained_rm: RmResult, tmp_path: Path) -> None:
     def errors(path: str, **kw: object) -> list[str]:
-        return make_task("preference_rm", TaskConfig(rm_path=path, **kw)).validate()  # type: ignore[arg-type]
+        options = dataclasses.replace(RM_TASK, rm_path=path, **kw)  # type: ignore[arg-type]
+        return make_task("preference_rm", options).validate()
 
     assert errors(str(trained_rm.out_dir)) == []
     assert errors(str(trained_rm.out_dir / RM_FILE)) == []
@@ -148,8 +153,8 @@ def test_reward_model_errors(trained_rm: RmResult, tmp_path: Path) -> None:
     (tmp_path / "garbage.pt").write_bytes(b"not a torch file")
     (msg,) = errors(str(tmp_path / "garbage.pt"))
     assert "cannot read it" in msg
-    (msg,) = errors(str(trained_rm.out_dir), length_limit=80)
-    assert "reads at most" in msg and "--length_limit 64" in msg
+    (msg,) = errors(str(trained_rm.out_dir), length_limit=64)
+    assert "reads at most" in msg and "--length_limit 40" in msg
     payload = torch.load(trained_rm.out_dir / RM_FILE, weights_only=False)
     torch.save({**payload, "task": "arithmetic"}, tmp_path / "other.pt")
     (msg,) = errors(str(tmp_path / "other.pt"))

@@ -237,8 +237,8 @@ class PreferenceTask:
     def repeat_probe_pairs(self, generator: torch.Generator, n: int) -> list[PreferencePair]:
         """``n`` comparisons outside the generated distribution: an answer with a liked word
         (chosen) against the same answer with one of its liked words repeated at the end
-        (rejected, one point lower). A reward model that never saw a repeat tends to prefer the
-        longer answer."""
+        (rejected, one point lower; redrawn when it would not fit ``length_limit``). A reward
+        model that never saw a repeat tends to prefer the longer answer."""
         rng = _rng(generator)
         pairs: list[PreferencePair] = []
         while len(pairs) < n:
@@ -246,8 +246,10 @@ class PreferenceTask:
             liked = [w for w in answer.split() if w in LIKED_WORDS]
             if not liked:
                 continue
-            pairs.append(PreferencePair(self._prompt(rng), self._answer(answer),
-                                        self._answer(f"{answer} {rng.choice(liked)}")))
+            rejected = self._answer(f"{answer} {rng.choice(liked)}")
+            if len(rejected) > self.completion_len:
+                continue
+            pairs.append(PreferencePair(self._prompt(rng), self._answer(answer), rejected))
         return pairs
 
     # ------------------------------------------------------------------ reward model
