@@ -199,8 +199,12 @@ class PreferenceTask:
 
     def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch:
         picks = torch.randint(0, len(INSTRUCTIONS), (n,), generator=generator).tolist()
-        return fixed_left_padded([self.tokenizer.encode(INSTRUCTIONS[i]) for i in picks],
-                                 self.prompt_len)
+        prompts = fixed_left_padded([self.tokenizer.encode(INSTRUCTIONS[i]) for i in picks],
+                                    self.prompt_len)
+        # no single right answer: the target is an immediate stop, as in length_target
+        targets_BT = torch.full((n, self.completion_len), STOP_ID, dtype=torch.long)
+        return PromptBatch(tokens_BP=prompts.tokens_BP,
+                           attention_mask_BP=prompts.attention_mask_BP, targets_BT=targets_BT)
 
     def eval_prompts(self, seed: int) -> list[PromptBatch]:
         g = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
