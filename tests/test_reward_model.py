@@ -26,7 +26,14 @@ from rlscope.rm.model import (
     load_reward_model,
     pack_sequences,
 )
-from rlscope.rm.train import HELDOUT_SEED_OFFSET, RmConfig, RmResult, score_pairs, train_rm
+from rlscope.rm.train import (
+    HELDOUT_SEED_OFFSET,
+    RmConfig,
+    RmResult,
+    score_pairs,
+    train_rm,
+    validate_rm,
+)
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.train import train
 
@@ -43,9 +50,10 @@ lowest. The recipe's 300 steps of 64 pairs reach 0.99 (docs/recipes.md)."""
 
 
 def _rm_cfg(tmp: Path, steps: int, name: str = "rm", **kw: object) -> RmConfig:
-    return RmConfig(num_steps=steps, batch_size=32, lr=3e-3, heldout_pairs=256, eval_every=0,
-                    device="cpu", threads=1, progress=False, runs_dir=str(tmp), name=name,
-                    task_options=RM_TASK, **kw)  # type: ignore[arg-type]
+    options: dict[str, object] = {"heldout_pairs": 256, **kw}
+    return RmConfig(num_steps=steps, batch_size=32, lr=3e-3, eval_every=0, device="cpu",
+                    threads=1, progress=False, runs_dir=str(tmp), name=name,
+                    task_options=RM_TASK, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +90,16 @@ def test_packed_layout_and_last_token() -> None:
         pack_sequences([[1, 2, 3]], [[4, 5]], width=4)
 
 
-def test_score_is_invariant_to_left_padding_and_batch_composition() -> None:
+@pytest.mark.parametrize("arch", ["tiny", "llama"])
+def test_score_is_invariant_to_left_padding_and_batch_composition(arch: str) -> None:
+    """The same sequence alone (no padding) and inside two padded batches scores the same, for
+    the tiny backbone (float64) and a Hugging Face one (float32: its float64 path gives NaN
+    on padded rows in this transformers version)."""
+    if arch != "tiny":
+        pytest.importorskip("transformers")
     torch.manual_seed(0)
-    rm = build_reward_model(ModelConfig(dtype="float64"), 256, 48).eval()
+    dtype, tol = ("float64", 1e-10) if arch == "tiny" else ("float32", 1e-4)
+    rm = build_reward_model(ModelConfig(arch=arch, dtype=dtype), 256, 48).eval()
     # a non-zero head so the scores differ between sequences
     torch.nn.init.normal_(rm.head.linear.weight)
     seq = [*b"Describe the sea.", *b"calm road\n"]
@@ -93,8 +108,8 @@ def test_score_is_invariant_to_left_padding_and_batch_composition() -> None:
         batch1 = rm(*pack_sequences([seq[:17], [*b"Hi"]], [seq[17:], [*b"x\n"]], 48))
         batch2 = rm(*pack_sequences([[*b"A much longer prompt here."], seq[:17]],
                                     [[*b"warm kind bright\n"], seq[17:]], 48))
-    assert float(batch1[0]) == pytest.approx(float(alone[0]), abs=1e-10)
-    assert float(batch2[1]) == pytest.approx(float(alone[0]), abs=1e-10)
+    assert float(batch1[0]) == pytest.approx(float(alone[0]), abs=tol)
+    assert float(batch2[1]) == pytest.approx(float(alone[0]), abs=tol)
     assert abs(float(batch1[1]) - float(alone[0])) > 1e-3  # another sequence scores otherwise
 
 
@@ -202,6 +217,21 @@ def test_config_errors_before_training(trained_rm: RmResult, tmp_path: Path) -> 
     msg = error(_train_cfg(runs, str(trained_rm.out_dir), difficulty=2))
     assert "task.difficulty does not apply to preference_rm" in msg
     assert not runs.exists()
+
+
+def test_rm_init_starts_the_backbone_from_an_sft_model(tmp_path: Path) -> None:
+    from rlscope.sft import SftConfig, sft
+
+    policy_dir = sft(SftConfig(task="preference_rm", num_steps=1, batch_size=4, eval_every=0,
+                               device="cpu", progress=False, runs_dir=str(tmp_path),
+                               name="sft", task_options=dataclasses.replace(
+                                   SMALL_EVAL, eval_batch_size=4))).out_dir
+    result = train_rm(_rm_cfg(tmp_path, 0, heldout_pairs=8, init=str(policy_dir)))
+    policy = torch.load(policy_dir / "sft.pt", weights_only=False)["policy"]
+    rm = torch.load(result.out_dir / RM_FILE, weights_only=False)["reward_model"]
+    assert all(torch.equal(rm[f"backbone.{k}"], v) for k, v in policy.items())
+    assert validate_rm(_rm_cfg(tmp_path, 0, init=str(tmp_path / "nope"))) == [
+        f"--init {tmp_path / 'nope'}: no such file or directory"]
 
 
 def test_rm_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,7 +52,7 @@ class RmConfig:
     task: str = "preference_rm"
     """Task whose preference pairs (task.preference_pairs) train the model and whose prompt
     width and completion length shape its input."""
-    num_steps: int = 400
+    num_steps: int = 300
     """Optimizer steps."""
     batch_size: int = 64
     """Fresh pairs per step."""
