@@ -16,6 +16,7 @@ from test_arithmetic import rollout
 
 from rlscope.cli import main
 from rlscope.config import ConfigError, OptimConfig, RunConfig, TrainConfig, validate
+from rlscope.methods import MethodConfig
 from rlscope.metrics.schema import unregistered
 from rlscope.policy import ModelConfig
 from rlscope.rm.model import (
@@ -177,23 +178,28 @@ def test_reward_model_errors(trained_rm: RmResult, tmp_path: Path) -> None:
 
 
 def _train_cfg(tmp: Path, rm_path: str, method: str = "ppo", steps: int = 3,
-               **task_kw: object) -> TrainConfig:
+               components: MethodConfig | None = None, **task_kw: object) -> TrainConfig:
     return TrainConfig(
         task="preference_rm", method=method, optim=OptimConfig(lr=1e-3),
+        components=components or MethodConfig(),
         task_options=dataclasses.replace(SMALL_EVAL, rm_path=rm_path, **task_kw),  # type: ignore[arg-type]
         run=RunConfig(num_steps=steps, batch_size=16, eval_every=2, progress=False,
                       device="cpu", threads=1, runs_dir=str(tmp)))
 
 
-def test_train_against_the_reward_model_end_to_end(trained_rm: RmResult, tmp_path: Path
-                                                   ) -> None:
-    run = train(_train_cfg(tmp_path, str(trained_rm.out_dir)))
+@pytest.mark.parametrize("method", ["ppo", "grpo"])
+def test_train_against_the_reward_model_end_to_end(trained_rm: RmResult, tmp_path: Path,
+                                                   method: str) -> None:
+    """PPO (KL to the reference in the reward, its preset) and GRPO with its KL term pointed
+    at the reference (--kl_target ref) run a few steps against the RM with finite metrics."""
+    components = MethodConfig(kl_target="ref") if method == "grpo" else None
+    run = train(_train_cfg(tmp_path, str(trained_rm.out_dir), method, components=components))
     assert run.status == "completed" and len(run.metrics) == 3 and len(run.evals) == 3
     for row in run.metrics + run.evals:
         assert all(math.isfinite(v) for v in row.values()), row
         assert unregistered(row) == []
-    for row in run.metrics:  # PPO's KL to the reference is on, in the reward
-        assert row["kl_ctrl/beta"] > 0 and "policy/kl_ref_seq_k1" in row
+    for row in run.metrics:  # the KL to the reference is on
+        assert row["kl_ctrl/beta"] > 0 and "policy/kl_ref_k1" in row
     for row in run.evals:
         assert {"eval/true_reward", "eval/rm_score", "eval/test_error"} <= set(row)
     # the training reward is the RM score: standardised, so not the hidden preference's
