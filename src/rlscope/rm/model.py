@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlscope.policy import ModelConfig
+from rlscope.policy import ModelConfig, build_policy
 from rlscope.policy.value_head import ValueHead
 
 RM_FILE = "rm.pt"
@@ -112,8 +112,6 @@ class RewardModel(nn.Module):
 def build_reward_model(model_cfg: ModelConfig, vocab_size: int, max_len: int) -> RewardModel:
     """A fresh reward model over ``vocab_size`` ids and ``max_len`` positions (seed the global
     torch RNG first for reproducibility)."""
-    from rlscope.policy import build_policy
-
     backbone = build_policy(model_cfg, vocab_size, max_len)
     if not isinstance(backbone, nn.Module):
         raise TypeError(f"backbone {type(backbone).__name__} is not a torch module")

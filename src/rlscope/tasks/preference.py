@@ -173,7 +173,7 @@ class PreferenceTask:
                           "(the longest generated answer, newline included)")
         if c.eval_batches < 1 or c.eval_batch_size < 1:
             errors.append("task.eval_batches and task.eval_batch_size must be >= 1")
-        if c.rm_path and not errors:
+        if c.rm_path:
             from rlscope.rm.model import reward_model_errors
 
             errors += reward_model_errors(c.rm_path, self.name, self.prompt_len,
