@@ -6,7 +6,7 @@ source "$(dirname "$0")/common.sh"
 SFT_STEPS=${SFT_STEPS:-$(by_size 600 500)}
 SFT_LR=${SFT_LR:-$(by_size 3e-3 1e-4)}
 RL_STEPS=${RL_STEPS:-150}
-LR_HIGH=${LR_HIGH:-$(by_size 1e-2 1e-4)}
+LR_HIGH=${LR_HIGH:-$(by_size 1e-2 1e-3)}
 LR_LOW=${LR_LOW:-$(by_size 1e-4 1e-6)}
 NAME=length_${SIZE}_s$SEED
 rlscope sft --task length_target --length_limit 96 "${MODEL[@]}" --num_steps "$SFT_STEPS" \
