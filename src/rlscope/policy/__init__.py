@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from rlscope.policy.hf import HFPolicy
 
 MODEL_ARCHS = ("tiny", "llama", "qwen2", "hf")
+AUTOCAST_DTYPES = {"none": None, "bf16": torch.bfloat16}
+"""--autocast choices and the dtype each runs the forward passes in."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,20 @@ class ModelConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     """Module names (suffixes) that get adapters; ``all-linear`` = every linear layer but the
     output head."""
+    autocast: str = "none"
+    """Mixed precision: bf16 runs the forward passes (sampler, learner, reference) under
+    ``torch.autocast`` in bfloat16 while the weights, gradients and optimizer state stay
+    float32 (the master copy) and logits come back as float32; none = full precision. Meant
+    for CUDA (bf16 tensor cores); on CPU it works but is slower. Needs --dtype float32."""
+    intermediate_size: int = 0
+    """MLP width of the Hugging Face architectures (llama, qwen2); 0 = 2 × d_model."""
+    n_kv_heads: int = 0
+    """Key/value heads of the Hugging Face architectures (grouped-query attention); 0 = half
+    of n_heads when it is even, else n_heads."""
+    attn_implementation: str = "eager"
+    """Attention kernel of the Hugging Face architectures built from a config: eager (no host
+    sync while decoding padded rows) or sdpa (PyTorch's fused attention; faster learner on
+    GPU)."""
     gradient_checkpointing: bool = False
     """Hugging Face policies: recompute each block's activations in the backward pass instead
     of storing them (less memory, about one more forward of compute; same update)."""
@@ -65,6 +81,27 @@ class ModelConfig:
                           f"model.n_heads={self.n_heads}")
         if self.dtype not in ("float32", "float64"):
             errors.append(f"model.dtype={self.dtype!r}: use float32 or float64")
+        if self.autocast not in AUTOCAST_DTYPES:
+            errors.append(f"model.autocast={self.autocast!r}: use "
+                          f"{' or '.join(AUTOCAST_DTYPES)}")
+        elif self.autocast != "none" and self.dtype != "float32":
+            errors.append(f"model.autocast={self.autocast} keeps float32 master weights; set "
+                          f"--dtype float32 (got {self.dtype})")
+        if self.intermediate_size < 0 or self.n_kv_heads < 0:
+            errors.append("model.intermediate_size and model.n_kv_heads must be >= 0 "
+                          "(0 = default)")
+        elif self.n_kv_heads and self.n_heads % self.n_kv_heads:
+            errors.append(f"model.n_heads={self.n_heads} must be a multiple of "
+                          f"model.n_kv_heads={self.n_kv_heads}")
+        if self.attn_implementation not in ("eager", "sdpa"):
+            errors.append(f"model.attn_implementation={self.attn_implementation!r}: use eager "
+                          "or sdpa")
+        hf_only = [name for name, default in (("intermediate_size", 0), ("n_kv_heads", 0),
+                                              ("attn_implementation", "eager"))
+                   if getattr(self, name) != default]
+        if hf_only and self.arch != "llama" and self.arch != "qwen2":
+            errors.append(f"model.{', model.'.join(hf_only)} apply to --arch llama or qwen2 "
+                          f"only (got --arch {self.arch})")
         if self.lora_rank < 0:
             errors.append(f"model.lora_rank={self.lora_rank} must be >= 0 (0 = off)")
         if self.lora_rank > 0 and self.arch == "tiny":
@@ -87,14 +124,19 @@ def build_policy(cfg: ModelConfig, vocab_size: int, max_len: int) -> Policy:
     if cfg.arch == "tiny":
         tiny = TinyConfig(vocab_size=vocab_size, max_len=max_len, d_model=cfg.d_model,
                           n_heads=cfg.n_heads, n_layers=cfg.n_layers)
-        return TinyTransformer(tiny).to(dtype)
+        tiny_policy = TinyTransformer(tiny).to(dtype)
+        tiny_policy.autocast_dtype = AUTOCAST_DTYPES[cfg.autocast]
+        return tiny_policy
     from rlscope.policy.hf import HFPolicy, load_hf_model, tiny_hf_model
 
     if cfg.arch == "hf":
         model = load_hf_model(cfg.path)
     else:
         model = tiny_hf_model(cfg.arch, vocab_size, seed=None, hidden_size=cfg.d_model,
-                              num_layers=cfg.n_layers, num_heads=cfg.n_heads, max_len=max_len)
+                              num_layers=cfg.n_layers, num_heads=cfg.n_heads, max_len=max_len,
+                              intermediate_size=cfg.intermediate_size,
+                              num_kv_heads=cfg.n_kv_heads,
+                              attn_implementation=cfg.attn_implementation)
     if cfg.gradient_checkpointing:
         # Non-reentrant checkpointing also works when the inputs need no grad (a frozen base).
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
@@ -112,7 +154,9 @@ def build_policy(cfg: ModelConfig, vocab_size: int, max_len: int) -> Policy:
                           target_modules="all-linear" if targets == ("all-linear",)
                           else list(targets))
         model = get_peft_model(model, lora)  # freezes the base; adapters start as a no-op
-    return HFPolicy(model).to(dtype)
+    policy = HFPolicy(model).to(dtype)
+    policy.autocast_dtype = AUTOCAST_DTYPES[cfg.autocast]
+    return policy
 
 
 class AdapterDisabled(nn.Module):

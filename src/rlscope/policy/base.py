@@ -17,9 +17,13 @@ harmless to every earlier position).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @runtime_checkable
@@ -55,3 +59,34 @@ class Policy(Protocol):
 def position_ids_from_mask(attention_mask_BT: torch.Tensor) -> torch.Tensor:
     """Positions 0, 1, ... counted over real tokens only (left padding gets position 0)."""
     return (attention_mask_BT.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def autocast_outputs(method: F) -> F:
+    """Run a policy method under ``torch.autocast`` when ``self.autocast_dtype`` is set.
+
+    Mixed precision with float32 master weights (Micikevicius et al. arXiv:1710.03740): the
+    parameters, their gradients and the optimizer state stay float32; matmuls run in bf16;
+    every floating output (logits, hidden states) comes back as float32, so log-softmax, the
+    loss and the sampler's draw are computed in full precision. bf16 keeps float32's exponent
+    range, so no loss scaling is needed. ``cache_enabled=False`` because each call is its own
+    autocast region (a weight cache would not outlive it) and because CUDA graph capture
+    cannot hold autocast's cache. The device type is taken from the first argument (the token
+    ids), which lives on the model's device.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        dtype = getattr(self, "autocast_dtype", None)
+        if dtype is None:
+            return method(self, *args, **kwargs)
+        with torch.autocast(args[0].device.type, dtype=dtype, cache_enabled=False):
+            out = method(self, *args, **kwargs)
+        if isinstance(out, tuple):
+            return tuple(_float32(x) for x in out)
+        return _float32(out)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _float32(x: Any) -> Any:
+    return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlscope.policy.base import position_ids_from_mask
+from rlscope.policy.base import autocast_outputs, position_ids_from_mask
 
 __all__ = ["HFCache", "HFPolicy", "tiny_hf_model"]
 
@@ -80,6 +80,9 @@ class HFPolicy(nn.Module):
             ``from_config``). Its output head must read the last entry of ``hidden_states`` (true
             for Llama, Qwen2 and most decoder-only models: that entry is post-final-norm).
     """
+
+    autocast_dtype: torch.dtype | None = None
+    """Mixed precision of the forward calls (`rlscope.policy.base.autocast_outputs`)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -149,6 +152,7 @@ class HFPolicy(nn.Module):
 
     # ------------------------------------------------------------------ full forward
 
+    @autocast_outputs
     def forward(
         self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,6 +210,7 @@ class HFPolicy(nn.Module):
             max_len=max_len,
         )
 
+    @autocast_outputs
     def prefill(
         self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None, cache: HFCache
     ) -> torch.Tensor:
@@ -252,6 +257,7 @@ class HFPolicy(nn.Module):
         cache.length = T
         return out.logits[:, -1].float()
 
+    @autocast_outputs
     def decode_step(self, tokens_B: torch.Tensor, cache: HFCache) -> torch.Tensor:
         """Append one token per row; returns the next-token ``logits_BV`` (float32).
 
@@ -310,11 +316,13 @@ class HFPolicy(nn.Module):
 def tiny_hf_model(
     arch: str, vocab_size: int, seed: int | None = 0, *, attn_implementation: str = "eager",
     hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, max_len: int = 128,
+    intermediate_size: int = 0, num_kv_heads: int = 0,
 ) -> nn.Module:
     """A small randomly initialised ``transformers`` causal LM (no download), fp32, eval mode.
 
     Default shape: hidden 64, 2 layers, 4 attention heads, half as many key/value heads (at
-    least 1), MLP width 2·hidden, 128 positions. With an int ``seed`` the global torch RNG is
+    least 1; ``num_kv_heads`` > 0 sets them), MLP width 2·hidden (``intermediate_size`` > 0
+    sets it), 128 positions. With an int ``seed`` the global torch RNG is
     left untouched (initialisation runs under a forked RNG); ``seed=None`` draws from the
     global RNG, as the tiny transformer does.
 
@@ -339,8 +347,9 @@ def tiny_hf_model(
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=max(num_heads // 2, 1) if num_heads % 2 == 0 else num_heads,
-        intermediate_size=2 * hidden_size,
+        num_key_value_heads=num_kv_heads or (
+            max(num_heads // 2, 1) if num_heads % 2 == 0 else num_heads),
+        intermediate_size=intermediate_size or 2 * hidden_size,
         max_position_embeddings=max_len,
         tie_word_embeddings=False,
         bos_token_id=None,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlscope.policy.base import position_ids_from_mask
+from rlscope.policy.base import autocast_outputs, position_ids_from_mask
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,9 @@ class Block(nn.Module):
 class TinyTransformer(nn.Module):
     """The sandbox policy; implements the `Policy` protocol (see `rlscope.policy.base`)."""
 
+    autocast_dtype: torch.dtype | None = None
+    """Mixed precision of the forward calls (`rlscope.policy.base.autocast_outputs`)."""
+
     def __init__(self, cfg: TinyConfig) -> None:
         super().__init__()
         if cfg.d_model % cfg.n_heads:
@@ -165,6 +168,7 @@ class TinyTransformer(nn.Module):
             x_BTD = block(x_BTD, i, attn_mask, cache, static)
         return self.ln_f(x_BTD)
 
+    @autocast_outputs
     def forward(self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Full causal forward. Returns ``(logits_BTV, hidden_BTD)``.
@@ -183,6 +187,7 @@ class TinyTransformer(nn.Module):
         hidden_BTD = self._run(self._embed(tokens_BT, pos_BT), mask, None)
         return self.head(hidden_BTD), hidden_BTD
 
+    @autocast_outputs
     def forward_shared_prefix(self, prompt_GP: torch.Tensor, continuation_BC: torch.Tensor
                               ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` of ``[prompt_g, continuation_b]`` for B = G·K rows whose group g = b // K
@@ -218,6 +223,7 @@ class TinyTransformer(nn.Module):
         return KVCache(self.cfg.n_layers, batch_size, self.cfg.n_heads, max_len,
                        self.cfg.d_model // self.cfg.n_heads, p.device, p.dtype, static)
 
+    @autocast_outputs
     def prefill(self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None,
                 cache: KVCache) -> torch.Tensor:
         """Run the prompt into an empty cache; returns the last position's ``logits_BV``."""
@@ -252,6 +258,7 @@ class TinyTransformer(nn.Module):
         cache.length = T
         return self.head(hidden_BTD[:, -1])
 
+    @autocast_outputs
     def decode_step(self, tokens_B: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Append one token per row; returns the next-token ``logits_BV``."""
         if cache.length >= cache.max_len:
@@ -265,6 +272,7 @@ class TinyTransformer(nn.Module):
         cache.next_pos_B += 1
         return self.head(hidden_B1D[:, 0])
 
+    @autocast_outputs
     def decode_step_static(self, tokens_B: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """`decode_step` on a static cache: same logits, no host-side state or sync.
 

@@ -3,8 +3,9 @@ is the fraction of hidden unit tests it passes, run in `rlscope.sandbox` (TASKS.
 "Real-model tasks").
 
 Data. `rlscope/data/code_specs.json` ships 22 small specifications. Each has a signature and a
-docstring (the prompt), a reference body (used only by tests, to show that a right answer
-scores 1) and 3–6 hidden tests ``function(*args) == expected``. Specs marked ``heldout`` (5 of
+docstring (the prompt), a reference body (tests use it to show that a right answer scores 1;
+`sft_pairs` turns the training specs' references into warm-start pairs) and 3–6 hidden tests
+``function(*args) == expected``. Specs marked ``heldout`` (5 of
 them) are never training prompts; evaluation reads only them.
 
 Prompt and completion. The prompt is ``def <signature>:`` and a line holding the docstring in
@@ -192,6 +193,14 @@ class CodeUnitTestsTask:
         """``n`` training specs, uniformly with replacement."""
         index = torch.randint(0, len(self.train_specs), (n,), generator=generator)
         return self._prompts([self.train_specs[int(i)] for i in index])
+
+    def sft_pairs(self, generator: torch.Generator, n: int) -> list[tuple[list[int], list[int]]]:
+        """``n`` warm-start pairs ``(prompt ids, reference body + END)`` of training specs,
+        uniformly with replacement (for `rlscope sft`; held-out references are never shown)."""
+        index = torch.randint(0, len(self.train_specs), (n,), generator=generator)
+        return [(self.tokenizer.encode(spec.prompt),
+                 [*self.tokenizer.encode(spec.reference), self.end_id])
+                for spec in (self.train_specs[int(i)] for i in index)]
 
     def eval_prompts(self, seed: int) -> list[PromptBatch]:
         """``eval_batches`` batches of held-out specs, drawn with replacement from a generator

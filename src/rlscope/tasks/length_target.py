@@ -17,6 +17,12 @@ Reward, n = the number of words:
 - a target band (``band_max_words`` > 0): r = 1 if ``band_min_words`` ≤ n ≤ ``band_max_words``,
   else 0.
 
+Warm start (`rlscope sft --task length_target`): each instruction is answered with a run of
+consecutive words of the package's generated corpus (`rlscope/data/corpus.txt`), 8 to 24 words
+and at most ``length_limit`` − 1 bytes, then the newline. A policy trained on them writes
+long fluent answers, so the RL recipe starts from a reference that the length reward pulls
+away from.
+
 The reward is 1 exactly in band mode and at most 2 by default; training uses the sampled ids,
 the decoded text only counts words. Evaluation (greedy, clean): ``words`` = mean word count;
 ``test_error`` = 1 − r / 2 (default) or 1 − [in band].
@@ -28,6 +34,7 @@ import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
+from rlscope.tasks.lm_bandit import load_corpus
 from rlscope.tasks.text import STOP_ID, completion_ids, fixed_left_padded, text_before_stop
 from rlscope.tokenizer import ByteTokenizer
 
@@ -40,6 +47,8 @@ TOPICS = ("the sea", "a river", "the moon", "a city", "the wind", "an old house"
           "the rain", "a market", "the winter", "a mountain", "a garden", "the night",
           "a library", "a long road", "the harvest")
 INSTRUCTIONS: tuple[str, ...] = tuple(f"{v} {t}." for v in VERBS for t in TOPICS)
+SFT_WORDS = (8, 24)
+"""Fewest and most corpus words in a warm-start answer."""
 
 
 def length_reward(n_words: int, band: tuple[int, int] | None) -> float:
@@ -108,6 +117,31 @@ class LengthTargetTask:
         targets_BT = torch.full((n, self.completion_len), STOP_ID, dtype=torch.long)
         return PromptBatch(tokens_BP=prompts.tokens_BP,
                            attention_mask_BP=prompts.attention_mask_BP, targets_BT=targets_BT)
+
+    def sft_pairs(self, generator: torch.Generator, n: int) -> list[tuple[list[int], list[int]]]:
+        """``n`` warm-start pairs: a random instruction and 8–24 consecutive corpus words
+        (fewer if they would not fit in ``length_limit`` − 1 bytes), then the newline."""
+        words = self._corpus_words()
+        budget = self.cfg.length_limit - 1
+        pairs = []
+        for _ in range(n):
+            prompt = INSTRUCTIONS[int(torch.randint(len(INSTRUCTIONS), (), generator=generator))]
+            k = int(torch.randint(SFT_WORDS[0], SFT_WORDS[1] + 1, (), generator=generator))
+            start = int(torch.randint(len(words) - k, (), generator=generator))
+            answer = ""
+            for word in words[start:start + k]:
+                longer = f"{answer} {word}" if answer else word
+                if len(longer.encode("utf-8")) > budget:
+                    break
+                answer = longer
+            pairs.append((self.tokenizer.encode(prompt),
+                          [*self.tokenizer.encode(answer), STOP_ID]))
+        return pairs
+
+    def _corpus_words(self) -> list[str]:
+        if not hasattr(self, "_words"):
+            self._words = load_corpus().split()
+        return self._words
 
     def eval_prompts(self, seed: int) -> list[PromptBatch]:
         g = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
