@@ -15,7 +15,8 @@ from rlscope.tasks import TaskConfig, make_task
 from rlscope.tasks.length_target import INSTRUCTIONS, SFT_WORDS
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "recipes"
-SHORT = {"SFT_STEPS": "2", "RL_STEPS": "2", "EVAL_BATCHES": "1", "EVAL_BATCH_SIZE": "4"}
+SHORT = {"SFT_STEPS": "2", "RM_STEPS": "2", "RL_STEPS": "2", "EVAL_BATCHES": "1",
+         "EVAL_BATCH_SIZE": "4"}
 
 
 def _run(script: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -33,6 +34,8 @@ def _metrics(run_dir: Path) -> list[dict[str, float]]:
     ("ppo_length_target.sh", ["sft_length_tiny_s0", "ppo_length_tiny_s0_lr1e-2",
                               "ppo_length_tiny_s0_lr1e-4"]),
     ("code_grpo.sh", ["sft_code_tiny_s0", "grpo_code_tiny_s0"]),
+    ("rlhf_preference_rm.sh", ["sft_pref_tiny_s0", "ppo_pref_tiny_s0_kl",
+                               "ppo_pref_tiny_s0_small_kl"]),
 ])
 def test_recipe_runs_end_to_end(script: str, runs: list[str], tmp_path: Path) -> None:
     done = _run(script, tmp_path)
@@ -43,6 +46,11 @@ def test_recipe_runs_end_to_end(script: str, runs: list[str], tmp_path: Path) ->
                             if isinstance(v, float))
     rl = [r for r in _metrics(tmp_path / runs[-1]) if "reward/mean" in r]
     assert len(rl) == 2  # RL_STEPS
+    if script == "rlhf_preference_rm.sh":
+        rm_rows = _metrics(tmp_path / "rm_pref_tiny_s0")
+        assert [r["step"] for r in rm_rows if "rm/loss" in r] == [0, 1]
+        evals = (tmp_path / runs[1] / "eval.jsonl").read_text().splitlines()
+        assert all("eval/rm_score" in json.loads(e) for e in evals)
     if script == "ppo_length_target.sh":
         report = (tmp_path / runs[1] / "doctor.md").read_text()
         assert report.startswith(f"## {runs[1]}") and "### Findings" in report
