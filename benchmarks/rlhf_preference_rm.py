@@ -1,11 +1,11 @@
 """RLHF against a learned reward model on CPU, per seed: `rlscope sft` → `rlscope rm` → PPO
-against the RM with its adaptive KL to the SFT model, and the same PPO with a KL coefficient
-too small to matter. Prints the Markdown tables of docs/recipes.md ("RLHF against a learned
-reward model").
+against the RM with its adaptive KL to the SFT model, the same PPO with a KL coefficient too
+small to matter, and GRPO with its k3 KL pointed at the SFT model. Prints the Markdown tables
+of docs/recipes.md ("RLHF against a learned reward model").
 
     OMP_NUM_THREADS=1 python benchmarks/rlhf_preference_rm.py --seeds 0 1 > /tmp/rlhf.md
 
-Runs one after another (parallel runs on 2 cores oversubscribe the threads); about 4 minutes
+Runs one after another (parallel runs on 2 cores oversubscribe the threads); about 5 minutes
 per seed on a 2-core CPU.
 """
 
@@ -25,10 +25,13 @@ COMMON = ["--task", "preference_rm", "--device", "cpu", "--threads", "1", "--no_
 SFT = ["sft", "--num_steps", "600", "--batch_size", "64", "--lr", "3e-3", "--eval_every", "0",
        "--eval_batches", "2", "--eval_batch_size", "100"]
 RM = ["rm", "--num_steps", "300", "--batch_size", "64", "--lr", "1e-3", "--eval_every", "100"]
-PPO = ["train", "--method", "ppo", "--num_steps", "150", "--batch_size", "64", "--lr", "3e-4",
-       "--eval_every", "25", "--eval_batches", "2", "--eval_batch_size", "100"]
-ARMS = {"KL (adaptive, β₀ 0.2)": [],
-        "KL too small (fixed β 0.001)": ["--kl_control", "fixed", "--kl_coef", "0.001"]}
+RL = ["train", "--num_steps", "150", "--batch_size", "64", "--lr", "3e-4", "--eval_every", "25",
+      "--eval_batches", "2", "--eval_batch_size", "100"]
+ARMS = {"ppo_kl": ("PPO, KL (adaptive, β₀ 0.2)", ["--method", "ppo"]),
+        "ppo_small_kl": ("PPO, KL too small (fixed β 0.001)",
+                         ["--method", "ppo", "--kl_control", "fixed", "--kl_coef", "0.001"]),
+        "grpo_kl": ("GRPO, k3 KL to ref in the loss (β 0.04)",
+                    ["--method", "grpo", "--kl_target", "ref"])}
 
 
 def run(args: list[str], runs: Path, name: str) -> float:
@@ -56,9 +59,9 @@ def main() -> None:
         t_sft = run([*SFT, *s], runs, f"sft_s{seed}")
         t_rm = run([*RM, *s], runs, f"rm_s{seed}")
         rm_eval = read_jsonl(runs / f"rm_s{seed}" / "metrics.jsonl")[-1]
-        for arm, extra in ARMS.items():
-            name = f"ppo_s{seed}_{'kl' if not extra else 'small_kl'}"
-            t_rl = run([*PPO, *s, "--init", str(runs / f"sft_s{seed}"), "--rm_path",
+        for key, (arm, extra) in ARMS.items():
+            name = f"{key}_s{seed}"
+            t_rl = run([*RL, *s, "--init", str(runs / f"sft_s{seed}"), "--rm_path",
                         str(runs / f"rm_s{seed}"), *extra], runs, name)
             evals = read_jsonl(runs / name / "eval.jsonl")
             steps = read_jsonl(runs / name / "metrics.jsonl")
@@ -74,7 +77,7 @@ def main() -> None:
                 f"{e['eval/true_reward']:.2f} / {e['eval/rm_score']:.2f}" for e in evals) + " |")
             sys.stderr.write(summary[-1] + "\n")
     commands = [shlex.join(["rlscope", *SFT]), shlex.join(["rlscope", *RM]),
-                shlex.join(["rlscope", *PPO])]
+                shlex.join(["rlscope", *RL])]
     sys.stdout.write("\n".join(summary) + "\n\ntrue preference / RM score of the greedy "
                      "held-out answers:\n\n" + "\n".join(curves) + "\n\n" +
                      json.dumps(commands, indent=1) + "\n")
