@@ -218,7 +218,7 @@ def test_config_errors_before_training(trained_rm: RmResult, tmp_path: Path) -> 
             train(cfg)
         return str(info.value)
 
-    assert "give --rm_path DIR" in error(_train_cfg(runs, ""))
+    assert "give --rm_path runs/NAME" in error(_train_cfg(runs, ""))
     assert "no reward model there" in error(_train_cfg(runs, str(tmp_path / "missing")))
     msg = error(_train_cfg(runs, str(trained_rm.out_dir), difficulty=2))
     assert "task.difficulty does not apply to preference_rm" in msg

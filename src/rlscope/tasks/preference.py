@@ -185,7 +185,8 @@ class PreferenceTask:
         reward needs a reward model."""
         if not self.cfg.rm_path:
             return ["task preference_rm trains against a learned reward model: give "
-                    "--rm_path DIR, the output of `rlscope rm --task preference_rm --name DIR`"]
+                    "--rm_path runs/NAME, the output directory of `rlscope rm --task "
+                    "preference_rm --name NAME`"]
         return []
 
     def describe(self) -> str:
