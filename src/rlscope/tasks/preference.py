@@ -33,7 +33,11 @@ the true preference falls (reward-model over-optimisation, Gao et al. arXiv:2210
 
 Reward (training). The reward model of ``rm_path`` (`rlscope.rm.model`, trained by
 ``rlscope rm``): its score of prompt + completion, standardised by the mean and std of its
-scores on held-out generated answers. Evaluation (greedy, clean) reports the truth beside it:
+scores on held-out generated answers. RL against it is meant to run with a KL penalty to the
+warm-start model, as in RLHF (Ziegler et al. arXiv:1909.08593; Ouyang et al.
+arXiv:2203.02155): ``--method ppo --init SFT_DIR`` does so. Valid regime: any byte-level
+policy; the RM must have been trained for this task on at least as many positions
+(``length_limit``) as the run uses. Evaluation (greedy, clean) reports the truth beside it:
 ``true_reward`` = mean true(y); ``test_error`` = 1 − clip(true(y) / `TRUE_TARGET`, 0, 1);
 ``rm_score`` (when an RM is loaded); ``liked_words``, ``repeats`` and ``words``.
 """
