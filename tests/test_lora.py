@@ -109,3 +109,71 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path: Path, lora_rank:
                        if k.endswith("q_proj.weight"))  # the update moved the weights
     for k, v in states[0].items():
         torch.testing.assert_close(states[1][k], v, atol=1e-6, rtol=1e-5)
+
+
+def test_lora_on_top_of_an_init_checkpoint(tmp_path: Path) -> None:
+    """--init loads full SFT weights, then LoRA adapters go on top: the first evaluation is
+    the SFT model's, the KL reference (adapters off) is the SFT model, the base stays the SFT
+    weights bit for bit, and the saved adapter on the SFT base reproduces the policy."""
+    from rlscope.sft import SftConfig, sft
+
+    full = dataclasses.replace(LORA, lora_rank=0)
+    warm = sft(SftConfig(task="token_reversal", num_steps=20, batch_size=16, lr=3e-3,
+                         eval_every=0, device="cpu", progress=False, runs_dir=str(tmp_path),
+                         name="sft", task_options=TASK, model=full))
+    cfg = _lora_run(tmp_path)
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, init=str(warm.out_dir),
+                                                           eval_every=2))
+    result = train(cfg)
+    assert result.evals[0]["eval/test_error"] == pytest.approx(
+        warm.evals[-1]["eval/test_error"], abs=1e-6)
+    assert result.metrics[0]["policy/kl_ref_k1"] == pytest.approx(0.0, abs=1e-6)
+    sft_state = torch.load(warm.out_dir / "sft.pt", weights_only=False)["policy"]
+    latest = result.run_dir / "checkpoints" / (result.run_dir / "checkpoints" / "latest.pt"
+                                               ).read_text().strip()
+    trained_state = torch.load(latest, weights_only=False)["policy"]
+    trained = _fresh(LORA)
+    trained.load_state_dict(trained_state)
+    base_of_trained = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+                       for k, v in trained.unwrap().state_dict().items() if "lora_" not in k}
+    sft_model = _fresh(full)
+    sft_model.load_state_dict(sft_state)
+    for name, value in sft_model.unwrap().state_dict().items():
+        assert torch.equal(base_of_trained[name], value), name
+    tokens_BT = torch.randint(0, VOCAB, (4, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        sft_logits = sft_model.eval()(tokens_BT)[0]
+        # PEFT injects the adapter into sft_model's own modules
+        reloaded = HFPolicy(PeftModel.from_pretrained(sft_model.unwrap(),
+                                                      result.run_dir / "adapter"))
+        torch.testing.assert_close(reloaded.eval()(tokens_BT)[0], trained(tokens_BT)[0])
+        assert not torch.allclose(sft_logits, trained(tokens_BT)[0])
+
+
+def test_sft_with_lora_saves_the_adapter_and_a_merged_init(tmp_path: Path) -> None:
+    """rlscope sft --lora_rank: the adapter goes to <out>/adapter (PEFT format) and sft.pt is
+    the merged model, which rlscope train --init loads into a plain model (first evaluation =
+    the SFT model's)."""
+    from rlscope.sft import SftConfig, sft
+
+    warm = sft(SftConfig(task="token_reversal", num_steps=15, batch_size=16, lr=1e-2,
+                         eval_every=0, device="cpu", progress=False, runs_dir=str(tmp_path),
+                         name="sft_lora", task_options=TASK, model=LORA))
+    assert (warm.out_dir / "adapter" / "adapter_config.json").exists()
+    payload = torch.load(warm.out_dir / "sft.pt", weights_only=False)
+    assert payload["model"]["lora_rank"] == 0 and not any("lora_" in k for k in payload["policy"])
+    base = _fresh(MODEL)
+    initial = {k: v.clone() for k, v in base.state_dict().items()}
+    tokens_BT = torch.randint(0, VOCAB, (4, 8), generator=torch.Generator().manual_seed(4))
+    merged = _fresh(MODEL)
+    merged.load_state_dict(payload["policy"])
+    with torch.no_grad():
+        adapted = HFPolicy(PeftModel.from_pretrained(base.unwrap(), warm.out_dir / "adapter"))
+        torch.testing.assert_close(merged.eval()(tokens_BT)[0], adapted.eval()(tokens_BT)[0],
+                                   atol=1e-5, rtol=1e-5)
+    assert any(not torch.equal(initial[k], v) for k, v in payload["policy"].items())
+    run = train(TrainConfig(task="token_reversal", task_options=TASK, model=MODEL,
+                            run=RunConfig(num_steps=0, progress=False, device="cpu",
+                                          runs_dir=str(tmp_path), init=str(warm.out_dir))))
+    assert run.evals[0]["eval/test_error"] == pytest.approx(
+        warm.evals[-1]["eval/test_error"], abs=1e-6)

@@ -220,9 +220,6 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if r.overfit_batch and (r.delay or cfg.replay.replay_capacity or r.fill_batch):
         errors.append("run.overfit_batch trains on one fixed batch, so it cannot be combined "
                       "with --delay, --replay_capacity or --fill_batch: drop those")
-    if cfg.model.lora_rank > 0 and r.init:
-        errors.append("model.lora_rank > 0 with run.init is not supported yet: --init loads "
-                      "full-model weights into a model without adapters")
     if r.max_fill_rounds < 1:
         errors.append(f"run.max_fill_rounds={r.max_fill_rounds} must be >= 1")
     if r.micro_batch_size < 0:

@@ -18,6 +18,7 @@ task name and options: what ``rlscope train --init`` reads), ``config.json`` and
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -249,9 +250,22 @@ def sft(cfg: SftConfig) -> SftResult:
 
 
 def save_sft(out_dir: Path, policy: torch.nn.Module, cfg: SftConfig) -> Path:
-    """Write ``sft.pt``: the policy weights, the model config, the task name and options."""
+    """Write ``sft.pt``: the policy weights, the model config, the task name and options.
+
+    A LoRA policy also writes its adapters in PEFT format to ``out_dir/adapter``, and
+    ``sft.pt`` holds the base with the adapters merged in (W + (α/r)·B·A), recorded with
+    ``lora_rank`` 0: it is a plain model that ``rlscope train --init`` loads with or without
+    new adapters on top."""
+    state, model = policy.state_dict(), cfg.model
+    if getattr(policy, "has_adapters", False):
+        from rlscope.policy.hf import HFPolicy
+
+        assert isinstance(policy, HFPolicy)
+        policy.save_adapter(out_dir / "adapter")
+        merged = copy.deepcopy(policy.unwrap()).merge_and_unload()  # type: ignore[operator]
+        state, model = HFPolicy(merged).state_dict(), dataclasses.replace(model, lora_rank=0)
     payload: dict[str, Any] = {
-        "policy": policy.state_dict(), "model": dataclasses.asdict(cfg.model),
+        "policy": state, "model": dataclasses.asdict(model),
         "task": cfg.task, "task_options": dataclasses.asdict(cfg.task_options),
         "steps": cfg.num_steps}
     path = out_dir / SFT_FILE

@@ -56,7 +56,7 @@ from rlscope.methods.selection import (
 from rlscope.methods.spec import MethodSpec, OverlongConfig
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows, read_jsonl
-from rlscope.policy import reference_of
+from rlscope.policy import add_lora, reference_of
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
@@ -202,9 +202,14 @@ def train(cfg: TrainConfig) -> RunResult:
     if r.threads:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
-    policy = make_policy_for(task, cfg.model).to(device)
+    # --init loads full weights; LoRA adapters then go on top, so the loaded model is the base
+    lora_on_init = r.init and cfg.model.lora_rank > 0
+    model_cfg = dataclasses.replace(cfg.model, lora_rank=0) if lora_on_init else cfg.model
+    policy = make_policy_for(task, model_cfg).to(device)
     if r.init:
         checkpoint.load_init(r.init, policy, device)
+        if lora_on_init:
+            policy = add_lora(policy, cfg.model)
         attach = getattr(task, "attach_policy", None)
         if attach is not None:  # the task's own frozen initial copy is the loaded model
             attach(policy)

@@ -257,8 +257,11 @@ def kl_runaway(t: MetricTable, c: DoctorConfig) -> RuleOut:
     if t.has("kl_ctrl/beta", c.min_steps):
         beta = trend(*t.series("kl_ctrl/beta"))
         evidence["beta"] = {"first": _r(beta.first_mean), "last": _r(beta.last_mean)}
+    headline = (f"{name} is {tr.last_mean:.3g}, {tr.last_mean / target:.1f}× the adaptive "
+                f"controller's target {target:g}" if target and "target" in evidence
+                else f"{name} ran away: {tr.first_mean:.3g} → {tr.last_mean:.3g}")
     return [Finding(
-        "kl_runaway", "critical", f"{name} ran away: {tr.first_mean:.3g} → {tr.last_mean:.3g}",
+        "kl_runaway", "critical", headline,
         evidence,
         "The policy moves away from the reference faster than the penalty can hold it: the "
         "reward gradient overwhelms β·KL, typically because the learning rate is too high.",

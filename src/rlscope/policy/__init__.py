@@ -145,18 +145,28 @@ def build_policy(cfg: ModelConfig, vocab_size: int, max_len: int) -> Policy:
         else:
             model.gradient_checkpointing_enable(  # type: ignore[operator]
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-    if cfg.lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
-
-        targets = cfg.lora_targets
-        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-                          lora_dropout=cfg.lora_dropout,
-                          target_modules="all-linear" if targets == ("all-linear",)
-                          else list(targets))
-        model = get_peft_model(model, lora)  # freezes the base; adapters start as a no-op
     policy = HFPolicy(model).to(dtype)
     policy.autocast_dtype = AUTOCAST_DTYPES[cfg.autocast]
-    return policy
+    return add_lora(policy, cfg) if cfg.lora_rank > 0 else policy
+
+
+def add_lora(policy: HFPolicy, cfg: ModelConfig) -> HFPolicy:
+    """``policy`` with LoRA adapters of ``cfg`` (rank, α, dropout, targets) through PEFT: the
+    current weights become the frozen base and the adapters start as a no-op (B = 0), so the
+    policy computes the same function until it trains (Hu et al. arXiv:2106.09685). Used by
+    `build_policy`, and by `rlscope train --init` after loading full weights."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlscope.policy.hf import HFPolicy
+
+    targets = cfg.lora_targets
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules="all-linear" if targets == ("all-linear",)
+                      else list(targets))
+    first = next(policy.parameters())
+    wrapped = HFPolicy(get_peft_model(policy.unwrap(), lora)).to(first.device, first.dtype)
+    wrapped.autocast_dtype = policy.autocast_dtype
+    return wrapped
 
 
 class AdapterDisabled(nn.Module):
@@ -207,5 +217,5 @@ def reference_of(policy: Policy) -> Any:
 
 
 __all__ = ["MODEL_ARCHS", "AdapterDisabled", "ModelConfig", "Policy", "TinyConfig",
-           "TinyTransformer", "ValueHead", "build_policy", "position_ids_from_mask",
+           "TinyTransformer", "ValueHead", "add_lora", "build_policy", "position_ids_from_mask",
            "reference_of"]
