@@ -101,7 +101,12 @@ def first_token_correct(batch: RolloutBatch, task_name: str) -> torch.Tensor:
 
 
 class Task(Protocol):
-    """A registered task. Attributes describe the interface the loop relies on."""
+    """A registered task. Attributes describe the interface the loop relies on.
+
+    Optional methods, looked up with ``getattr``: ``build_policy`` / ``attach_policy`` (a
+    task's own model), ``sft_pairs`` (warm-start data for ``rlscope sft``),
+    ``preference_pairs`` (comparisons for ``rlscope rm``) and ``validate_training`` (problems
+    that stop ``rlscope train`` only, e.g. ``preference_rm`` without ``--rm_path``)."""
 
     name: str
     family: str
