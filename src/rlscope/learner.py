@@ -351,7 +351,8 @@ class UpdatePlan:
 @dataclass(frozen=True)
 class UpdateResult:
     """The first and last passes over the batch (micro-batches stitched by `concat_results`)
-    and the pre-clip gradient norm of every optimizer step, ``grad_norms_S``."""
+    and the pre-clip gradient norm of every optimizer step, ``grad_norms_S`` (non-finite where
+    the step was skipped)."""
 
     first: MicroResult
     last: MicroResult
@@ -402,9 +403,16 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
                                        plan.replay_keep, shared_group, entropy_coef)
                 res.loss.backward()
                 last.append(res)
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(
-                params, plan.grad_clip if plan.grad_clip > 0 else float("inf")))
-            optimizer.step()
+            norm = torch.nn.utils.clip_grad_norm_(
+                params, plan.grad_clip if plan.grad_clip > 0 else float("inf"))
+            grad_norms.append(norm)
+            # A non-finite gradient would turn every weight into NaN for good: skip that step
+            # (as loss scalers do) and let optim/nonfinite_steps report it. One host read per
+            # optimizer step; the CUDA-graphed learner (tiny model) has no such guard.
+            if torch.isfinite(norm):
+                optimizer.step()
+            else:
+                optimizer.zero_grad(set_to_none=True)
         if epoch == 0:
             first = last
     return UpdateResult(first=concat_results(first), last=concat_results(last),

@@ -500,6 +500,7 @@ def update_metrics(updated: UpdateResult, batch: RolloutBatch, inputs: LearnerIn
     m |= {k: v / n_minibatches for k, v in last.parts.items()}
     m["loss/total"] = last.loss / n_minibatches
     norms_S = updated.grad_norms_S
+    m["optim/nonfinite_steps"] = (~torch.isfinite(norms_S)).sum().float()
     m["optim/grad_norm"] = norms_S.mean()
     if grad_clip > 0:
         m["optim/grad_norm_clipped"] = norms_S.clamp_max(grad_clip).mean()

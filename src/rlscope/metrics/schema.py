@@ -134,6 +134,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("optim/grad_norm", "steps", "seq_mean", "update",
        "global gradient norm before clipping (mean over the step's optimizer steps)"),
     _m("optim/grad_norm_clipped", "steps", "seq_mean", "update", "gradient norm after clipping"),
+    _m("optim/nonfinite_steps", "steps", "value", "update",
+       "optimizer steps with a NaN or infinite gradient norm, skipped (eager learner)"),
     _m("optim/clip_active", "steps", "frac", "update",
        "fraction of optimizer steps where the gradient clip fired"),
     _m("optim/lr", "steps", "value", "update", "learning rate"),
