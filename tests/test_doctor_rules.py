@@ -121,6 +121,7 @@ def healthy_series(seed: int = 100) -> dict[str, np.ndarray]:
         "policy/ratio_mean_first": 1.0 + nz(1e-5),
         "sampler/frac_outside_band": np.abs(0.001 + nz(1e-4)),
         "optim/grad_norm": 0.5 + nz(0.05),
+        "optim/nonfinite_steps": np.zeros(N),
         "loss/value": 0.5 + nz(0.05),
         "value/explained_var": 0.6 + nz(0.05),
         "replay/age_mean": 2.0 + nz(0.2),
@@ -142,8 +143,8 @@ def test_registry_lists_every_documented_rule():
     assert list(RULES) == [
         "entropy_collapse", "sigma_amplification", "entropy_rising", "negative_kl",
         "kl_runaway", "kl_too_small", "value_instability", "no_signal", "length_hacking",
-        "truncation", "sampler_mismatch", "grad_clip_saturation", "oscillation",
-        "stale_replay", "throughput_regression", "learning_verdict"]
+        "truncation", "sampler_mismatch", "nonfinite_gradients", "grad_clip_saturation",
+        "oscillation", "stale_replay", "throughput_regression", "learning_verdict"]
 
 
 @pytest.mark.parametrize("rule_id", list(RULES))
@@ -914,11 +915,11 @@ def test_every_rule_survives_constant_and_short_series(rule_id):
         for f in out:
             json.dumps(f.as_dict(), allow_nan=False)
         # a constant series has no trend; only level rules may fire on its values (a clip
-        # ratio of 0.5 is truncation, a first-pass ratio of 0.5 a mismatch), and the verdict
-        # on a flat evaluation is "not improving"
+        # ratio of 0.5 is truncation, a first-pass ratio of 0.5 a mismatch, any skipped step
+        # a non-finite gradient), and the verdict on a flat evaluation is "not improving"
         if rule_id == "learning_verdict":
             assert [f.evidence["verdict"] for f in out] == ["not improving beyond noise"]
-        elif rule_id in ("truncation", "sampler_mismatch"):
+        elif rule_id in ("truncation", "sampler_mismatch", "nonfinite_gradients"):
             assert [f.id for f in out] == [rule_id]
         else:
             assert out == [], (rule_id, n, out)
@@ -960,3 +961,14 @@ def test_kl_runaway_fires_on_accelerating_growth_below_the_ceiling():
     f = fired(RULES["kl_runaway"](table({"policy/kl_ref_k1": kl}), DEFAULT), "kl_runaway")
     assert f.evidence["slope_late"] > 3 * f.evidence["slope_early"]
     assert f.evidence["trend"]["last_mean"] < 0.5
+
+
+def test_nonfinite_gradients_fires_on_skipped_steps_and_not_otherwise():
+    n = np.zeros(len(STEPS))
+    n[[7, 9]] = [1, 2]
+    f = fired(RULES["nonfinite_gradients"](table({"optim/nonfinite_steps": n}), DEFAULT),
+              "nonfinite_gradients")
+    assert f.evidence["skipped_optimizer_steps"] == 3
+    assert f.evidence["training_steps_affected"] == 2
+    assert f.evidence["first_step"] == float(STEPS[7]) == f.step
+    quiet(RULES["nonfinite_gradients"](table({"optim/nonfinite_steps": 0.0}), DEFAULT))

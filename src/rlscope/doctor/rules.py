@@ -447,6 +447,32 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
         0.8 if "sampling" in cause else 0.6)]
 
 
+def nonfinite_gradients(t: MetricTable, c: DoctorConfig) -> RuleOut:
+    """Optimizer steps whose gradient norm was NaN or infinite (``optim/nonfinite_steps``,
+    which our eager learner skips instead of applying)."""
+    if not t.has("optim/nonfinite_steps"):
+        return Unavailable(("optim/nonfinite_steps",))
+    steps, n = t.series("optim/nonfinite_steps")
+    bad = n > 0
+    if not bad.any():
+        return []
+    first = float(steps[bad][0])
+    return [Finding(
+        "nonfinite_gradients", "warning",
+        f"{int(n.sum())} optimizer steps had a NaN or infinite gradient (skipped), the first at "
+        f"step {first:g}",
+        {"metric": "optim/nonfinite_steps", "skipped_optimizer_steps": int(n.sum()),
+         "training_steps_affected": int(bad.sum()), "first_step": first,
+         "affected_steps": [float(x) for x in steps[bad][:10]]},
+        "A backward pass produced NaN or inf. Applied, it would have made every weight NaN; "
+        "skipping keeps the run alive but drops that minibatch's update. Fused attention's "
+        "backward on fully padded query rows (left padding) is a known source; overflow in the "
+        "loss or the reward is another.",
+        ("use --attn_implementation eager (measured: no non-finite step where sdpa had 8 in "
+         "100 on the same run)", "check rewards and advantages for inf",
+         "lower the learning rate"), 0.8, step=first)]
+
+
 def grad_clip_saturation(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """The gradient clip active on more than clip_saturation of steps (optim/clip_active, or
     the pre-clip norm against the recorded clip threshold)."""
@@ -607,6 +633,7 @@ RULES: dict[str, Callable[[MetricTable, DoctorConfig], RuleOut]] = {
     "length_hacking": length_hacking,
     "truncation": truncation,
     "sampler_mismatch": sampler_mismatch,
+    "nonfinite_gradients": nonfinite_gradients,
     "grad_clip_saturation": grad_clip_saturation,
     "oscillation": oscillation,
     "stale_replay": stale_replay,
