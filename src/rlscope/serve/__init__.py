@@ -1,0 +1,15 @@
+"""`rlscope serve`: a local server that speaks the Tinker wire protocol (SDK 0.38.0).
+
+The official ``tinker`` SDK and unmodified ``tinker-cookbook`` recipes drive rlscope policies
+through it (docs/tinker.md). Modules:
+
+- `config`: `ServeConfig`, the command's options;
+- `wire`: protobuf and JSON conversions, built on the SDK's own ``tinker_public_pb2``;
+- `losses`: Tinker's loss functions (summed, never normalised) as pure functions;
+- `futures`: the request registry, ``seq_id`` ordering with retry deduplication, long polls;
+- `engine`: models, LoRA, AdamW, sampler snapshots, batched sampling, checkpoints, run dirs;
+- `app`: the FastAPI application; `command`: the ``rlscope serve`` entry point.
+
+Nothing here is imported by the rest of the package, so ``fastapi``, ``uvicorn`` and ``tinker``
+stay optional (the ``serve`` extra).
+"""
