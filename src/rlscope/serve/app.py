@@ -243,7 +243,10 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
 
     @app.post("/api/v1/client/config")
     async def client_config() -> dict[str, Any]:
-        return {"pjwt_auth_enabled": False, "use_pyqwest_transport": False}
+        out: dict[str, Any] = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False}
+        if cfg.fwdbwd_max_chunk_len:
+            out["fwdbwd_max_chunk_len"] = cfg.fwdbwd_max_chunk_len
+        return out
 
     @app.post("/api/v1/client/dynamic_config")
     async def dynamic_config() -> dict[str, Any]:

@@ -63,6 +63,9 @@ class ServeConfig:
     seq_gap_timeout_s: float = 60.0
     """A training request waits at most this long for a missing earlier seq_id of its model
     before the gap is skipped (with a warning)."""
+    fwdbwd_max_chunk_len: int = 0
+    """Datums per forward_backward chunk the SDK is told to send (0 = the SDK's default, 1024);
+    chunks are posted concurrently, first chunk last, and reassembled here by seq_id."""
     log_level: str = "info"
     """Server log level: debug, info, warning or error."""
 
@@ -82,6 +85,8 @@ class ServeConfig:
                           "each poll 45 s")
         if self.max_sample_rows < 1 or self.max_tokens_per_microbatch < 1:
             errors.append("max_sample_rows and max_tokens_per_microbatch must be >= 1")
+        if self.fwdbwd_max_chunk_len < 0:
+            errors.append("fwdbwd_max_chunk_len must be >= 0 (0 = the SDK default)")
         if self.tiny_d_model % self.tiny_heads:
             errors.append("tiny_d_model must be divisible by tiny_heads")
         if self.log_level not in ("debug", "info", "warning", "error"):
