@@ -17,9 +17,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("tinker_cookbook")
 pytest.importorskip("math_verify")  # math_rl imports its grader even for arithmetic
 
-from serve_util import Server, running_server  # noqa: E402
+from serve_util import Server, running_server
 
-from rlscope.cli import main as rlscope_main  # noqa: E402
+from rlscope.cli import main as rlscope_main
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,7 +71,7 @@ def test_sdk_probe(server: Server, service: Any) -> None:
     tc = service.create_lora_training_client(base_model=str(server.tokenizer_dir),
                                              rank=8).result()
     info = tc.get_info()
-    session, kind, seq = info.model_id.split(":")
+    _session, kind, seq = info.model_id.split(":")
     assert kind == "train" and seq.isdigit()
     assert info.model_data.model_name == str(server.tokenizer_dir)
     assert info.is_lora and info.lora_rank == 8

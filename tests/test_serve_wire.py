@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("tinker")
 
-from tinker import types  # noqa: E402
-from tinker.proto import request_conv, response_conv  # noqa: E402
+from tinker import types
+from tinker.proto import request_conv, response_conv
 
-from rlscope.serve.wire import (  # noqa: E402
+from rlscope.serve.wire import (
     SampledSequenceOut,
     WireError,
     decode_forward_backward,

@@ -26,7 +26,7 @@ commands:
   tasks     list the tasks and their options
   doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
   report    a self-contained HTML report and figures for a run or sweep (`rlscope report --help`)
-  serve     a local Tinker-compatible server for the tinker SDK and cookbook (`rlscope serve --help`)
+  serve     a local Tinker-compatible server for the tinker SDK (`rlscope serve --help`)
 """
 
 

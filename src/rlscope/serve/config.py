@@ -41,7 +41,7 @@ class ServeConfig:
     seed: int = 0
     """Seed of the tiny models' initial weights (the same seed gives the same base model, so
     checkpoints stay loadable across restarts) and of unseeded sampling."""
-    lora_alpha: float = 32.0
+    lora_alpha: int = 32
     """LoRA scaling α for every adapter (the update is (α / r)·B·A)."""
     tiny_d_model: int = 64
     """Hidden width of the tiny models."""

@@ -374,7 +374,7 @@ class Engine:
         tokens_BT, targets_BT, mask_BT = tokens_BT.to(dev), targets_BT.to(dev), mask_BT.to(dev)
         valid_BT = mask_BT.bool()
         padded = not bool(valid_BT.all())
-        inputs_N = {name: torch.from_numpy(np.concatenate(
+        inputs_N: dict[str, torch.Tensor] = {name: torch.from_numpy(np.concatenate(
             [d.inputs[name].astype(np.float32) for d in data])).to(dev)
             for name in ("weights", "logprobs", "advantages") if name in data[0].inputs}
         with torch.set_grad_enabled(not req.forward_only):

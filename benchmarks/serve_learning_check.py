@@ -1,0 +1,154 @@
+"""Learning check for `rlscope serve`: does the unmodified cookbook RL recipe learn through it?
+
+1. Start ``rlscope serve`` in this process (tiny Llama, byte-level tokenizer) on a free port.
+2. Warm start through the tinker SDK: a short supervised run (``cross_entropy``) on arithmetic
+   conversations rendered by the cookbook's ``role_colon`` renderer, then ``save_state``.
+3. Run the unmodified ``tinker_cookbook.recipes.math_rl.train`` (env=arithmetic) from that
+   state (``load_checkpoint_path``) for a few dozen steps.
+4. Compare the mean reward of the first and last steps of the RL run (exit 1 unless it rose).
+
+    python benchmarks/serve_learning_check.py            # docs/tinker.md records a run
+
+Needs the serve extra, tinker-cookbook and its math_rl imports (docs/tinker.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tyro
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """Sizes of the learning check."""
+
+    sft_steps: int = 150
+    """Supervised warm-start steps (batch ``sft_batch``)."""
+    sft_batch: int = 32
+    """Conversations per supervised step."""
+    sft_lr: float = 3e-3
+    """AdamW learning rate of the warm start."""
+    rl_steps: int = 30
+    """math_rl steps (each ``groups_per_batch`` × ``group_size`` rollouts)."""
+    groups_per_batch: int = 16
+    """Problems per RL step."""
+    group_size: int = 8
+    """Rollouts per problem."""
+    rl_lr: float = 3e-4
+    """math_rl learning rate."""
+    lora_rank: int = 0
+    """LoRA rank (0 = train every weight of the tiny model)."""
+    d_model: int = 128
+    """Width of the tiny model."""
+    layers: int = 2
+    """Blocks of the tiny model."""
+    window: int = 5
+    """Steps averaged at each end of the RL run."""
+    out: str = ""
+    """Directory for the server root and the recipe's log (default: a temp dir)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def warm_start(base_url: str, tok_dir: Path, cfg: CheckConfig) -> tuple[str, float]:
+    """Supervised warm start through the SDK; returns the state path and the seconds taken."""
+    import tinker
+    from tinker_cookbook import renderers
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticEnv
+    from tinker_cookbook.supervised.data import conversation_to_datum
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    t0 = time.perf_counter()
+    renderer = renderers.get_renderer("role_colon", get_tokenizer(str(tok_dir)))
+    service = tinker.ServiceClient(base_url=base_url, api_key="tml-local")
+    tc = service.create_lora_training_client(base_model=str(tok_dir),
+                                             rank=cfg.lora_rank).result()
+    rng = np.random.default_rng(0)
+    prefix = ArithmeticEnv.standard_fewshot_prefix()
+    for step in range(cfg.sft_steps):
+        data = []
+        for _ in range(cfg.sft_batch):
+            x, y = (int(v) for v in rng.integers(0, 101, size=2))
+            convo = [*prefix, {"role": "user", "content": f"What is {x} + {y}?"},
+                     {"role": "assistant", "content": str(x + y)}]
+            data.append(conversation_to_datum(
+                convo, renderer, None, renderers.TrainOnWhat.LAST_ASSISTANT_MESSAGE))
+        fb = tc.forward_backward(data, "cross_entropy")
+        opt = tc.optim_step(tinker.AdamParams(learning_rate=cfg.sft_lr))
+        loss = fb.result().metrics["loss:sum"] / cfg.sft_batch
+        opt.result()
+        if step % 25 == 0 or step == cfg.sft_steps - 1:
+            sys.stderr.write(f"sft step {step}: loss/conversation {loss:.3f}\n")
+    path = tc.save_state("warm_start").result().path
+    return path, time.perf_counter() - t0
+
+
+def main(cfg: CheckConfig) -> int:
+    import uvicorn
+
+    from rlscope.serve.app import create_app
+    from rlscope.serve.config import ServeConfig
+
+    out = Path(cfg.out or tempfile.mkdtemp(prefix="serve_learning_"))
+    tok_dir = out / "models" / "tiny-tok"
+    port = _free_port()
+    serve_cfg = ServeConfig(port=port, root=str(out / "serve_runs"), write_tokenizer=str(tok_dir),
+                            tiny_d_model=cfg.d_model, tiny_layers=cfg.layers, device="cpu",
+                            log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(create_app(serve_cfg), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    base_url = f"http://127.0.0.1:{port}"
+    state, sft_s = warm_start(base_url, tok_dir, cfg)
+    log_path = out / "math_rl"
+    env = {**os.environ, "TINKER_API_KEY": "tml-local", "TINKER_TELEMETRY": "0"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"base_url={base_url}",
+         f"model_name={tok_dir}", "renderer_name=role_colon", "env=arithmetic",
+         f"group_size={cfg.group_size}", f"groups_per_batch={cfg.groups_per_batch}",
+         "max_tokens=8", f"lora_rank={cfg.lora_rank}", f"learning_rate={cfg.rl_lr}",
+         f"max_steps={cfg.rl_steps}", "save_every=0", "eval_every=0",
+         f"load_checkpoint_path={state}", f"log_path={log_path}",
+         "behavior_if_log_dir_exists=delete"],
+        env=env, capture_output=True, text=True)
+    rl_s = time.perf_counter() - t0
+    server.should_exit = True
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        return 2
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    reward = [float(r["env/all/reward/total"]) for r in rows]
+    correct = [float(r["env/all/correct"]) for r in rows]
+    w = cfg.window
+    summary = {
+        "sft_seconds": round(sft_s, 1), "rl_seconds": round(rl_s, 1), "rl_steps": len(rows),
+        "reward_first": round(float(np.mean(reward[:w])), 4),
+        "reward_last": round(float(np.mean(reward[-w:])), 4),
+        "correct_first": round(float(np.mean(correct[:w])), 4),
+        "correct_last": round(float(np.mean(correct[-w:])), 4),
+        "reward_by_step": [round(r, 3) for r in reward], "log_path": str(log_path),
+    }
+    sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    return 0 if summary["reward_last"] > summary["reward_first"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(tyro.cli(CheckConfig)))
