@@ -33,7 +33,7 @@ import tyro
 class CheckConfig:
     """Sizes of the learning check."""
 
-    sft_steps: int = 150
+    sft_steps: int = 400
     """Supervised warm-start steps (batch ``sft_batch``)."""
     sft_batch: int = 32
     """Conversations per supervised step."""
@@ -41,7 +41,7 @@ class CheckConfig:
     """AdamW learning rate of the warm start."""
     rl_steps: int = 30
     """math_rl steps (each ``groups_per_batch`` × ``group_size`` rollouts)."""
-    groups_per_batch: int = 16
+    groups_per_batch: int = 8
     """Problems per RL step."""
     group_size: int = 8
     """Rollouts per problem."""
@@ -53,6 +53,8 @@ class CheckConfig:
     """Width of the tiny model."""
     layers: int = 2
     """Blocks of the tiny model."""
+    max_tokens: int = 16
+    """Sampled tokens per answer (byte-level: the stop string "\\n\\nUser:" alone is 7)."""
     window: int = 5
     """Steps averaged at each end of the RL run."""
     out: str = ""
@@ -124,7 +126,7 @@ def main(cfg: CheckConfig) -> int:
         [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"base_url={base_url}",
          f"model_name={tok_dir}", "renderer_name=role_colon", "env=arithmetic",
          f"group_size={cfg.group_size}", f"groups_per_batch={cfg.groups_per_batch}",
-         "max_tokens=8", f"lora_rank={cfg.lora_rank}", f"learning_rate={cfg.rl_lr}",
+         f"max_tokens={cfg.max_tokens}", f"lora_rank={cfg.lora_rank}", f"learning_rate={cfg.rl_lr}",
          f"max_steps={cfg.rl_steps}", "save_every=0", "eval_every=0",
          f"load_checkpoint_path={state}", f"log_path={log_path}",
          "behavior_if_log_dir_exists=delete"],

@@ -7,7 +7,11 @@ through it (docs/tinker.md). Modules:
 - `wire`: protobuf and JSON conversions, built on the SDK's own ``tinker_public_pb2``;
 - `losses`: Tinker's loss functions (summed, never normalised) as pure functions;
 - `futures`: the request registry, ``seq_id`` ordering with retry deduplication, long polls;
-- `engine`: models, LoRA, AdamW, sampler snapshots, batched sampling, checkpoints, run dirs;
+- `state`: training clients, sampler snapshots, model building (LoRA via PEFT), step metrics;
+- `sampling`: batched sampling with token and string stops, prompt log-probs;
+- `checkpoints`: ``tinker://`` paths, checkpoint directories, training-run records;
+- `engine`: every model operation; `worker`: the thread that runs them, batching samples;
+- `tokenizer_dir`: the tiny models' byte-level tokenizer as a Hugging Face directory;
 - `app`: the FastAPI application; `command`: the ``rlscope serve`` entry point.
 
 Nothing here is imported by the rest of the package, so ``fastapi``, ``uvicorn`` and ``tinker``

@@ -13,136 +13,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import threading
-import traceback
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from rlscope.serve import checkpoints
 from rlscope.serve.config import ServeConfig
-from rlscope.serve.engine import Engine, UserError, Weights, parse_sample_request
+from rlscope.serve.engine import Engine
 from rlscope.serve.futures import FutureStore, Result, SeqConflictError, SeqOrderer, body_digest
+from rlscope.serve.sampling import parse_sample_request
+from rlscope.serve.state import UserError
 from rlscope.serve.wire import (
-    SampledSequenceOut,
     WireError,
     decode_forward_backward,
-    encode_sample_response,
     tokens_from_model_input,
 )
+from rlscope.serve.worker import Job, SampleJob, Worker
 
 log = logging.getLogger("rlscope.serve")
 
 TESTED_SDK = "0.38.0"
 PROTO = "application/x-protobuf"
-
-
-@dataclass(frozen=True)
-class _Job:
-    request_id: str
-    run: Callable[[], Result]
-
-
-@dataclass(frozen=True)
-class _SampleJob:
-    request_id: str
-    weights: Weights
-    request: dict[str, Any]
-
-    def key(self) -> tuple[int, float, int, float]:
-        r = self.request
-        return (id(self.weights), r["temperature"], r["top_k"], r["top_p"])
-
-
-class Worker:
-    """The one thread that runs model work. Sample jobs waiting together are merged into
-    batches (same weights and sampling parameters) and run ahead of queued training jobs,
-    which keep their order."""
-
-    def __init__(self, engine: Engine, store: FutureStore) -> None:
-        self.engine = engine
-        self.store = store
-        self.queue: queue.Queue[_Job | _SampleJob | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="rlscope-serve-worker",
-                                        daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.queue.put(None)
-        self._thread.join(timeout=30)
-
-    def put(self, job: _Job | _SampleJob) -> None:
-        self.queue.put(job)
-
-    def _loop(self) -> None:
-        backlog: deque[_Job | _SampleJob | None] = deque()
-        while True:
-            job = backlog.popleft() if backlog else self.queue.get()
-            if job is None:
-                return
-            if isinstance(job, _Job):
-                self._run(job)
-                continue
-            samples = [job]
-            while True:
-                try:
-                    nxt = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(nxt, _SampleJob):
-                    samples.append(nxt)
-                else:
-                    backlog.append(nxt)
-            self._run_samples(samples)
-
-    def _run(self, job: _Job) -> None:
-        try:
-            with self.engine.lock:
-                result = job.run()
-        except UserError as e:
-            result = Result.failed(str(e), "user")
-        except Exception as e:
-            log.error("request %s failed:\n%s", job.request_id, traceback.format_exc())
-            result = Result.failed(f"{type(e).__name__}: {e}", "server")
-        self.store.set_result(job.request_id, result)
-
-    def _run_samples(self, jobs: list[_SampleJob]) -> None:
-        groups: dict[tuple[int, float, int, float], list[_SampleJob]] = {}
-        for job in jobs:
-            groups.setdefault(job.key(), []).append(job)
-        limit = self.engine.cfg.max_sample_rows
-        for group in groups.values():
-            batch: list[_SampleJob] = []
-            rows = 0
-            for job in group:
-                if batch and rows + job.request["num_samples"] > limit:
-                    self._sample_batch(batch)
-                    batch, rows = [], 0
-                batch.append(job)
-                rows += job.request["num_samples"]
-            self._sample_batch(batch)
-
-    def _sample_batch(self, jobs: list[_SampleJob]) -> None:
-        try:
-            with self.engine.lock:
-                outs = self.engine.sample_batch(jobs[0].weights, [j.request for j in jobs])
-        except Exception as e:
-            log.error("sampling failed:\n%s", traceback.format_exc())
-            for job in jobs:
-                self.store.set_result(job.request_id,
-                                      Result.failed(f"{type(e).__name__}: {e}", "server"))
-            return
-        for job, (rows, prompt_lps) in zip(jobs, outs, strict=True):
-            seqs = [SampledSequenceOut(r.tokens, r.logprobs, r.stop_reason) for r in rows]
-            self.store.set_result(job.request_id,
-                                  Result(proto=encode_sample_response(seqs, prompt_lps)))
 
 
 def _future(request_id: str, model_id: str | None = None,
@@ -198,7 +93,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
             out = run()
             return Result(proto=out) if isinstance(out, bytes) else Result(json=out)
 
-        worker.put(_Job(request_id, wrapped))
+        worker.put(Job(request_id, wrapped))
         return request_id
 
     def submit_ordered(kind: str, model_id: str, seq_id: int, body: bytes,
@@ -220,7 +115,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
 
         try:
             answer = orderer.submit(model_id, seq_id, digest, request_id,
-                                    lambda: worker.put(_Job(request_id, wrapped)))
+                                    lambda: worker.put(Job(request_id, wrapped)))
         except SeqConflictError as e:
             store.set_result(request_id, Result.failed(str(e), "user"))
             answer = request_id
@@ -428,7 +323,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
             if sampler_id is not None:
                 weights = engine.sampler(str(sampler_id))
             elif body.get("model_path"):
-                weights = await asyncio.to_thread(engine._weights_for_path,
+                weights = await asyncio.to_thread(engine.weights_for_path,
                                                   str(body["model_path"]))
             else:
                 raise UserError("asample needs a sampling_session_id")
@@ -441,7 +336,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
             out["sample_sequence_ids"] = [f"{out['request_id']}:{i}" for i in range(num)]
             return out
         request_id = store.create("Sample")
-        worker.put(_SampleJob(request_id, weights, parsed))
+        worker.put(SampleJob(request_id, weights, parsed))
         return _future(request_id, sample_sequence_ids=[f"{request_id}:{i}"
                                                         for i in range(num)])
 
@@ -449,13 +344,13 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
 
     @app.get("/api/v1/training_runs")
     async def training_runs() -> dict[str, Any]:
-        runs = engine.training_runs()
+        runs = checkpoints.list_runs(engine.root)
         return {"training_runs": runs,
                 "cursor": {"offset": 0, "limit": len(runs), "total_count": len(runs)}}
 
     @app.get("/api/v1/training_runs/{run_id}/checkpoints")
-    async def checkpoints(run_id: str) -> dict[str, Any]:
-        ckpts = engine.checkpoints(run_id)
+    async def run_checkpoints(run_id: str) -> dict[str, Any]:
+        ckpts = checkpoints.list_checkpoints(engine.root, run_id)
         return {"checkpoints": ckpts,
                 "cursor": {"offset": 0, "limit": len(ckpts), "total_count": len(ckpts)}}
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from rlscope.policy.base import Policy
 from rlscope.sampling.processors import gumbel_offsets
 from rlscope.sampling.sampler import SamplingConfig, draw
+from rlscope.serve.state import UserError
 from rlscope.serve.tokenizer_dir import TextCodec
 
 
@@ -133,3 +135,67 @@ def prompt_logprobs(policy: Policy, prompt: list[int], last_n: int | None = None
         start = max(0, len(prompt) - last_n)
         values = [math.nan if i < start else v for i, v in enumerate(values)]
     return values
+
+
+def parse_sample_request(body: dict[str, Any], codec_eos: int | None, vocab: int,
+                         max_len: int | None, prompt: list[int]) -> dict[str, Any]:
+    """Validate an ``asample`` body into the dict `Engine.sample_batch` reads; raises
+    UserError on bad or unsupported input."""
+    params = body.get("sampling_params") or {}
+    num_samples = int(body.get("num_samples", 1))
+    if num_samples < 1:
+        raise UserError(f"num_samples must be >= 1, got {num_samples}")
+    if not prompt:
+        raise UserError("the prompt is empty")
+    if min(prompt) < 0 or max(prompt) >= vocab:
+        raise UserError(f"prompt token ids must lie in 0..{vocab - 1}")
+    max_tokens = params.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = (max_len or 2048) - len(prompt)
+    max_tokens = int(max_tokens)
+    if max_tokens < 0:
+        raise UserError(f"max_tokens must be >= 0, got {max_tokens}")
+    if max_len is not None and len(prompt) + max_tokens > max_len:
+        raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
+                        f"the model's {max_len} positions")
+    stop = params.get("stop")
+    stop_ids: set[int] = set()
+    stop_strings: list[str] = []
+    if stop is None:
+        if codec_eos is not None:
+            stop_ids.add(int(codec_eos))
+    elif isinstance(stop, str):
+        stop_strings.append(stop)
+    elif isinstance(stop, list):
+        for s in stop:
+            if isinstance(s, bool) or not isinstance(s, (int, str)):
+                raise UserError(f"stop entries must be token ids or strings, got {s!r}")
+            if isinstance(s, str):
+                if not s:
+                    raise UserError("an empty stop string would stop at once")
+                stop_strings.append(s)
+            else:
+                stop_ids.add(int(s))
+    else:
+        raise UserError(f"stop must be null, a string or a list, got {stop!r}")
+    temperature = float(params.get("temperature", 1.0))
+    top_k = int(params.get("top_k", -1))
+    top_p = float(params.get("top_p", 1.0))
+    if temperature < 0 or not 0 < top_p <= 1 or top_k == 0 or top_k < -1:
+        raise UserError(f"invalid sampling params: temperature={temperature} (>= 0), "
+                        f"top_k={top_k} (-1 = off, or >= 1), top_p={top_p} (in (0, 1])")
+    for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        if int(body.get(key) or 0) > 0:
+            raise UserError(f"{key} > 0 is not supported by rlscope serve")
+    if body.get("target_prompt_logprobs") is not None:
+        raise UserError("target_prompt_logprobs is not supported by rlscope serve")
+    seed = params.get("seed")
+    last_n = body.get("prompt_logprobs_last_n")
+    return {
+        "prompt": prompt, "num_samples": num_samples, "max_tokens": max_tokens,
+        "stop_ids": frozenset(stop_ids), "stop_strings": tuple(stop_strings),
+        "temperature": temperature, "top_k": 0 if top_k == -1 else top_k, "top_p": top_p,
+        "seed": None if seed is None else int(seed),
+        "prompt_logprobs": bool(body.get("prompt_logprobs", False)),
+        "prompt_logprobs_last_n": None if last_n is None else int(last_n),
+    }
