@@ -186,6 +186,22 @@ def test_sampler_forward_and_compute_logprobs_agree_at_temperature_one(
         np.testing.assert_allclose(np.array(computed[1:], dtype=np.float32), lp, atol=1e-4)
 
 
+def test_concurrent_sample_requests_share_a_decode_batch(server: Server,
+                                                         service: Any) -> None:
+    tc = service.create_lora_training_client(base_model=str(server.tokenizer_dir),
+                                             rank=4).result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints(_ids(tc.get_tokenizer(), PROMPT))
+    params = types.SamplingParams(max_tokens=64, stop=[], seed=3)
+    alone = sampler.sample(prompt, num_samples=1, sampling_params=params).result()
+    futures = [sampler.sample(prompt, num_samples=1, sampling_params=params)
+               for _ in range(12)]
+    results = [f.result() for f in futures]
+    assert server.app.state.worker.largest_batch > 1
+    # a seeded row gets the same tokens whatever batch it shares
+    assert all(r.sequences[0].tokens == alone.sequences[0].tokens for r in results)
+
+
 def test_forward_touches_no_gradients_and_lr_zero_changes_nothing(
         server: Server, service: Any) -> None:
     tc = service.create_lora_training_client(base_model=str(server.tokenizer_dir),

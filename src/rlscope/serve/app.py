@@ -79,6 +79,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
     app = FastAPI(title="rlscope serve (Tinker protocol)", lifespan=lifespan)
     app.state.engine = engine
     app.state.store = store
+    app.state.worker = worker
 
     def fail_now(kind: str, error: str, category: str = "user",
                  model_id: str | None = None) -> dict[str, Any]:

@@ -52,6 +52,8 @@ class Worker:
         self.engine = engine
         self.store = store
         self.queue: queue.Queue[Job | SampleJob | None] = queue.Queue()
+        self.largest_batch = 0
+        """Most sample requests merged into one decode batch so far (observability, tests)."""
         self._thread = threading.Thread(target=self._loop, name="rlscope-serve-worker",
                                         daemon=True)
 
@@ -114,6 +116,7 @@ class Worker:
             self._sample_batch(batch)
 
     def _sample_batch(self, jobs: list[SampleJob]) -> None:
+        self.largest_batch = max(self.largest_batch, len(jobs))
         try:
             with self.engine.lock:
                 outs = self.engine.sample_batch(jobs[0].weights, [j.request for j in jobs])
