@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -234,6 +235,28 @@ def test_chunked_forward_backward_equals_the_sum_of_its_datums(
         sum(s.metrics["loss:sum"] for s in singles), rel=1e-5)
     for got, single in zip(_logprobs(whole), singles, strict=True):
         np.testing.assert_allclose(got, _logprobs(single)[0], atol=1e-5)
+
+
+def test_a_local_hugging_face_model_directory_serves_as_base_model(
+        server: Server, service: Any, tmp_path: Path) -> None:
+    from rlscope.policy.hf import tiny_hf_model
+    from rlscope.serve.tokenizer_dir import VOCAB_SIZE, write_tokenizer_dir
+
+    model_dir = tmp_path / "models" / "hf-qwen2"
+    tiny_hf_model("qwen2", VOCAB_SIZE, seed=7, hidden_size=32, num_heads=2,
+                  max_len=256).save_pretrained(str(model_dir))
+    write_tokenizer_dir(model_dir)  # its tokenizer; config.json makes it a HF model dir
+    tc = service.create_lora_training_client(base_model=str(model_dir), rank=2).result()
+    assert tc.get_info().model_data.arch == "PeftModel"
+    tok = tc.get_tokenizer()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = _ids(tok, PROMPT)
+    seq = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=1,
+                         sampling_params=types.SamplingParams(max_tokens=5, stop=[],
+                                                              seed=1)).result().sequences[0]
+    lp = _logprobs(tc.forward([_ce_datum(prompt + seq.tokens, len(prompt))],
+                              "cross_entropy").result())[0]
+    np.testing.assert_allclose(lp[-5:], seq.logprobs, atol=1e-4)
 
 
 def test_errors_are_request_failed_with_category_user(server: Server, service: Any) -> None:

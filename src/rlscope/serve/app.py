@@ -169,6 +169,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
     @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish(session_id: str) -> Response:
         log.info("session %s finished", session_id)
+        await asyncio.to_thread(engine.finish_session, session_id)
         return Response(status_code=200)
 
     @app.get("/api/v1/healthz")

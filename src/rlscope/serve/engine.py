@@ -79,11 +79,11 @@ class Engine:
         """The spec of a base-model name; raises UserError for an unknown one."""
         if base_model in self.aliases:
             return self.aliases[base_model]
+        if Path(base_model, "config.json").is_file():
+            return base_model
         spec = marker_spec(base_model)
         if spec is not None:
             return spec
-        if Path(base_model, "config.json").is_file():
-            return base_model
         raise UserError(f"unknown base_model {base_model!r}; this server knows "
                         f"{sorted(self.aliases)} (add NAME=SPEC to --models), directories "
                         "written by --write_tokenizer, and local Hugging Face model dirs")
@@ -423,6 +423,14 @@ class Engine:
         if model is not None:
             checkpoints.write_run(model)
         return checkpoints.read_run(self.root, run_id)
+
+    def finish_session(self, session_id: str) -> None:
+        """Mark the run directories of a finished session's training clients."""
+        with self.lock:
+            models = [m for m in self.models.values()
+                      if m.model_id.startswith(f"{session_id}:train:")]
+        for model in models:
+            self._write_status(model, "finished")
 
     def close(self) -> None:
         """Flush every run directory (status ``finished``)."""
