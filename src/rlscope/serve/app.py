@@ -50,6 +50,16 @@ def _future(request_id: str, model_id: str | None = None,
     return out
 
 
+def _as_result(run: Callable[[], dict[str, Any] | bytes]) -> Callable[[], Result]:
+    """``run`` with its output wrapped as a `Result` (bytes are protobuf, dicts JSON)."""
+
+    def wrapped() -> Result:
+        out = run()
+        return Result(proto=out) if isinstance(out, bytes) else Result(json=out)
+
+    return wrapped
+
+
 def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
     """The application for ``cfg`` (its engine is built here unless given)."""
     engine = engine if engine is not None else Engine(cfg)
@@ -89,12 +99,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
 
     def submit(kind: str, run: Callable[[], dict[str, Any] | bytes]) -> str:
         request_id = store.create(kind)
-
-        def wrapped() -> Result:
-            out = run()
-            return Result(proto=out) if isinstance(out, bytes) else Result(json=out)
-
-        worker.put(Job(request_id, wrapped))
+        worker.put(Job(request_id, _as_result(run)))
         return request_id
 
     def submit_ordered(kind: str, model_id: str, seq_id: int, body: bytes,
@@ -109,14 +114,10 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
         if existing is not None:
             return _future(existing, model_id)
         request_id = store.create(kind)
-
-        def wrapped() -> Result:
-            out = run()
-            return Result(proto=out) if isinstance(out, bytes) else Result(json=out)
-
+        job = Job(request_id, _as_result(run))
         try:
             answer = orderer.submit(model_id, seq_id, digest, request_id,
-                                    lambda: worker.put(Job(request_id, wrapped)))
+                                    lambda: worker.put(job))
         except SeqConflictError as e:
             store.set_result(request_id, Result.failed(str(e), "user"))
             answer = request_id

@@ -28,17 +28,22 @@ log = logging.getLogger("rlscope.serve")
 
 @dataclass(frozen=True)
 class Job:
+    """A training (or other non-sample) request: ``run`` computes its result."""
+
     request_id: str
     run: Callable[[], Result]
 
 
 @dataclass(frozen=True)
 class SampleJob:
+    """A validated ``asample`` request on ``weights`` (merged with others into batches)."""
+
     request_id: str
     weights: Weights
     request: dict[str, Any]
 
     def key(self) -> tuple[int, float, int, float]:
+        """Requests with the same key can share a decode batch."""
         r = self.request
         return (id(self.weights), r["temperature"], r["top_k"], r["top_p"])
 
