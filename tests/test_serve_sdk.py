@@ -195,9 +195,14 @@ def test_concurrent_sample_requests_share_a_decode_batch(server: Server,
     prompt = types.ModelInput.from_ints(_ids(tc.get_tokenizer(), PROMPT))
     params = types.SamplingParams(max_tokens=64, stop=[], seed=3)
     alone = sampler.sample(prompt, num_samples=1, sampling_params=params).result()
+    # keep the worker busy with a long decode so the next requests queue up together
+    busy = sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(
+        max_tokens=1500, stop=[], seed=4))
+    time.sleep(0.3)
     futures = [sampler.sample(prompt, num_samples=1, sampling_params=params)
                for _ in range(12)]
     results = [f.result() for f in futures]
+    assert len(busy.result().sequences[0].tokens) == 1500
     assert server.app.state.worker.largest_batch > 1
     # a seeded row gets the same tokens whatever batch it shares
     assert all(r.sequences[0].tokens == alone.sequences[0].tokens for r in results)

@@ -13,8 +13,10 @@
   never changes.
 - **Checkpoints.** `rlscope.serve.checkpoints`.
 
-Mutating calls run on the app's single worker thread in the order it dispatches them; the
-lookups the app answers directly take ``lock``.
+Model work (training, sampling, checkpoints) runs only on the app's single worker thread, in
+the order it dispatches it. ``lock`` guards the registries (models, samplers) and is only ever
+held briefly: the app's event loop takes it in request handlers, so it must never be held
+across model work.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Engine:
         self.device = torch.device(auto if cfg.device == "auto" else cfg.device)
         self.aliases: dict[str, str] = dict(e.split("=", 1) for e in cfg.models)
         self.lock = threading.RLock()
+        self._build_lock = threading.Lock()
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Weights] = {}
         self.named_samplers: dict[str, Weights] = {}
@@ -305,7 +308,7 @@ class Engine:
             prefix = checkpoints.parse_tinker_path(model_path)[0]
         elif base_model:
             spec = self.resolve(base_model)
-            with self.lock:
+            with self._build_lock:  # not ``lock``: building a model takes a while
                 if spec not in self.base_policies:
                     policy, codec = build_policy(self.cfg, self.device, spec, None)
                     self.base_policies[spec] = (policy.requires_grad_(False), codec)

@@ -95,8 +95,7 @@ class Worker:
 
     def _run(self, job: Job) -> None:
         try:
-            with self.engine.lock:
-                result = job.run()
+            result = job.run()
         except UserError as e:
             result = Result.failed(str(e), "user")
         except Exception as e:
@@ -123,8 +122,7 @@ class Worker:
     def _sample_batch(self, jobs: list[SampleJob]) -> None:
         self.largest_batch = max(self.largest_batch, len(jobs))
         try:
-            with self.engine.lock:
-                outs = self.engine.sample_batch(jobs[0].weights, [j.request for j in jobs])
+            outs = self.engine.sample_batch(jobs[0].weights, [j.request for j in jobs])
         except Exception as e:
             log.error("sampling failed:\n%s", traceback.format_exc())
             for job in jobs:
