@@ -73,10 +73,6 @@ class FutureStore:
         with self._lock:
             return request_id in self._entries
 
-    def kind(self, request_id: str) -> str:
-        with self._lock:
-            return self._entries[request_id].kind
-
     def set_result(self, request_id: str, result: Result) -> None:
         """Store the result and wake every long poll waiting on it (idempotent: the first
         result wins)."""

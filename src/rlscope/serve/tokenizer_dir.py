@@ -11,7 +11,7 @@ the directory stands for when a client passes the directory as ``base_model``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rlscope.tokenizer import ByteTokenizer
@@ -25,12 +25,12 @@ MARKER = "rlscope_model.json"
 class TextCodec:
     """What the sampler needs from a tokenizer: ``decode`` (for string stops) and the EOS id."""
 
-    def __init__(self, decode_fn: object, eos_token_id: int | None) -> None:
+    def __init__(self, decode_fn: Callable[[list[int]], str], eos_token_id: int | None) -> None:
         self._decode = decode_fn
         self.eos_token_id = eos_token_id
 
     def decode(self, ids: Iterable[int]) -> str:
-        return str(self._decode(list(ids)))  # type: ignore[operator]
+        return str(self._decode(list(ids)))
 
 
 def byte_codec() -> TextCodec:
@@ -44,7 +44,7 @@ def hf_codec(path: str) -> TextCodec:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return TextCodec(lambda ids: tok.decode(ids, skip_special_tokens=False),
+    return TextCodec(lambda ids: str(tok.decode(ids, skip_special_tokens=False)),
                      tok.eos_token_id)
 
 
