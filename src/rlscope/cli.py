@@ -1,4 +1,5 @@
-"""The `rlscope` command line: train, sft, sweep, demo, bench, methods, tasks, doctor, report.
+"""The `rlscope` command line: train, sft, sweep, demo, bench, methods, tasks, doctor, report,
+serve.
 
 Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers at once.
 """
@@ -26,6 +27,7 @@ commands:
   tasks     list the tasks and their options
   doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
   report    a self-contained HTML report and figures for a run or sweep (`rlscope report --help`)
+  serve     a local Tinker-compatible server for the tinker SDK (`rlscope serve --help`)
 """
 
 
@@ -166,6 +168,15 @@ def cmd_report(args: list[str]) -> int:
     return run(cmd)
 
 
+def cmd_serve(args: list[str]) -> int:
+    from rlscope.serve.command import run
+    from rlscope.serve.config import ServeConfig
+
+    cfg = _tyro_parse(ServeConfig, args, "rlscope serve")
+    assert isinstance(cfg, ServeConfig)
+    return run(cfg)
+
+
 def cmd_sweep(args: list[str]) -> int:
     from rlscope.sweep.command import SweepCommand, run
 
@@ -191,7 +202,7 @@ def cmd_tasks(args: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train, "sft": cmd_sft, "rm": cmd_rm, "demo": cmd_demo, "bench": cmd_bench,
     "methods": cmd_methods, "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report,
-    "sweep": cmd_sweep,
+    "sweep": cmd_sweep, "serve": cmd_serve,
 }
 
 

@@ -1,0 +1,145 @@
+"""Checkpoints and training-run records on disk.
+
+``tinker://<run>/weights/<name>`` is ``ROOT/<run>/checkpoints/weights/<name>/`` and
+``tinker://<run>/sampler_weights/<name>`` is ``ROOT/<run>/checkpoints/sampler_weights/<name>/``
+(``:`` in the run id becomes ``_``). A checkpoint directory holds ``meta.json`` (base model,
+LoRA settings, step), ``trainable.pt`` (the trainable tensors by parameter name),
+``optimizer.pt`` (``weights`` only) and, for LoRA, ``adapter/`` in PEFT format
+(``adapter_config.json`` + ``adapter_model.safetensors``). ``ROOT/<run>/run.json`` is the
+``TrainingRun`` record ``GET training_runs/{id}`` answers, so both survive a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlscope.policy.hf import HFPolicy
+from rlscope.serve.state import TrainingModel, UserError
+
+KINDS = ("weights", "sampler_weights")
+CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
+
+
+def run_key(run_id: str) -> str:
+    """The directory name of a training-run id (``:`` and ``/`` are not path-safe)."""
+    return run_id.replace(":", "_").replace("/", "_")
+
+
+def parse_tinker_path(path: str) -> tuple[str, str, str]:
+    """``tinker://<run>/<weights|sampler_weights>/<name>`` → ``(run, kind, name)``."""
+    if not path.startswith("tinker://"):
+        raise UserError(f"checkpoint path {path!r} must start with tinker://")
+    parts = path[len("tinker://"):].split("/")
+    if len(parts) != 3 or parts[1] not in KINDS or not parts[2]:
+        raise UserError(f"checkpoint path {path!r} must read "
+                        "tinker://<run>/weights|sampler_weights/<name>")
+    return parts[0], parts[1], parts[2]
+
+
+def checkpoint_name(name: str) -> str:
+    """``name`` if it is safe as one directory name."""
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise UserError(f"checkpoint name {name!r} must be non-empty with no '/' or leading '.'")
+    return name
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat()
+
+
+def checkpoint_dir(root: Path, path: str) -> Path:
+    run, kind, name = parse_tinker_path(path)
+    return root / run_key(run) / "checkpoints" / kind / checkpoint_name(name)
+
+
+def save(model: TrainingModel, kind: str, name: str) -> str:
+    """Write ``model``'s checkpoint (with the optimizer for ``weights``); its tinker path."""
+    out = model.run_dir / "checkpoints" / kind / checkpoint_name(name)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({n: p.detach().cpu() for n, p in model.trainable()}, out / "trainable.pt")
+    if kind == "weights":
+        torch.save(model.optimizer.state_dict(), out / "optimizer.pt")
+    if model.lora.rank > 0:
+        # PEFT format; LoRA on lm_head must not drag the whole head into the adapter
+        model.policy.unwrap().save_pretrained(  # type: ignore[operator]
+            str(out / "adapter"), save_embedding_layers=False)
+    (out / "meta.json").write_text(json.dumps({
+        "base_model": model.base_model, "spec": model.spec, "lora": model.lora.as_dict(),
+        "run_id": model.model_id, "kind": kind, "name": name, "step": model.step,
+        "time": iso(time.time())}, indent=2) + "\n")
+    return f"tinker://{model.model_id}/{kind}/{name}"
+
+
+def read_meta(ckpt: Path, path: str) -> dict[str, Any]:
+    if not (ckpt / "meta.json").is_file():
+        raise UserError(f"no checkpoint at {path} (looked in {ckpt})")
+    meta: dict[str, Any] = json.loads((ckpt / "meta.json").read_text())
+    return meta
+
+
+def load_trainable(policy: HFPolicy, ckpt: Path, device: torch.device) -> None:
+    """Copy a checkpoint's trainable tensors into ``policy`` (same base and LoRA settings)."""
+    state = torch.load(ckpt / "trainable.pt", map_location=device)
+    params = dict(policy.named_parameters())
+    missing = [n for n in state if n not in params]
+    if missing:
+        raise UserError(f"checkpoint {ckpt} does not fit this model: {missing[:3]} ...")
+    with torch.no_grad():
+        for n, t in state.items():
+            params[n].copy_(t)
+
+
+def record(path: str) -> dict[str, Any]:
+    """The ``Checkpoint`` object of a tinker path, as the REST API returns it."""
+    _, kind, name = parse_tinker_path(path)
+    return {"checkpoint_id": f"{kind}/{name}", "checkpoint_type": CHECKPOINT_TYPES[kind],
+            "time": iso(time.time()), "tinker_path": path}
+
+
+def write_run(model: TrainingModel) -> None:
+    """``run.json``: the ``TrainingRun`` record of ``model``."""
+    (model.run_dir / "run.json").write_text(json.dumps({
+        "training_run_id": model.model_id, "base_model": model.base_model,
+        "model_owner": "local", "is_lora": model.lora.rank > 0, "corrupted": False,
+        "lora_rank": model.lora.rank if model.lora.rank > 0 else None,
+        "last_request_time": iso(model.last_request),
+        "last_checkpoint": model.last_checkpoint,
+        "last_sampler_checkpoint": model.last_sampler_checkpoint,
+        "user_metadata": model.user_metadata or None,
+    }, indent=2) + "\n")
+
+
+def read_run(root: Path, run_id: str) -> dict[str, Any]:
+    path = root / run_key(run_id) / "run.json"
+    if not path.is_file():
+        raise UserError(f"unknown training run {run_id!r}")
+    run: dict[str, Any] = json.loads(path.read_text())
+    return run
+
+
+def list_runs(root: Path) -> list[dict[str, Any]]:
+    runs = []
+    for path in sorted(root.glob("*/run.json")):
+        try:
+            runs.append(json.loads(path.read_text()))
+        except json.JSONDecodeError:
+            continue
+    return runs
+
+
+def list_checkpoints(root: Path, run_id: str) -> list[dict[str, Any]]:
+    run_dir = root / run_key(read_run(root, run_id)["training_run_id"])
+    out = []
+    for kind in KINDS:
+        for meta_path in sorted((run_dir / "checkpoints" / kind).glob("*/meta.json")):
+            meta = json.loads(meta_path.read_text())
+            out.append({"checkpoint_id": f"{kind}/{meta['name']}",
+                        "checkpoint_type": CHECKPOINT_TYPES[kind], "time": meta["time"],
+                        "tinker_path": f"tinker://{run_id}/{kind}/{meta['name']}"})
+    return out

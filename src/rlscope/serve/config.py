@@ -1,0 +1,99 @@
+"""Options of ``rlscope serve`` (a frozen dataclass parsed by tyro; ``--help`` lists them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Serve rlscope policies over the Tinker wire protocol (SDK 0.38.0).
+
+    Point the SDK at it with ``tinker.ServiceClient(base_url="http://HOST:PORT")`` and any
+    ``TINKER_API_KEY`` starting with ``tml-``; see docs/tinker.md.
+    """
+
+    host: str = "127.0.0.1"
+    """Address to bind. Loopback by default: the Tinker protocol has no real authentication
+    (the SDK only checks the key's prefix), so anyone who can reach a non-loopback address can
+    train, sample and read checkpoints. Binding elsewhere prints a warning."""
+    port: int = 8000
+    """TCP port to listen on."""
+    models: tuple[str, ...] = ("tiny=tiny-llama",)
+    """Base models the server accepts, each ``NAME=SPEC``. SPEC is ``tiny-llama`` or
+    ``tiny-qwen2`` (a small randomly initialised architecture with the byte-level tokenizer,
+    no download) or a local Hugging Face model directory. NAME is what clients pass as
+    ``base_model``; several names may share a SPEC, e.g. ``meta-llama/Llama-3.2-1B=tiny-llama``
+    (an alias so names the cookbook knows resolve to a local model). A ``base_model`` that is a
+    directory written by ``--write_tokenizer`` or holding a Hugging Face model is accepted too."""
+    root: str = "serve_runs"
+    """Directory for run directories (metrics, one per training client) and checkpoints
+    (``tinker://<run>/weights|sampler_weights/<name>`` map to
+    ``ROOT/<run>/checkpoints/...``)."""
+    write_tokenizer: str = ""
+    """If set, write the tiny models' byte-level tokenizer (tokenizer.json,
+    tokenizer_config.json, loadable by transformers.AutoTokenizer) to this directory at start;
+    pass the directory as ``model_name`` to cookbook recipes. It resolves to ``tiny-llama``."""
+    device: str = "auto"
+    """Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
+    seed: int = 0
+    """Seed of the tiny models' initial weights (the same seed gives the same base model, so
+    checkpoints stay loadable across restarts) and of unseeded sampling."""
+    lora_alpha: int = 32
+    """LoRA scaling α for every adapter (the update is (α / r)·B·A)."""
+    tiny_d_model: int = 64
+    """Hidden width of the tiny models."""
+    tiny_layers: int = 2
+    """Transformer blocks of the tiny models."""
+    tiny_heads: int = 4
+    """Attention heads of the tiny models."""
+    tiny_max_len: int = 2048
+    """Largest sequence (prompt + completion) the tiny models accept."""
+    max_sample_rows: int = 256
+    """Most sequences the sampler decodes together; concurrent sample requests with the same
+    weights and sampling parameters are merged up to this many rows."""
+    max_tokens_per_microbatch: int = 8192
+    """forward_backward splits its datums into micro-batches of about this many padded tokens
+    (the losses are sums, so the gradient is the same)."""
+    long_poll_s: float = 25.0
+    """How long retrieve_future holds a poll before answering 408 (the SDK's poll timeout is
+    45 s; keep this well below)."""
+    seq_gap_timeout_s: float = 60.0
+    """A training request waits at most this long for a missing earlier seq_id of its model
+    before the gap is skipped (with a warning)."""
+    fwdbwd_max_chunk_len: int = 0
+    """Datums per forward_backward chunk the SDK is told to send (0 = the SDK's default, 1024);
+    chunks are posted concurrently, first chunk last, and reassembled here by seq_id."""
+    log_level: str = "info"
+    """Server log level: debug, info, warning or error."""
+
+    def validate(self) -> list[str]:
+        errors = []
+        if not 0 <= self.port <= 65535:
+            errors.append(f"port={self.port} must lie in 0..65535")
+        if not self.models:
+            errors.append("models must name at least one NAME=SPEC")
+        for entry in self.models:
+            if "=" not in entry or not entry.split("=", 1)[0] or not entry.split("=", 1)[1]:
+                errors.append(f"models entry {entry!r} must read NAME=SPEC")
+        if self.lora_alpha <= 0:
+            errors.append(f"lora_alpha={self.lora_alpha} must be > 0")
+        if self.long_poll_s <= 0 or self.long_poll_s > 40:
+            errors.append(f"long_poll_s={self.long_poll_s} must lie in (0, 40]: the SDK gives "
+                          "each poll 45 s")
+        if self.max_sample_rows < 1 or self.max_tokens_per_microbatch < 1:
+            errors.append("max_sample_rows and max_tokens_per_microbatch must be >= 1")
+        if self.fwdbwd_max_chunk_len < 0:
+            errors.append("fwdbwd_max_chunk_len must be >= 0 (0 = the SDK default)")
+        if self.tiny_d_model % self.tiny_heads:
+            errors.append("tiny_d_model must be divisible by tiny_heads")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            errors.append(f"log_level={self.log_level!r}: use debug, info, warning or error")
+        return errors
+
+    @property
+    def is_loopback(self) -> bool:
+        """Whether ``host`` is a loopback address."""
+        return self.host in LOOPBACK_HOSTS or self.host.startswith("127.")

@@ -1,0 +1,201 @@
+"""Batched sampling for the server: many requests' rows decoded together with a KV cache.
+
+It reuses the engine's one-step `rlscope.sampling.sampler.draw` and its counter-based noise
+(`rlscope.sampling.processors.gumbel_offsets`), so a seeded row gets the same tokens whatever
+batch it shares. On top of `rlscope.sampling.sampler.generate` it adds what the Tinker API
+needs: a token budget per row, token-id stops and string stops (a row stops at the *first*
+occurrence, and the tokens that complete it are kept exactly once), and prompt log-probs.
+
+Returned log-probs are those of the distribution each token was drawn from (temperature, top-k
+and top-p applied); at temperature 1 with no truncation they are the policy's own log-probs,
+the numbers ``forward`` computes for the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlscope.policy.base import Policy
+from rlscope.sampling.processors import gumbel_offsets
+from rlscope.sampling.sampler import SamplingConfig, draw
+from rlscope.serve.state import UserError
+from rlscope.serve.tokenizer_dir import TextCodec
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One sequence to sample: the prompt and how it ends."""
+
+    prompt: list[int]
+    max_tokens: int
+    stop_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    seed: int
+    """Seed of this row's counter-based noise stream."""
+
+
+@dataclass(frozen=True)
+class SampledRow:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str
+    """``stop`` or ``length``."""
+
+
+def _ends_with_stop(codec: TextCodec, tokens: list[int], stop_strings: tuple[str, ...],
+                    prev_text_len: int) -> tuple[bool, int]:
+    """Whether the decoded completion now contains a stop string that was not complete one
+    token earlier; returns it with the current text length."""
+    text = codec.decode(tokens)
+    for s in stop_strings:
+        pos = text.find(s, max(0, prev_text_len - len(s) + 1))
+        if pos >= 0:
+            return True, len(text)
+    return False, len(text)
+
+
+@torch.no_grad()
+def sample_rows(policy: Policy, rows: Sequence[SampleRow], cfg: SamplingConfig,
+                codec: TextCodec) -> list[SampledRow]:
+    """Sample every row in one batch (left-padded prompts, KV-cached decoding).
+
+    ``cfg`` holds temperature (0 = greedy), top-k (0 = off) and top-p shared by the batch.
+    """
+    if not rows:
+        return []
+    device = next(iter(policy.parameters())).device
+    B = len(rows)
+    P = max(len(r.prompt) for r in rows)
+    budget = max(r.max_tokens for r in rows)
+    tokens_BP = torch.zeros(B, P, dtype=torch.long, device=device)
+    mask_BP = torch.zeros(B, P, dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        tokens_BP[i, P - len(r.prompt):] = torch.tensor(r.prompt, dtype=torch.long)
+        mask_BP[i, P - len(r.prompt):] = 1
+    padded = bool((mask_BP == 0).any())
+    seeds_B = torch.tensor([r.seed for r in rows], dtype=torch.long, device=device)
+    out_tokens: list[list[int]] = [[] for _ in rows]
+    out_logps: list[list[float]] = [[] for _ in rows]
+    reasons = ["length"] * B
+    text_len = [0] * B
+    alive = [r.max_tokens > 0 for r in rows]
+    if budget == 0:
+        return [SampledRow([], [], "length") for _ in rows]
+    cache = policy.init_cache(B, P + budget)
+    logits_BV = policy.prefill(tokens_BP, mask_BP if padded else None, cache)
+    greedy = cfg.temperature == 0
+    for step in range(budget):
+        alive_B = torch.tensor(alive, dtype=torch.bool, device=device)
+        gumbel_BV = None if greedy else gumbel_offsets(seeds_B, step, logits_BV.shape[-1])
+        d = draw(logits_BV, alive_B, gumbel_BV, cfg, 0, with_entropy=False)
+        token_list = d.token_B.tolist()
+        logp_list = d.logp_sampler_B.tolist()
+        for i, r in enumerate(rows):
+            if not alive[i]:
+                continue
+            tok = int(token_list[i])
+            out_tokens[i].append(tok)
+            out_logps[i].append(float(logp_list[i]))
+            if tok in r.stop_ids:
+                alive[i], reasons[i] = False, "stop"
+                continue
+            if r.stop_strings:
+                hit, text_len[i] = _ends_with_stop(codec, out_tokens[i], r.stop_strings,
+                                                   text_len[i])
+                if hit:
+                    alive[i], reasons[i] = False, "stop"
+                    continue
+            if len(out_tokens[i]) >= r.max_tokens:
+                alive[i] = False
+        if not any(alive):
+            break
+        logits_BV = policy.decode_step(d.token_B, cache)
+    return [SampledRow(out_tokens[i], out_logps[i], reasons[i]) for i in range(B)]
+
+
+@torch.no_grad()
+def prompt_logprobs(policy: Policy, prompt: list[int], last_n: int | None = None
+                    ) -> list[float]:
+    """``log p(prompt[i] | prompt[:i])`` for every position; NaN at 0 (nothing predicts the
+    first token) and, with ``last_n``, before the last ``last_n`` positions."""
+    if not prompt:
+        return []
+    device = next(iter(policy.parameters())).device
+    tokens_1T = torch.tensor([prompt], dtype=torch.long, device=device)
+    logits_1TV = policy.forward(tokens_1T, None)[0]
+    logp_T = logits_1TV[0, :-1].float().log_softmax(-1).gather(
+        -1, tokens_1T[0, 1:, None])[:, 0]
+    values = [math.nan, *logp_T.tolist()]
+    if last_n is not None:
+        start = max(0, len(prompt) - last_n)
+        values = [math.nan if i < start else v for i, v in enumerate(values)]
+    return values
+
+
+def parse_sample_request(body: dict[str, Any], codec_eos: int | None, vocab: int,
+                         max_len: int | None, prompt: list[int]) -> dict[str, Any]:
+    """Validate an ``asample`` body into the dict `Engine.sample_batch` reads; raises
+    UserError on bad or unsupported input."""
+    params = body.get("sampling_params") or {}
+    num_samples = int(body.get("num_samples", 1))
+    if num_samples < 1:
+        raise UserError(f"num_samples must be >= 1, got {num_samples}")
+    if not prompt:
+        raise UserError("the prompt is empty")
+    if min(prompt) < 0 or max(prompt) >= vocab:
+        raise UserError(f"prompt token ids must lie in 0..{vocab - 1}")
+    max_tokens = params.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = (max_len or 2048) - len(prompt)
+    max_tokens = int(max_tokens)
+    if max_tokens < 0:
+        raise UserError(f"max_tokens must be >= 0, got {max_tokens}")
+    if max_len is not None and len(prompt) + max_tokens > max_len:
+        raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
+                        f"the model's {max_len} positions")
+    stop = params.get("stop")
+    stop_ids: set[int] = set()
+    stop_strings: list[str] = []
+    if stop is None:
+        if codec_eos is not None:
+            stop_ids.add(int(codec_eos))
+    elif isinstance(stop, str):
+        stop_strings.append(stop)
+    elif isinstance(stop, list):
+        for s in stop:
+            if isinstance(s, bool) or not isinstance(s, (int, str)):
+                raise UserError(f"stop entries must be token ids or strings, got {s!r}")
+            if isinstance(s, str):
+                if not s:
+                    raise UserError("an empty stop string would stop at once")
+                stop_strings.append(s)
+            else:
+                stop_ids.add(int(s))
+    else:
+        raise UserError(f"stop must be null, a string or a list, got {stop!r}")
+    temperature = float(params.get("temperature", 1.0))
+    top_k = int(params.get("top_k", -1))
+    top_p = float(params.get("top_p", 1.0))
+    if temperature < 0 or not 0 < top_p <= 1 or top_k == 0 or top_k < -1:
+        raise UserError(f"invalid sampling params: temperature={temperature} (>= 0), "
+                        f"top_k={top_k} (-1 = off, or >= 1), top_p={top_p} (in (0, 1])")
+    for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        if int(body.get(key) or 0) > 0:
+            raise UserError(f"{key} > 0 is not supported by rlscope serve")
+    if body.get("target_prompt_logprobs") is not None:
+        raise UserError("target_prompt_logprobs is not supported by rlscope serve")
+    seed = params.get("seed")
+    last_n = body.get("prompt_logprobs_last_n")
+    return {
+        "prompt": prompt, "num_samples": num_samples, "max_tokens": max_tokens,
+        "stop_ids": frozenset(stop_ids), "stop_strings": tuple(stop_strings),
+        "temperature": temperature, "top_k": 0 if top_k == -1 else top_k, "top_p": top_p,
+        "seed": None if seed is None else int(seed),
+        "prompt_logprobs": bool(body.get("prompt_logprobs", False)),
+        "prompt_logprobs_last_n": None if last_n is None else int(last_n),
+    }

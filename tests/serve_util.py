@@ -1,0 +1,60 @@
+"""Start `rlscope serve` in-process on a free loopback port (for tests/test_serve_*.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Server:
+    base_url: str
+    root: Path
+    tokenizer_dir: Path
+    app: Any
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_server(tmp: Path, **overrides: Any) -> Iterator[Server]:
+    """A server on 127.0.0.1 with the tiny model; its tokenizer directory is
+    ``tmp/models/tiny-tok`` (three path levels, so the SDK's name heuristics leave it alone)."""
+    import uvicorn
+
+    from rlscope.serve.app import create_app
+    from rlscope.serve.config import ServeConfig
+
+    os.environ.setdefault("TINKER_API_KEY", "tml-local")
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    tok = tmp / "models" / "tiny-tok"
+    settings: dict[str, Any] = {"root": str(tmp / "serve_runs"), "write_tokenizer": str(tok),
+                                "device": "cpu", "port": free_port(), "log_level": "warning"}
+    settings.update(overrides)
+    cfg = ServeConfig(**settings)
+    app = create_app(cfg)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=cfg.port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+    try:
+        yield Server(f"http://127.0.0.1:{cfg.port}", Path(cfg.root), tok, app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
