@@ -39,8 +39,10 @@ def running_server(tmp: Path, **overrides: Any) -> Iterator[Server]:
     os.environ.setdefault("TINKER_API_KEY", "tml-local")
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     tok = tmp / "models" / "tiny-tok"
+    # RLSCOPE_SERVE_TEST_DEVICE=cuda reruns the same tests on a GPU
+    device = os.environ.get("RLSCOPE_SERVE_TEST_DEVICE", "cpu")
     settings: dict[str, Any] = {"root": str(tmp / "serve_runs"), "write_tokenizer": str(tok),
-                                "device": "cpu", "port": free_port(), "log_level": "warning"}
+                                "device": device, "port": free_port(), "log_level": "warning"}
     settings.update(overrides)
     cfg = ServeConfig(**settings)
     app = create_app(cfg)
