@@ -68,21 +68,11 @@ def cmd_sft(args: list[str]) -> int:
 
     cfg = _tyro_parse(SftConfig, args, "rlscope sft")
     assert isinstance(cfg, SftConfig)
-    console = Console(stderr=True)
-    errors = validate_sft(cfg)
-    if errors:
-        console.print("[red]error:[/red] invalid configuration:\n  - " + "\n  - ".join(errors))
+    if _report_errors(validate_sft(cfg)):
         return 2
     result = sft(cfg)
-    first = result.evals[0] if result.evals else {}
-    last = result.evals[-1] if result.evals else {}
-    table = Table(title=f"sft on {cfg.task}")
-    for col in ("", "heldout loss", "test_error"):
-        table.add_column(col)
-    for label, row in (("start", first), ("end", last)):
-        table.add_row(label, f"{row.get('sft/heldout_loss', float('nan')):.4f}",
-                      f"{row.get('eval/test_error', float('nan')):.4f}")
-    Console().print(table)
+    _start_end_table(f"sft on {cfg.task}", result.evals, {
+        "heldout loss": "sft/heldout_loss", "test_error": "eval/test_error"})
     Console().print(f"wrote {result.out_dir} in {result.wall_time_s:.1f} s; continue with "
                     f"rlscope train --task {cfg.task} --init {result.out_dir}")
     return 0
@@ -93,24 +83,37 @@ def cmd_rm(args: list[str]) -> int:
 
     cfg = _tyro_parse(RmConfig, args, "rlscope rm")
     assert isinstance(cfg, RmConfig)
-    console = Console(stderr=True)
-    errors = validate_rm(cfg)
-    if errors:
-        console.print("[red]error:[/red] invalid configuration:\n  - " + "\n  - ".join(errors))
+    if _report_errors(validate_rm(cfg)):
         return 2
     result = train_rm(cfg)
-    first = result.evals[0] if result.evals else {}
-    last = result.evals[-1] if result.evals else {}
-    table = Table(title=f"reward model on {cfg.task}")
-    for col in ("", "held-out loss", "held-out accuracy", "probe accuracy"):
-        table.add_column(col)
-    for label, row in (("start", first), ("end", last)):
-        table.add_row(label, *(f"{row.get(k, float('nan')):.4f}" for k in (
-            "rm/heldout_loss", "rm/heldout_accuracy", "rm/probe_accuracy")))
-    Console().print(table)
+    _start_end_table(f"reward model on {cfg.task}", result.evals, {
+        "held-out loss": "rm/heldout_loss", "held-out accuracy": "rm/heldout_accuracy",
+        "probe accuracy": "rm/probe_accuracy"})
     Console().print(f"wrote {result.out_dir} in {result.wall_time_s:.1f} s; continue with "
                     f"rlscope train --task {cfg.task} --rm_path {result.out_dir}")
     return 0
+
+
+def _report_errors(errors: list[str]) -> bool:
+    """Print a configuration's problems to stderr; True when there are any."""
+    if errors:
+        Console(stderr=True).print("[red]error:[/red] invalid configuration:\n  - "
+                                   + "\n  - ".join(errors))
+    return bool(errors)
+
+
+def _start_end_table(title: str, evals: list[dict[str, float]], columns: dict[str, str]
+                     ) -> None:
+    """The first and last evaluation of a supervised job, one column per metric (only the
+    last when it evaluated once, e.g. with --eval_every 0)."""
+    table = Table(title=title)
+    for col in ("", *columns):
+        table.add_column(col)
+    rows = [("start", evals[0]), ("end", evals[-1])] if len(evals) > 1 else \
+        [("end", evals[-1] if evals else {})]
+    for label, row in rows:
+        table.add_row(label, *(f"{row.get(k, float('nan')):.4f}" for k in columns.values()))
+    Console().print(table)
 
 
 def cmd_demo(args: list[str]) -> int:
