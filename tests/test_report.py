@@ -12,9 +12,9 @@ import pytest
 from report_dirs import CROSSINGS, FAILED, NAMES, SEEDS, make_sweep
 
 from rlscope.cli import main
+from rlscope.metrics.sinks import iter_jsonl
 from rlscope.report.build import DEFAULT_METRICS, build_report
 from rlscope.report.figures import PALETTE, slug
-from rlscope.report.tidy import read_jsonl
 
 SECTIONS = ["config", "curves", "final", "crossings", "findings", "samples", "environment"]
 
@@ -136,7 +136,7 @@ def test_run_report_from_a_three_step_cpu_run(tmp_path: Path) -> None:
     assert len(page.rows["final-table"]) == 1
     assert page.rows["final-table"][0][:3] == ["tiny", "grpo", "1"]
     assert ["method", "grpo"] in page.rows["options-table"]
-    samples = list(read_jsonl(result.run_dir / "samples.jsonl"))
+    samples = list(iter_jsonl(result.run_dir / "samples.jsonl"))
     last = max(s["step"] for s in samples)
     shown = page.rows["samples-table"]
     assert 0 < len(shown) <= 6 and all(r[0] == str(last) for r in shown)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +31,11 @@ import torch
 from rlscope.batch import PromptBatch
 from rlscope.checkpoint import SFT_FILE
 from rlscope.evaluation import evaluate, heldout_batch
-from rlscope.metrics.sinks import JsonlWriter, LiveDisplay
 from rlscope.policy import ModelConfig
+from rlscope.supervised import JobResult, run_job, torch_threads
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
 from rlscope.tasks.base import make_policy_for
-from rlscope.utils import environment_info, resolve_device
+from rlscope.utils import resolve_device
 
 HELDOUT_SEED_OFFSET = 2_000_029
 """Held-out SFT pairs come from a generator seeded with seed + this (never the training one)."""
@@ -80,12 +79,8 @@ class SftConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
 
 
-@dataclass(frozen=True)
-class SftResult:
-    out_dir: Path
-    metrics: list[dict[str, float]]
-    evals: list[dict[str, float]]
-    wall_time_s: float
+SftResult = JobResult
+"""What `sft` returns (`rlscope.supervised.JobResult`)."""
 
 
 def sft_loss(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, mask_BL: torch.Tensor
@@ -181,50 +176,32 @@ def sft(cfg: SftConfig) -> SftResult:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
     task = make_task(cfg.task, cfg.task_options)
     device = resolve_device(cfg.device)
-    threads_before = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    policy = make_policy_for(task, cfg.model).to(device)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    data = read_pairs(cfg.data, task) if cfg.data else None
-    heldout = data[:HELDOUT_PAIRS] if data is not None else _pairs_of(
-        task, torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET), HELDOUT_PAIRS)
-    P, T, pad = task.prompt_len, task.completion_len, pad_id(task)
-    stops = tuple(getattr(task, "stop_token_ids", ()))
-    eval_prompts: PromptBatch = heldout_batch(task, cfg.seed).to(device)
-    name = cfg.name or f"sft_{cfg.task}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}"
-    out_dir = Path(cfg.runs_dir) / name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(
-        {"sft": dataclasses.asdict(cfg), "task_description": task.describe(),
-         **environment_info(device)}, indent=2))
-    log = JsonlWriter(out_dir / "metrics.jsonl", append=False)
-    display = LiveDisplay(cfg.progress, cfg.num_steps, f"sft · {cfg.task}")
-    metrics: list[dict[str, float]] = []
-    evals: list[dict[str, float]] = []
-    t_run = time.perf_counter()
+    with torch_threads(cfg.threads):
+        torch.manual_seed(cfg.seed)
+        policy = make_policy_for(task, cfg.model).to(device)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        data = read_pairs(cfg.data, task) if cfg.data else None
+        heldout = data[:HELDOUT_PAIRS] if data is not None else _pairs_of(
+            task, torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET), HELDOUT_PAIRS)
+        P, T, pad = task.prompt_len, task.completion_len, pad_id(task)
+        stops = tuple(getattr(task, "stop_token_ids", ()))
+        eval_prompts: PromptBatch = heldout_batch(task, cfg.seed).to(device)
 
-    def batch_loss(pairs: Sequence[Pair]) -> torch.Tensor:
-        tokens, attention, targets, mask = (x.to(device) for x in sft_batch(pairs, P, T, pad))
-        return sft_loss(policy(tokens, attention)[0], targets, mask)[0]
+        def batch_loss(pairs: Sequence[Pair]) -> torch.Tensor:
+            tokens, attention, targets, mask = (x.to(device)
+                                                for x in sft_batch(pairs, P, T, pad))
+            return sft_loss(policy(tokens, attention)[0], targets, mask)[0]
 
-    def run_eval(step: int) -> None:
-        policy.eval()
-        with torch.no_grad():
-            values = {k: float(v) for k, v in evaluate(policy, task, [eval_prompts], T, stops,
-                                                       decode_graphs=False).items()}
-            values["sft/heldout_loss"] = float(batch_loss(heldout))
-        record = {"step": step, **values}
-        evals.append(record)
-        log.write(record)
-        display.eval(record)
+        def evaluate_now() -> dict[str, float]:
+            policy.eval()
+            with torch.no_grad():
+                values = {k: float(v) for k, v in evaluate(
+                    policy, task, [eval_prompts], T, stops, decode_graphs=False).items()}
+                values["sft/heldout_loss"] = float(batch_loss(heldout))
+            return values
 
-    try:
-        for step in range(cfg.num_steps):
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                run_eval(step)
+        def step(_: int) -> dict[str, float]:
             if data is None:
                 pairs = _pairs_of(task, generator, cfg.batch_size)
             else:
@@ -235,18 +212,10 @@ def sft(cfg: SftConfig) -> SftResult:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            record = {"step": step, "sft/loss": float(loss.detach())}
-            metrics.append(record)
-            log.write(record)
-            display.update(record)
-        run_eval(cfg.num_steps)
-        save_sft(out_dir, policy, cfg)
-    finally:
-        torch.set_num_threads(threads_before)
-        display.close()
-        log.close()
-    return SftResult(out_dir=out_dir, metrics=metrics, evals=evals,
-                     wall_time_s=time.perf_counter() - t_run)
+            return {"sft/loss": float(loss.detach())}
+
+        return run_job("sft", cfg, task, device, step, evaluate_now,
+                       lambda out_dir, _: save_sft(out_dir, policy, cfg))
 
 
 def save_sft(out_dir: Path, policy: torch.nn.Module, cfg: SftConfig) -> Path:

@@ -13,6 +13,7 @@ import fcntl
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,24 @@ def append_csv_rows(path: Path, rows: list[dict[str, Any]]) -> None:
             writer = csv.DictWriter(f, fieldnames=fields)
         writer.writerows(rows)
         f.flush()
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL file, for readers of finished or killed runs: blank,
+    malformed and non-object lines are skipped (a run killed mid-write leaves a partial last
+    line), and a missing file yields nothing."""
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                yield obj
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

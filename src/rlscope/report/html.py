@@ -25,9 +25,10 @@ from typing import Any
 
 from rlscope.doctor.diagnosis import Diagnosis
 from rlscope.doctor.render import to_html as doctor_html
+from rlscope.metrics.sinks import iter_jsonl
 from rlscope.report.figures import FigureFiles, Style, slug
 from rlscope.report.load import ReportInput, RunInfo, run_records
-from rlscope.report.tidy import final_values, finite, read_jsonl
+from rlscope.report.tidy import final_values, finite
 
 ENV_KEYS = ("rlscope_version", "git_commit", "python_version", "torch_version", "device",
             "device_name", "torch_threads", "platform")
@@ -314,7 +315,7 @@ def last_samples(r: RunInfo, n: int) -> list[dict[str, Any]]:
     """Up to ``n`` rows of the last step logged in the run's ``samples.jsonl``."""
     if r.run_dir is None:
         return []
-    rows = list(read_jsonl(r.run_dir / "samples.jsonl"))
+    rows = list(iter_jsonl(r.run_dir / "samples.jsonl"))
     steps = [s for s in (finite(x.get("step")) for x in rows) if s is not None]
     if not steps:
         return []

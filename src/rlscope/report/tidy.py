@@ -25,16 +25,16 @@ Conventions (stated once, used by the figures and the tables):
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlscope.metrics.sinks import iter_jsonl
 from rlscope.sweep import aggregate
 
 RESULTS_COLUMNS = ("run", "name", "method", "seed", "kind", "step", "metric", "value")
@@ -111,23 +111,6 @@ def finite(value: Any) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a JSONL file; blank and malformed lines are skipped (a run that
-    crashed mid-write leaves a partial last line)."""
-    if not path.exists():
-        return
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                yield obj
-
-
 def read_results_csv(path: Path, metrics: Collection[str] | None = None) -> list[TidyRow]:
     """The tidy rows of a sweep's ``results.csv``, only ``metrics`` when given (a sweep's file
     holds every metric of every step; the report needs a few)."""
@@ -156,7 +139,7 @@ def rows_from_run_dir(run_dir: Path, run: str, name: str, method: str, seed: int
     tidy rows; objects without a numeric ``step`` are skipped."""
     rows = []
     for kind, file in (("train", "metrics.jsonl"), ("eval", "eval.jsonl")):
-        for obj in read_jsonl(run_dir / file):
+        for obj in iter_jsonl(run_dir / file):
             step = finite(obj.get("step"))
             if step is None:
                 continue

@@ -16,9 +16,6 @@ SFT model (Ouyang et al. arXiv:2203.02155).
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +23,6 @@ from pathlib import Path
 import torch
 
 from rlscope import checkpoint
-from rlscope.metrics.sinks import JsonlWriter, LiveDisplay
 from rlscope.policy import ModelConfig
 from rlscope.rm.model import (
     RewardModel,
@@ -35,9 +31,10 @@ from rlscope.rm.model import (
     pack_sequences,
     save_reward_model,
 )
+from rlscope.supervised import JobResult, run_job, torch_threads
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
 from rlscope.tasks.preference import PreferencePair
-from rlscope.utils import environment_info, resolve_device
+from rlscope.utils import resolve_device
 
 HELDOUT_SEED_OFFSET = 2_000_029
 """Held-out pairs come from a generator seeded with seed + this (never the training one)."""
@@ -82,12 +79,8 @@ class RmConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
 
 
-@dataclass(frozen=True)
-class RmResult:
-    out_dir: Path
-    metrics: list[dict[str, float]]
-    evals: list[dict[str, float]]
-    wall_time_s: float
+RmResult = JobResult
+"""What `train_rm` returns (`rlscope.supervised.JobResult`)."""
 
 
 def validate_rm(cfg: RmConfig) -> list[str]:
@@ -145,74 +138,48 @@ def train_rm(cfg: RmConfig) -> RmResult:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
     task = make_task(cfg.task, cfg.task_options)
     device = resolve_device(cfg.device)
-    threads_before = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    width = task.prompt_len + task.completion_len
-    rm = build_reward_model(cfg.model, task.vocab_size, width).to(device)
-    if cfg.init:
-        checkpoint.load_init(cfg.init, rm.backbone, device)
-    optimizer = torch.optim.Adam(rm.parameters(), lr=cfg.lr)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    heldout = _pairs(task, "preference_pairs",
-                     torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET),
-                     cfg.heldout_pairs)
-    probe = _pairs(task, "repeat_probe_pairs",
-                   torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET),
-                   cfg.heldout_pairs) if hasattr(task, "repeat_probe_pairs") else None
-    name = cfg.name or f"rm_{cfg.task}_s{cfg.seed}_{time.strftime('%Y%m%d-%H%M%S')}"
-    out_dir = Path(cfg.runs_dir) / name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(
-        {"rm": dataclasses.asdict(cfg), "task_description": task.describe(),
-         **environment_info(device)}, indent=2))
-    log = JsonlWriter(out_dir / "metrics.jsonl", append=False)
-    display = LiveDisplay(cfg.progress, cfg.num_steps, f"rm · {cfg.task}")
-    metrics: list[dict[str, float]] = []
-    evals: list[dict[str, float]] = []
-    t_run = time.perf_counter()
+    with torch_threads(cfg.threads):
+        torch.manual_seed(cfg.seed)
+        width = task.prompt_len + task.completion_len
+        rm = build_reward_model(cfg.model, task.vocab_size, width).to(device)
+        if cfg.init:
+            checkpoint.load_init(cfg.init, rm.backbone, device)
+        optimizer = torch.optim.Adam(rm.parameters(), lr=cfg.lr)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        heldout = _pairs(task, "preference_pairs",
+                         torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET),
+                         cfg.heldout_pairs)
+        probe = _pairs(task, "repeat_probe_pairs",
+                       torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET),
+                       cfg.heldout_pairs) if hasattr(task, "repeat_probe_pairs") else None
 
-    def run_eval(step: int) -> None:
-        rm.eval()
-        with torch.no_grad():
-            chosen_B, rejected_B = score_pairs(rm, heldout, width, device)
-            loss, m = bradley_terry_loss(chosen_B, rejected_B)
-            record = {"step": step, "rm/heldout_loss": float(loss),
-                      "rm/heldout_accuracy": float(m["rm/accuracy"])}
-            if probe is not None:
-                c_B, r_B = score_pairs(rm, probe, width, device)
-                record["rm/probe_accuracy"] = float((c_B > r_B).float().mean())
-        evals.append(record)
-        log.write(record)
-        display.eval(record)
+        def evaluate_now() -> dict[str, float]:
+            rm.eval()
+            with torch.no_grad():
+                chosen_B, rejected_B = score_pairs(rm, heldout, width, device)
+                loss, m = bradley_terry_loss(chosen_B, rejected_B)
+                record = {"rm/heldout_loss": float(loss),
+                          "rm/heldout_accuracy": float(m["rm/accuracy"])}
+                if probe is not None:
+                    c_B, r_B = score_pairs(rm, probe, width, device)
+                    record["rm/probe_accuracy"] = float((c_B > r_B).float().mean())
+            return record
 
-    try:
-        for step in range(cfg.num_steps):
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                run_eval(step)
+        def step(_: int) -> dict[str, float]:
             pairs = _pairs(task, "preference_pairs", generator, cfg.batch_size)
             rm.train()
             loss, m = bradley_terry_loss(*score_pairs(rm, pairs, width, device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            record = {"step": step, "rm/loss": float(loss.detach()),
-                      **{k: float(v) for k, v in m.items()}}
-            metrics.append(record)
-            log.write(record)
-            display.update(record)
-        run_eval(cfg.num_steps)
-        with torch.no_grad():
-            rm.set_standardisation(torch.cat(score_pairs(rm, heldout, width, device)))
-        final = evals[-1]
-        save_reward_model(out_dir, rm, cfg.model, cfg.task, cfg.task_options, task.vocab_size,
-                          task.prompt_len, task.completion_len,
-                          {"steps": cfg.num_steps, "seed": cfg.seed,
-                           **{k: v for k, v in final.items() if k != "step"}})
-    finally:
-        torch.set_num_threads(threads_before)
-        display.close()
-        log.close()
-    return RmResult(out_dir=out_dir, metrics=metrics, evals=evals,
-                    wall_time_s=time.perf_counter() - t_run)
+            return {"rm/loss": float(loss.detach()), **{k: float(v) for k, v in m.items()}}
+
+        def save(out_dir: Path, evals: list[dict[str, float]]) -> None:
+            with torch.no_grad():
+                rm.set_standardisation(torch.cat(score_pairs(rm, heldout, width, device)))
+            save_reward_model(out_dir, rm, cfg.model, cfg.task, cfg.task_options,
+                              task.vocab_size, task.prompt_len, task.completion_len,
+                              {"steps": cfg.num_steps, "seed": cfg.seed,
+                               **{k: v for k, v in evals[-1].items() if k != "step"}})
+
+        return run_job("rm", cfg, task, device, step, evaluate_now, save)

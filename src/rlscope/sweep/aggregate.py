@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from rlscope.metrics.sinks import iter_jsonl
+
 Kind = Literal["train", "eval"]
 Direction = Literal["<=", ">="]
 
@@ -214,21 +216,6 @@ def _as_float(value: Any) -> float | None:
     return None
 
 
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    """JSON lines; a last line cut off by a kill is ignored."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
 def _run_dirs(sweep_dir: Path) -> list[tuple[Path, str | None]]:
     """The run directories of a sweep with their names: those ``sweep.json`` lists (so runs
     dropped from the manifest are not reported), else every directory under ``runs/``."""
@@ -254,7 +241,7 @@ def run_rows(run_dir: Path, name: str | None = None) -> list[TidyRow]:
     rows = []
     files: tuple[tuple[Kind, str], ...] = (("train", "metrics.jsonl"), ("eval", "eval.jsonl"))
     for kind, file in files:
-        for record in _read_records(run_dir / file):
+        for record in iter_jsonl(run_dir / file):
             step = int(record["step"])
             for metric, raw in record.items():
                 value = _as_float(raw)

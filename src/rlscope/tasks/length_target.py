@@ -51,6 +51,22 @@ SFT_WORDS = (8, 24)
 """Fewest and most corpus words in a warm-start answer."""
 
 
+INSTRUCTION_WIDTH = max(len(s.encode("utf-8")) for s in INSTRUCTIONS)
+"""Bytes of the longest instruction: the prompt width of the tasks that use them."""
+
+
+def instruction_prompts(generator: torch.Generator, n: int, completion_len: int
+                        ) -> PromptBatch:
+    """``n`` instructions drawn uniformly, as UTF-8 bytes left-padded to `INSTRUCTION_WIDTH`.
+    There is no right answer: ``targets_BT`` is an immediate stop (the shortest answer)."""
+    picks = torch.randint(0, len(INSTRUCTIONS), (n,), generator=generator).tolist()
+    prompts = fixed_left_padded([list(INSTRUCTIONS[i].encode("utf-8")) for i in picks],
+                                INSTRUCTION_WIDTH)
+    targets_BT = torch.full((n, completion_len), STOP_ID, dtype=torch.long)
+    return PromptBatch(tokens_BP=prompts.tokens_BP, attention_mask_BP=prompts.attention_mask_BP,
+                       targets_BT=targets_BT)
+
+
 def length_reward(n_words: int, band: tuple[int, int] | None) -> float:
     """2 − n/16, or [lo ≤ n ≤ hi] when ``band`` = (lo, hi) is given."""
     if band is None:
@@ -73,7 +89,7 @@ class LengthTargetTask:
         self.cfg = cfg
         self.tokenizer = ByteTokenizer()
         self.vocab_size = self.tokenizer.vocab_size
-        self.prompt_len = max(len(self.tokenizer.encode(s)) for s in INSTRUCTIONS)
+        self.prompt_len = INSTRUCTION_WIDTH
         self.completion_len = cfg.length_limit
         self.band = (cfg.band_min_words, cfg.band_max_words) if cfg.band_max_words > 0 \
             else None
@@ -110,13 +126,7 @@ class LengthTargetTask:
                 f"{self.cfg.length_limit} bytes; reward {rule}")
 
     def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch:
-        picks = torch.randint(0, len(INSTRUCTIONS), (n,), generator=generator).tolist()
-        prompts = fixed_left_padded([self.tokenizer.encode(INSTRUCTIONS[i]) for i in picks],
-                                    self.prompt_len)
-        # no right answer: the target is an immediate stop (the shortest answer)
-        targets_BT = torch.full((n, self.completion_len), STOP_ID, dtype=torch.long)
-        return PromptBatch(tokens_BP=prompts.tokens_BP,
-                           attention_mask_BP=prompts.attention_mask_BP, targets_BT=targets_BT)
+        return instruction_prompts(generator, n, self.completion_len)
 
     def sft_pairs(self, generator: torch.Generator, n: int) -> list[tuple[list[int], list[int]]]:
         """``n`` warm-start pairs: a random instruction and 8–24 consecutive corpus words

@@ -52,11 +52,10 @@ import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
-from rlscope.tasks.length_target import INSTRUCTIONS
+from rlscope.tasks.length_target import INSTRUCTION_WIDTH, INSTRUCTIONS, instruction_prompts
 from rlscope.tasks.text import (
     STOP_ID,
     completion_ids,
-    fixed_left_padded,
     text_before_stop,
 )
 from rlscope.tokenizer import ByteTokenizer
@@ -158,7 +157,7 @@ class PreferenceTask:
         self.cfg = cfg
         self.tokenizer = ByteTokenizer()
         self.vocab_size = self.tokenizer.vocab_size
-        self.prompt_len = max(len(self.tokenizer.encode(s)) for s in INSTRUCTIONS)
+        self.prompt_len = INSTRUCTION_WIDTH
         self.completion_len = cfg.length_limit
         self._rm: RewardModel | None = None
 
@@ -203,13 +202,7 @@ class PreferenceTask:
     # ------------------------------------------------------------------ data
 
     def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch:
-        picks = torch.randint(0, len(INSTRUCTIONS), (n,), generator=generator).tolist()
-        prompts = fixed_left_padded([self.tokenizer.encode(INSTRUCTIONS[i]) for i in picks],
-                                    self.prompt_len)
-        # no single right answer: the target is an immediate stop, as in length_target
-        targets_BT = torch.full((n, self.completion_len), STOP_ID, dtype=torch.long)
-        return PromptBatch(tokens_BP=prompts.tokens_BP,
-                           attention_mask_BP=prompts.attention_mask_BP, targets_BT=targets_BT)
+        return instruction_prompts(generator, n, self.completion_len)
 
     def eval_prompts(self, seed: int) -> list[PromptBatch]:
         g = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
