@@ -10,7 +10,8 @@ The child is ``python -I -S -B -c <harness source>`` started by ``bwrap`` with:
   ``/usr/lib64``: the C library and the shared libraries of the stdlib's extension modules),
   the interpreter's executable, its ``libpython`` and its standard-library directory with
   every site-packages / dist-packages directory under it hidden by an empty read-only tmpfs;
-  a minimal ``/dev``; a private size-capped tmpfs ``/tmp`` (the working directory). No
+  a minimal ``/dev``; a private size-capped tmpfs ``/tmp`` (the working directory, the only
+  writable place; the root is remounted read-only). No
   ``/proc``, ``/etc``, ``/home``, ``/root``, no ``/usr/bin``, no rlscope source or data, no
   site-packages;
 - a seccomp filter (`seccomp_program`, compiled by libseccomp through ``pyseccomp``) that
@@ -166,7 +167,7 @@ def bwrap_command(bwrap: str, seccomp_fd: int, tmp_bytes: int) -> list[str]:
             "--unshare-uts", "--unshare-cgroup-try", "--disable-userns",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL",
             "--new-session", "--die-with-parent", *fs, "--dev", "/dev",
-            "--size", str(tmp_bytes), "--tmpfs", "/tmp", "--chdir", "/tmp",
+            "--size", str(tmp_bytes), "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp",
             "--seccomp", str(seccomp_fd), "--hostname", "sandbox",
             executable, "-I", "-S", "-B", "-c", HARNESS_SOURCE]
 
