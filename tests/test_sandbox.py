@@ -455,12 +455,43 @@ def test_without_bwrap_the_code_task_refuses_in_one_line() -> None:
 
 
 @pytest.mark.usefixtures("no_bwrap")
+def test_train_command_refuses_before_any_work(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from rlscope.cli import main
+
+    runs = tmp_path / "runs"
+    assert main(["train", "--task", "code_unit_tests", "--num_steps", "1",
+                 "--runs_dir", str(runs)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "apt-get install bubblewrap" in err and "--unsafe_sandbox" in err
+    assert not runs.exists()
+
+
+@pytest.mark.parametrize("script, words", [
+    ("echo bubblewrap 0.6.1", "too old"),
+    ('case "$1" in --version) echo bubblewrap 0.8.0;; *) echo "bwrap: No permissions to '
+     'create new namespace" >&2; exit 1;; esac', "No permissions to create new namespace"),
+])
+def test_bwrap_that_cannot_isolate_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              script: str, words: str) -> None:
+    """A bubblewrap too old for --size / --disable-userns, or one that cannot create
+    namespaces here (a container without user namespaces): refused with the reason."""
+    fake = tmp_path / "bwrap"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(isolated, "BWRAP", str(fake))
+    assert words in isolation_problem()
+    with pytest.raises(SandboxUnavailable, match=words):
+        run_tests(GOOD, "add", ADD_TESTS, LIMITS)
+
+
+@pytest.mark.usefixtures("no_bwrap")
 def test_unsafe_sandbox_reenables_the_weak_mode() -> None:
     task = CodeUnitTestsTask(TaskConfig(unsafe_sandbox=True))
     assert task.validate() == [] and task.code_cfg.unsafe and "WEAK" in task.describe()
     specs = load_specs()[:3]
     cfg = CodeConfig(unsafe=True, limits=LIMITS)
-    results = score_programs(specs, [s.reference for s in specs] + [], cfg)
+    results = score_programs(specs, [s.reference for s in specs], cfg)
     assert [(r.status, r.reward) for r in results] == [("ok", 1.0)] * 3
     wrong = score_programs(specs, ["    return None\n"] * 3, cfg)
     assert all(r.reward < 1.0 for r in wrong)

@@ -153,7 +153,8 @@ def filesystem_args() -> tuple[str, ...]:
     hidden = {os.path.realpath(p) for p in (paths["purelib"], paths["platlib"],
                                             *site.getsitepackages())}
     hidden |= {str(p) for lib in bound if os.path.isdir(lib)
-               for p in Path(lib).glob("python3*/*-packages")}
+               for pattern in ("*-packages", "python3*/*-packages")
+               for p in Path(lib).glob(pattern)}
     for path in sorted(hidden):
         if os.path.isdir(path) and _under(path, bound):
             args.extend(["--tmpfs", path, "--remount-ro", path])
@@ -187,10 +188,30 @@ def _spawn(bwrap: str, tmp_bytes: int) -> subprocess.Popen[bytes]:
         os.close(fd)
 
 
+MIN_BWRAP_VERSION = (0, 8)
+"""``--size`` (the /tmp cap) and ``--disable-userns`` need bubblewrap 0.8 (Debian 12,
+Ubuntu 24.04)."""
+
+
+def _version_problem(bwrap: str) -> str:
+    try:
+        out = subprocess.run([bwrap, "--version"], capture_output=True, timeout=10,
+                             env={"LC_ALL": "C.UTF-8"}, check=False).stdout.decode()
+        version = tuple(int(x) for x in out.split()[-1].split(".")[:2])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return f"could not read the version of {bwrap}"
+    if version < MIN_BWRAP_VERSION:
+        return (f"bubblewrap {'.'.join(map(str, version))} is too old (need "
+                f"{'.'.join(map(str, MIN_BWRAP_VERSION))} or newer)")
+    return ""
+
+
 @functools.lru_cache(maxsize=8)
 def _probe(bwrap: str) -> str:
     if not os.path.isfile(bwrap) or not os.access(bwrap, os.X_OK):
         return f"bubblewrap not found at {bwrap}"
+    if problem := _version_problem(bwrap):
+        return problem
     try:
         seccomp_program()
     except SandboxUnavailable as e:
