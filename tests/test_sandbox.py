@@ -185,6 +185,7 @@ NEW_ATTACKS = {  # 10+ more: each either fails inside the child or earns nothing
                                "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
                                "def add(a, b):\n    time.sleep(100)\n", {"timeout"}),
     "memory_bomb": ("x = [bytearray(10**6) for _ in range(10**4)]\n", {"limit"}),
+    "fill_dev_shm": ("open('/dev/shm/x', 'wb').write(b'x' * 10**6)\n", {"crashed"}),
     "fill_tmp": ("for i in range(100):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 10**6)\n",
                  {"crashed"}),
     "flood_result_channel": ("import os\nfor fd in (1, 2, 3):\n"

@@ -10,10 +10,10 @@ The child is ``python -I -S -B -c <harness source>`` started by ``bwrap`` with:
   ``/usr/lib64``: the C library and the shared libraries of the stdlib's extension modules),
   the interpreter's executable, its ``libpython`` and its standard-library directory with
   every site-packages / dist-packages directory under it hidden by an empty read-only tmpfs;
-  a minimal ``/dev``; a private size-capped tmpfs ``/tmp`` (the working directory, the only
-  writable place; the root is remounted read-only). No
-  ``/proc``, ``/etc``, ``/home``, ``/root``, no ``/usr/bin``, no rlscope source or data, no
-  site-packages;
+  a minimal read-only ``/dev`` (its null, zero, random... nodes usable); a private
+  size-capped tmpfs ``/tmp`` (the working directory, the only writable place; the root is
+  remounted read-only). No ``/proc``, ``/etc``, ``/home``, ``/root`` (but the path to the
+  interpreter), no ``/usr/bin``, no rlscope source or data, no site-packages;
 - a seccomp filter (`seccomp_program`, compiled by libseccomp through ``pyseccomp``) that
   kills the process on: new processes (``fork``, ``vfork``, ``clone`` without
   ``CLONE_THREAD``), sockets of any family but ``AF_UNIX``, signals sent with ``kill``,
@@ -167,7 +167,8 @@ def bwrap_command(bwrap: str, seccomp_fd: int, tmp_bytes: int) -> list[str]:
     return [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net",
             "--unshare-uts", "--unshare-cgroup-try", "--disable-userns",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL",
-            "--new-session", "--die-with-parent", *fs, "--dev", "/dev",
+            "--new-session", "--die-with-parent", *fs,
+            "--dev", "/dev", "--remount-ro", "/dev",
             "--size", str(tmp_bytes), "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp",
             "--seccomp", str(seccomp_fd), "--hostname", "sandbox",
             executable, "-I", "-S", "-B", "-c", HARNESS_SOURCE]
