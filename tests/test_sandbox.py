@@ -39,6 +39,8 @@ PROBLEM = isolation_problem() if sys.platform.startswith("linux") else "not Linu
 isolated_only = pytest.mark.skipif(bool(PROBLEM), reason=f"no isolated sandbox: {PROBLEM}")
 
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=2.0, per_test_seconds=0.5)
+QUICK = SandboxLimits(cpu_seconds=1, wall_seconds=1.0, per_test_seconds=0.3)
+"""For programs expected to time out: a shorter wall limit keeps the file fast."""
 ADD_TESTS = [TestCase((1, 2), 3), TestCase((2, 2), 4), TestCase((-1, 1), 0), TestCase((5, 0), 5)]
 GOOD = "def add(a, b):\n    return a + b\n"
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -201,7 +203,8 @@ NEW_ATTACKS = {  # 10+ more: each either fails inside the child or earns nothing
 @pytest.mark.parametrize("name", list(ESCAPES))
 def test_escape_scores_zero_with_status(guarded: Any, name: str) -> None:
     code, status = ESCAPES[name]
-    result, _ = guarded(code if "def " in code else code + GOOD)
+    result, _ = guarded(code if "def " in code else code + GOOD,
+                        limits=QUICK if status == "timeout" else LIMITS)
     assert (result.status, result.passed, result.reward) == (status, 0, 0.0), result
     assert result.reason
 
@@ -210,7 +213,8 @@ def test_escape_scores_zero_with_status(guarded: Any, name: str) -> None:
 @pytest.mark.parametrize("name", list(NEW_ATTACKS))
 def test_new_attack_scores_zero_and_host_unharmed(guarded: Any, name: str) -> None:
     code, statuses = NEW_ATTACKS[name]
-    result, _ = guarded(code if "def add" in code else code + GOOD)
+    result, _ = guarded(code if "def add" in code else code + GOOD,
+                        limits=QUICK if statuses == {"timeout"} else LIMITS)
     assert result.status in statuses and result.passed == 0, result
 
 
@@ -397,6 +401,14 @@ def test_child_sees_only_the_interpreter_and_libraries(guarded: Any) -> None:
             "os.path.exists('SPECS'), os.path.exists('PYPROJECT'), os.path.exists('/proc')]\n")
     result, _ = guarded(code, [TestCase((0, 0), [["dev", "lib", "lib64", "root", "tmp", "usr"],
                                                   65534, False, False, False])])
+    assert (result.status, result.passed) == ("ok", 1), result
+    walk = ("import os\ndef add(a, b):\n    out = []\n"
+            "    for root, dirs, _ in os.walk('/'):\n"
+            "        if root.startswith('/usr/lib/'):\n            dirs[:] = []\n"
+            "        try:\n            open(os.path.join(root, '.w'), 'wb').close()\n"
+            "            out.append(root)\n        except OSError:\n            pass\n"
+            "    return out\n")
+    result, _ = guarded(walk, [TestCase((0, 0), ["/tmp"])])  # the only writable directory
     assert (result.status, result.passed) == ("ok", 1), result
 
 
