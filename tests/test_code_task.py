@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from rlscope.batch import RolloutBatch
+from rlscope.cli import _tyro_parse
 from rlscope.config import RunConfig, TrainConfig, stop_tokens
 from rlscope.metrics.schema import unregistered
 from rlscope.metrics.sinks import read_jsonl
-from rlscope.sandbox import SandboxLimits
+from rlscope.sandbox import SandboxLimits, isolation_problem
 from rlscope.tasks import make_task
 from rlscope.tasks.base import TaskConfig
 from rlscope.tasks.code import (
@@ -31,11 +32,14 @@ from rlscope.tasks.code import (
 from rlscope.train import train
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+PROBLEM = isolation_problem() if sys.platform.startswith("linux") else "not Linux"
+needs_sandbox = pytest.mark.skipif(bool(PROBLEM), reason=f"no isolated sandbox: {PROBLEM}")
 
 FAST = CodeConfig(completion_len=256, workers=2,
                   limits=SandboxLimits(cpu_seconds=1, wall_seconds=2.0, per_test_seconds=0.5))
 
 
+@needs_sandbox
 def test_specs_load_and_every_reference_passes_its_tests() -> None:
     specs = load_specs()
     assert len(specs) >= 20 and len({s.function for s in specs}) == len(specs)
@@ -49,6 +53,7 @@ def test_specs_load_and_every_reference_passes_its_tests() -> None:
         if r.reward != 1.0]
 
 
+@needs_sandbox
 def test_wrong_bodies_score_below_one() -> None:
     specs = load_specs()
     results = score_programs(specs, ["    return None\n"] * len(specs), FAST)
@@ -63,6 +68,7 @@ def test_extract_body_cuts_at_end_and_at_top_level_code() -> None:
     assert extract_body("") == "" and extract_body("return 3\n") == ""
 
 
+@needs_sandbox
 @pytest.mark.parametrize("completion", [
     "", "\x00\x01\x02\xff", "    return '\udcff'\n", "é😀" * 500, "    " + "x" * 300_000,
     "    while True:\n        pass\n", "    import os\n    os.system('true')\n",
@@ -92,6 +98,7 @@ def _rollout(task: CodeUnitTestsTask, specs_idx: list[int], texts: list[str]) ->
                         group_id_B=torch.arange(B))
 
 
+@needs_sandbox
 def test_batch_of_32_is_scored_in_bounded_time() -> None:
     task = CodeUnitTestsTask(TaskConfig(), FAST)
     n = len(task.specs)
@@ -112,6 +119,7 @@ def test_batch_of_32_is_scored_in_bounded_time() -> None:
     assert metrics["solved"].sum() == 16
 
 
+@needs_sandbox
 def test_prompts_train_and_heldout_are_disjoint_and_decode() -> None:
     task = CodeUnitTestsTask(TaskConfig(eval_batches=2, eval_batch_size=8), FAST)
     assert task.validate() == []
@@ -128,6 +136,7 @@ def test_prompts_train_and_heldout_are_disjoint_and_decode() -> None:
     assert "code_unit_tests" in task.describe()
 
 
+@needs_sandbox
 def test_registered_with_task_config_options_and_stop_token() -> None:
     cfg = TaskConfig(code_completion_len=32, code_workers=1, code_cpu_seconds=1,
                      code_wall_seconds=2.5, code_per_test_seconds=0.5)
@@ -173,6 +182,7 @@ def test_heldout_set_is_the_fixed_heldout_specs_for_every_seed() -> None:
                 for i in range(64)} & heldout
 
 
+@needs_sandbox
 def test_grpo_three_steps_end_to_end(tmp_path: Path) -> None:
     """3 GRPO steps of the tiny transformer on CPU: the sandbox scores every rollout, the
     metrics are finite and registered, and the run completes."""
@@ -201,3 +211,15 @@ def test_grpo_three_steps_end_to_end(tmp_path: Path) -> None:
     config = json.loads((result.run_dir / "config.json").read_text())
     assert config["config"]["sampling"]["stop_token_ids"] == [256]
     assert config["derived"]["stop_token_ids"] == [256]
+
+
+def test_unsafe_sandbox_option_reaches_the_task() -> None:
+    """``--unsafe_sandbox`` is a flat train option, off by default, documented in --help."""
+    cfg = _tyro_parse(TrainConfig, ["--task", "code_unit_tests", "--unsafe_sandbox"],
+                      "rlscope train")
+    assert isinstance(cfg, TrainConfig) and cfg.task_options.unsafe_sandbox
+    task = make_task("code_unit_tests", cfg.task_options)
+    assert isinstance(task, CodeUnitTestsTask) and task.code_cfg.unsafe
+    assert "unsafe_sandbox" in task.options
+    default = _tyro_parse(TrainConfig, ["--task", "code_unit_tests"], "rlscope train")
+    assert isinstance(default, TrainConfig) and not default.task_options.unsafe_sandbox

@@ -79,6 +79,10 @@ class TaskConfig:
     code_per_test_seconds: float = 1.0
     """code_unit_tests: alarm per hidden test call inside the sandbox (a slow test fails
     alone)."""
+    unsafe_sandbox: bool = False
+    """code_unit_tests: run generated code in the WEAK sandbox (a plain subprocess with an
+    in-process audit hook, escapable by a determined program) instead of refusing to start
+    where bubblewrap (apt-get install bubblewrap) or seccomp is unavailable; docs/sandbox.md."""
 
 
 @dataclass(frozen=True)

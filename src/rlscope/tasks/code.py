@@ -18,17 +18,19 @@ indented (so top-level code a model appends after the function, ``print(...)`` o
 Reward. Passed / total hidden tests of the program (`rlscope.sandbox.run_tests`), scored for a
 batch by at most ``code_workers`` (`CodeConfig.workers`) sandboxes at a time. Anything the
 completion does — empty, binary, a syntax error, a hang, an escape attempt — is a reward of 0,
-never an exception. The exact expected reward is not exposed (it would need the reward of every
-possible program).
+never an exception. The sandbox is the isolated one (bubblewrap, docs/sandbox.md); where it is
+unavailable `validate` refuses the task with the install hint unless ``unsafe_sandbox``
+(``--unsafe_sandbox``) selects the weak one. The exact expected reward is not exposed (it would
+need the reward of every possible program).
 
 Interface. Registered as ``--task code_unit_tests``. Its options are the flat `TaskConfig`
-fields ``code_completion_len``, ``code_workers``, ``code_cpu_seconds``, ``code_wall_seconds``
-and ``code_per_test_seconds``, turned into a `CodeConfig` (`CodeConfig.from_task_config`); a
-`CodeConfig` passed to the constructor overrides them (tests, other generators). The END token
-is the task's stop token (in force unless ``--stop_token_ids`` is given). Prompts are
-left-padded with NUL to the longest spec prompt (117 bytes), with an attention mask, so every
-batch has the same width; the tiny transformer then needs 117 + ``code_completion_len``
-positions.
+fields ``code_completion_len``, ``code_workers``, ``code_cpu_seconds``, ``code_wall_seconds``,
+``code_per_test_seconds`` and ``unsafe_sandbox``, turned into a `CodeConfig`
+(`CodeConfig.from_task_config`); a `CodeConfig` passed to the constructor overrides them
+(tests, other generators). The END token is the task's stop token (in force unless
+``--stop_token_ids`` is given). Prompts are left-padded with NUL to the longest spec prompt
+(117 bytes), with an attention mask, so every batch has the same width; the tiny transformer
+then needs 117 + ``code_completion_len`` positions.
 
 Held-out set. Unlike the generated tasks, the prompts are a fixed finite set: the held-out
 specs are the same for every seed; only which of them fill the ``eval_batches ×
@@ -49,7 +51,8 @@ from importlib import resources
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.sandbox import SandboxLimits, SandboxResult, TestCase, run_many
+from rlscope.sandbox import SandboxLimits, SandboxResult, TestCase, isolation_problem, run_many
+from rlscope.sandbox.isolated import INSTALL_HINT
 from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
 from rlscope.tasks.text import fixed_left_padded
 from rlscope.tokenizer import ByteTokenizer
@@ -80,12 +83,15 @@ class CodeConfig:
     """Sandboxes run at a time when a batch is scored (each takes up to one CPU core)."""
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     """Per-program sandbox limits (`rlscope.sandbox.SandboxLimits`)."""
+    unsafe: bool = False
+    """Use the weak subprocess sandbox instead of the isolated one (``--unsafe_sandbox``)."""
 
     @classmethod
     def from_task_config(cls, cfg: TaskConfig) -> CodeConfig:
         """The options given as `TaskConfig` fields (``--code_*`` on the command line); the
         other sandbox limits keep their defaults."""
         return cls(completion_len=cfg.code_completion_len, workers=cfg.code_workers,
+                   unsafe=cfg.unsafe_sandbox,
                    limits=SandboxLimits(cpu_seconds=cfg.code_cpu_seconds,
                                         wall_seconds=cfg.code_wall_seconds,
                                         per_test_seconds=cfg.code_per_test_seconds))
@@ -129,7 +135,7 @@ def score_programs(specs: Sequence[CodeSpec], completions: Sequence[str],
     cfg = cfg or CodeConfig()
     jobs = [(s.prompt + extract_body(c), s.function, s.tests)
             for s, c in zip(specs, completions, strict=True)]
-    return run_many(jobs, cfg.limits, cfg.workers)
+    return run_many(jobs, cfg.limits, cfg.workers, unsafe=cfg.unsafe)
 
 
 class CodeUnitTestsTask:
@@ -139,7 +145,8 @@ class CodeUnitTestsTask:
     name = "code_unit_tests"
     family = "sequence"
     options: tuple[str, ...] = ("code_completion_len", "code_workers", "code_cpu_seconds",
-                                "code_wall_seconds", "code_per_test_seconds", *EVAL_OPTIONS)
+                                "code_wall_seconds", "code_per_test_seconds", "unsafe_sandbox",
+                                *EVAL_OPTIONS)
     has_labels = False
     binary_rewards = False
     _foreign = ("vocab", "seq_len", "score_len", "binary_reward", "context_len", "lm_kl_shaping",
@@ -178,12 +185,16 @@ class CodeUnitTestsTask:
             errors.append("task.eval_batches and task.eval_batch_size must be >= 1")
         if self.code_cfg.completion_len < 1 or self.code_cfg.workers < 1:
             errors.append("code completion_len and workers must be >= 1")
+        if not self.code_cfg.unsafe and (problem := isolation_problem()):
+            errors.append(f"code_unit_tests refuses to run generated code without the "
+                          f"isolated sandbox ({problem}): {INSTALL_HINT}")
         return errors + self.code_cfg.limits.validate()
 
     def describe(self) -> str:
         return (f"{self.name}: write a Python function body from its specification "
                 f"({len(self.train_specs)} training / {len(self.eval_specs)} held-out specs); "
-                f"reward = fraction of hidden unit tests passed in a sandbox")
+                f"reward = fraction of hidden unit tests passed in a sandbox"
+                + (" (WEAK: --unsafe_sandbox)" if self.code_cfg.unsafe else ""))
 
     def _prompts(self, specs: Sequence[CodeSpec]) -> PromptBatch:
         return fixed_left_padded([self.tokenizer.encode(s.prompt) for s in specs],
