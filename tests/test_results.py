@@ -13,6 +13,7 @@ import pytest
 
 from rlscope import results
 from rlscope.doctor import importers
+from rlscope.metrics import sinks
 from rlscope.report import tidy
 from rlscope.results import TidyRow, curves, final_values, finite, index, number, read_run_dir
 from rlscope.sweep import aggregate
@@ -23,11 +24,14 @@ def test_one_copy_shared_by_sweep_report_and_doctor() -> None:
     assert tidy.curves is curves and tidy.final_values is final_values
     assert tidy.rows_from_run_dir is read_run_dir and tidy.number is number
     assert aggregate.mean_sd is results.mean_sd and aggregate.sem is tidy.sem is results.sem
-    assert importers._number is number
+    assert importers._number is number and sinks.iter_jsonl is results.iter_jsonl
 
 
-def test_results_and_the_report_import_neither_torch_nor_the_sweep() -> None:
-    code = ("import sys, rlscope.results, rlscope.report.tidy; "
+def test_results_imports_nothing_of_rlscope_and_the_report_not_the_sweep() -> None:
+    code = ("import sys, rlscope.results; "
+            "own = {m for m in sys.modules if m.startswith('rlscope.')}; "
+            "assert own == {'rlscope.results'}, own; "
+            "import rlscope.report.tidy; "
             "bad = {'torch', 'matplotlib', 'rlscope.sweep'} & set(sys.modules); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,15 +1,17 @@
 """Results of runs as numbers: tidy rows, their readers, and the statistics across runs.
 
-One module (numpy only: no torch, no matplotlib) for everything that reads finished or running
+One module (numpy and the standard library only: no torch, no matplotlib, nothing else of
+rlscope, so any layer may import it) for everything that reads finished or running
 runs back: `rlscope.sweep.aggregate` (tables and files beside a sweep), `rlscope.report`
 (figures and the HTML report) and the doctor's importers (`number`).
 
 - `TidyRow`: one value of one metric at one step of one run, the long form ``results.csv``
   holds (columns `RESULTS_COLUMNS`; ``name`` is the run id without the seed, the unit runs are
   aggregated over).
-- Readers: `read_run_dir` (a run directory's ``metrics.jsonl`` and ``eval.jsonl``) and
-  `read_results_csv` (a sweep's ``results.csv``) give the same rows, so a run and a sweep go
-  through one code path. `number` / `finite` coerce logged values.
+- Readers: `iter_jsonl` (the tolerant JSONL reader), `read_run_dir` (a run directory's
+  ``metrics.jsonl`` and ``eval.jsonl``) and `read_results_csv` (a sweep's ``results.csv``)
+  give the same rows, so a run and a sweep go through one code path. `number` / `finite`
+  coerce logged values.
 - Statistics: `mean_sd`, `sem`; `index` groups rows into one `Series` per metric and name;
   `curve` / `curves` (mean ± SEM per step) and `final_values` (each run's last value, then
   mean ± sd across runs) read it.
@@ -30,15 +32,14 @@ Conventions (stated once, used by the sweep's tables, the figures and the report
 from __future__ import annotations
 
 import csv
+import json
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import numpy as np
-
-from rlscope.metrics.sinks import iter_jsonl
 
 Kind = Literal["train", "eval"]
 
@@ -120,6 +121,25 @@ def sem(values: Sequence[float] | np.ndarray) -> float:
 
 
 # ------------------------------------------------------------------------------- readers
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL file, for readers of finished or killed runs: blank,
+    malformed and non-object lines are skipped (a run killed mid-write leaves a partial last
+    line), and a missing file yields nothing."""
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                yield obj
+
 
 
 def read_run_dir(run_dir: Path, run: str, name: str, method: str, seed: int,
