@@ -69,7 +69,7 @@ def test_grouped_presets_select_mixed_groups_by_default() -> None:
     """Every preset that compares the rollouts of a group; the candidate presets (tpo_token,
     grpo_token) compare next-token candidates instead, so a group of equal rollout rewards
     still carries signal and they keep every rollout (docs/architecture.md)."""
-    assert SELECTIONS == ("none", "mixed_groups", "kondo")
+    assert tuple(SELECTIONS) == ("none", "mixed_groups", "kondo")
     grouped = {name for name, spec in METHODS.items()
                if spec.grouped and not spec.needs_candidates}
     assert {"grpo", "dr_grpo", "dapo", "tpo", "tpo_no_anchor", "group_pg"} <= grouped

@@ -17,21 +17,16 @@ import torch
 
 from rlscope.batch import CandidateBatch, RolloutBatch, _map_tensors
 from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
-from rlscope.methods.aggregation import aggregate
-from rlscope.methods.corrections import CORRECTIONS
-from rlscope.methods.gates import GATES, GateInputs, probs_mean_BT, reward_uncertainty_B
-from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
+from rlscope.methods.aggregation import TOKEN_MEAN, aggregate
+from rlscope.methods.corrections import acted_BT
+from rlscope.methods.gates import GateInputs, probs_mean_BT, reward_uncertainty_B
+from rlscope.methods.objectives import PolicyTerms
 from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, kl_full, value_loss
 from rlscope.methods.spec import MethodSpec
 from rlscope.metrics.estimators import masked_mean, value_metrics
 from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
 from rlscope.sampling.processors import processed_logprobs
-
-# Advantage estimators whose baseline reads the current learner's distribution, or the exact
-# expected reward where the task exposes it (`expected`), or always reads it (`rtg`).
-NEEDS_LEARNER_PROBS = frozenset({"expected"})
-ALWAYS_NEEDS_LEARNER_PROBS = frozenset({"rtg", "oracle_token"})
 
 
 def wants_expected_reward(spec: MethodSpec, top_k: int, top_p: float) -> bool:
@@ -41,7 +36,7 @@ def wants_expected_reward(spec: MethodSpec, top_k: int, top_p: float) -> bool:
     target's prefixes is not known (the kept sets were recorded along the sampled prefixes),
     so the Σπ² baseline is used instead.
     """
-    return spec.advantage.name in NEEDS_LEARNER_PROBS and top_k == 0 and top_p >= 1.0
+    return spec.uses_expected_reward and top_k == 0 and top_p >= 1.0
 
 
 @dataclass(frozen=True)
@@ -155,9 +150,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         tokens_BT, mask_BT = batch.targets_BT, batch.score_mask_BT.to(batch.logp_raw_BT.dtype)
     else:
         tokens_BT, mask_BT = batch.completion_tokens_BT, batch.completion_mask_BT
-    needs_probs = spec.advantage.name in ALWAYS_NEEDS_LEARNER_PROBS or (
-        spec.advantage.name in NEEDS_LEARNER_PROBS and batch.expected_reward_B is None)
-    corrected = spec.correction.name != "none"
+    needs_probs = spec.needs_learner_probs(batch.expected_reward_B is not None)
+    corrected = spec.corrected
     sum_p2_BT = values_BT = ref_logp_BT = ref_logp_BTV = token_rewards_BT = is_weight_BT = None
     if needs_probs or spec.needs_value or corrected:
         fwd = forward_completion(policy, batch, tokens_BT, temperature, replay_keep, group_size)
@@ -165,9 +159,9 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         if value_head is not None:
             values_BT = value_head(fwd.hidden_BTD) * mask_BT
         if corrected:
-            is_weight_BT, is_stats = CORRECTIONS[spec.correction.name](
+            is_weight_BT, is_stats = spec.correction_component(
                 fwd.logp_BT, batch.logp_sampler_BT, mask_BT, spec.correction)
-            active_BT = is_stats.get("is_capped", is_stats.get("is_masked"))
+            active_BT = acted_BT(is_stats)
             metrics["sampler/correction_weight_mean"] = masked_mean(is_weight_BT, mask_BT)
             if active_BT is not None:
                 metrics["sampler/correction_active_frac"] = masked_mean(active_BT, mask_BT)
@@ -269,7 +263,7 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     logp_d_BT = fwd.logp_BT.detach()
     gate_in = GateInputs(inputs.adv_BT, logp_d_BT, inputs.uncertainty_B,
                          probs_mean_BT(logp_d_BT, fwd.logp_BTV.shape[-1]), inputs.age_B)
-    weight_BT, stats = GATES[spec.gate.name](gate_in, spec.gate)
+    weight_BT, stats = spec.gate_component(gate_in, spec.gate)
     terms = PolicyTerms(fwd.logp_BT, inputs.logp_old_BT, weight_BT, mask_BT,
                         success_B=None if inputs.rewards_B is None else inputs.rewards_B >= 1.0,
                         rewards_B=inputs.rewards_B, baseline_B=inputs.baseline_B,
@@ -279,7 +273,7 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
                         cand_rewards_BTK=inputs.cand_rewards_BTK, tokens_BT=inputs.tokens_BT,
                         targets_BT=inputs.labels_BT, label_mask_BT=inputs.label_mask_BT,
                         gate_BT=stats.get("gate_mean"))
-    obj_BT, obj_stats = OBJECTIVES[spec.objective.name](terms, spec.objective)
+    obj_BT, obj_stats = spec.objective_component(terms, spec.objective)
     if inputs.is_weight_BT is not None:
         obj_BT = obj_BT * inputs.is_weight_BT
     stats = stats | obj_stats
@@ -307,7 +301,7 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
         values_BT = value_head(fwd.hidden_BTD)
         v_loss_BT, v_stats = value_loss(values_BT, inputs.old_values_BT, inputs.returns_BT,
                                         spec.value)
-        v_term = aggregate(v_loss_BT, mask_BT, "token_mean", den.n_tokens, den.n_seqs,
+        v_term = aggregate(v_loss_BT, mask_BT, TOKEN_MEAN, den.n_tokens, den.n_seqs,
                            den.max_len)
         loss = loss + spec.value.coef * v_term
         parts["loss/value"] = v_term.detach()

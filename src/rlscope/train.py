@@ -44,10 +44,9 @@ from rlscope.methods.regularizers import (
     kl_warmup_beta,
 )
 from rlscope.methods.selection import (
-    KONDO_SEED_OFFSET,
+    OVERLONG,
+    SelectionInputs,
     fill_mixed_groups,
-    kondo_select,
-    mixed_groups,
     overlong_mask,
     overlong_penalty_B,
     overlong_shaped,
@@ -186,7 +185,7 @@ def greedy_rewards(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
     greedy = generate(policy, prompts, greedy_cfg, seeds_B, max_new_tokens)
     scored = score_rollouts(greedy, policy, task, cfg, False, step, noise=step_generator(
         cfg.run.seed, step, GREEDY_NOISE_SEED_OFFSET))
-    if overlong.name == "penalty":
+    if OVERLONG[overlong.name].shapes_reward:
         scored = overlong_shaped(scored, max_new_tokens, overlong)
     assert scored.rewards_B is not None
     return scored.rewards_B.repeat_interleave(group_size)
@@ -265,7 +264,7 @@ def train(cfg: TrainConfig) -> RunResult:
         """Rewards (shaped by the method's overlong penalty where active) and, for ReMax, the
         greedy baseline."""
         batch = score_rollouts(rollout, policy, task, cfg, want_expected, step)
-        if overlong.name == "penalty":
+        if OVERLONG[overlong.name].shapes_reward:
             batch = overlong_shaped(batch, d.max_new_tokens, overlong)
         if spec.needs_greedy_baseline:
             greedy_B = greedy_rewards(rollout, policy, task, cfg, overlong, d.group_size,
@@ -438,7 +437,7 @@ def rollout_metrics(batch: RolloutBatch, overlong: OverlongConfig, max_new_token
     m |= est.length_metrics(batch.completion_mask_BT, batch.finished_by_stop_B)
     m["policy/entropy_sampled"] = est.masked_mean(-batch.logp_sampler_BT,
                                                   batch.completion_mask_BT)
-    if overlong.name == "penalty":
+    if OVERLONG[overlong.name].shapes_reward:
         m["reward/overlong_penalty_mean"] = overlong_penalty_B(
             batch.completion_mask_BT.sum(-1), max_new_tokens, overlong).mean()
     if batch.greedy_rewards_B is not None:
@@ -452,17 +451,12 @@ def select_rows(spec: MethodSpec, batch: RolloutBatch, overlong: OverlongConfig,
     the overlong mask where active. Returns the kept rows, their metrics, and whether
     mixed-group selection fell back to keeping every row."""
     assert batch.rewards_B is not None
-    m: dict[str, torch.Tensor] = {}
-    fallback = False
-    if spec.selection == "mixed_groups":
-        keep_B, m = mixed_groups(batch.rewards_B, d.group_size)
-        fallback = bool(m["group/fallback"])
+    keep_B, m = spec.selection_component(batch, SelectionInputs(
+        d.group_size, spec.keep_ratio, spec.gate.eta, seed, step))
+    fallback = bool(m["group/fallback"]) if "group/fallback" in m else False
+    if keep_B is not None:
         batch = batch.select(keep_B)
-    if spec.selection == "kondo":
-        keep_B, m = kondo_select(batch, spec.keep_ratio, spec.gate.eta,
-                                 step_generator(seed, step, KONDO_SEED_OFFSET))
-        batch = batch.select(keep_B)
-    if overlong.name == "mask":
+    if OVERLONG[overlong.name].masks_rows:
         batch, overlong_m = overlong_mask(batch, d.max_new_tokens)
         m |= overlong_m
     return batch, m, fallback

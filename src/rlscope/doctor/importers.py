@@ -30,6 +30,7 @@ from typing import Any
 from rlscope.doctor.table import ImportResult, MetricTable
 from rlscope.doctor.translate import TRANSLATIONS, translate
 from rlscope.doctor.verl import RECORD, read_verl
+from rlscope.results import number as _number
 
 FORMATS = ("auto", "run", "verl", "trl", "wandb", "tinker", "jsonl", "csv")
 STEP_KEYS = ("step", "_step", "global_step", "Step", "iteration", "train/global_step",
@@ -81,19 +82,6 @@ def guess_framework(names: list[str]) -> str | None:
     counts = {fw: len(bare & set(table)) for fw, table in TRANSLATIONS.items()}
     best = max(counts, key=lambda fw: counts[fw])
     return best if counts[best] >= 2 else None
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
 
 
 def _flatten(obj: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -7,12 +7,12 @@ per-token advantage (sequence estimators broadcast over the completion), zero wh
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from rlscope.methods.spec import AdvantageConfig
+from rlscope.methods.component import Component
+from rlscope.methods.configs import AdvantageConfig
 
 EPS = 1e-8
 
@@ -347,28 +347,30 @@ def passk(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
     return _broadcast(adv_GK.reshape(-1), x.mask_BT)
 
 
-Estimator = Callable[[AdvantageInputs, AdvantageConfig], torch.Tensor]
+Estimator = Component[[AdvantageInputs, AdvantageConfig], torch.Tensor]
+
+_CLIP = ("std_floor", "clip")
+"""The settings every estimator lists: the |A| clip `compute_advantages` applies after each,
+and the std floor of the z-scoring estimators."""
 
 ADVANTAGES: dict[str, Estimator] = {
-    "expected": expected,
-    "constant": constant,
-    "zero": zero,
-    "group_zscore": group_zscore,
-    "group_center": group_center,
-    "rloo": rloo,
-    "gae": gae,
-    "batch_zscore": batch_zscore,
-    "reinforce_pp": reinforce_pp,
-    "reinforce_pp_baseline": reinforce_pp_baseline,
-    "rtg": rtg,
-    "oracle_token": oracle_token,
-    "tempo": tempo,
-    "maxrl": maxrl,
-    "remax": remax,
-    "passk": passk,
+    "expected": Component(expected, _CLIP, expected_reward_baseline=True),
+    "constant": Component(constant, _CLIP),
+    "zero": Component(zero, _CLIP),
+    "group_zscore": Component(group_zscore, _CLIP, grouped=True),
+    "group_center": Component(group_center, _CLIP, grouped=True),
+    "rloo": Component(rloo, _CLIP, grouped=True),
+    "gae": Component(gae, ("gamma", "lam", *_CLIP), needs_value_head=True),
+    "batch_zscore": Component(batch_zscore, _CLIP, grouped=True),
+    "reinforce_pp": Component(reinforce_pp, ("gamma", *_CLIP)),
+    "reinforce_pp_baseline": Component(reinforce_pp_baseline, ("gamma", *_CLIP), grouped=True),
+    "rtg": Component(rtg, _CLIP, needs_learner_probs=True),
+    "oracle_token": Component(oracle_token, _CLIP, needs_learner_probs=True),
+    "tempo": Component(tempo, _CLIP, grouped=True),
+    "maxrl": Component(maxrl, _CLIP, grouped=True),
+    "remax": Component(remax, _CLIP, greedy_baseline=True),
+    "passk": Component(passk, _CLIP, grouped=True),
 }
-GROUPED_ADVANTAGES = frozenset({"group_zscore", "group_center", "rloo", "batch_zscore",
-                                "reinforce_pp_baseline", "tempo", "maxrl", "passk"})
 
 
 def compute_advantages(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:

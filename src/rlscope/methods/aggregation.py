@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
+TOKEN_MEAN = "token_mean"
+"""Σ loss / Σ mask over the batch: also the value loss's aggregation, whatever the method's."""
+AGGREGATIONS = (TOKEN_MEAN, "seq_mean_token_mean", "seq_mean_token_sum",
                 "seq_mean_token_sum_norm", "sum")
 
 

@@ -11,10 +11,11 @@ exp(ℓ_old,t − ℓ_sampler,t). Sequence variants use one ratio per sequence o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from rlscope.methods.component import Component
 
 CorrectionOut = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -32,6 +33,11 @@ class CorrectionConfig:
     """C_max of the mask variants: ratios above it are dropped."""
     geometric: bool = False
     """Sequence variants: the geometric mean of the token ratios instead of their product."""
+
+    def validate(self) -> list[str]:
+        if self.cap <= 0 or not 0 < self.band_low < self.band_high:
+            return ["method.is_correction_cap must be > 0 and 0 < is_band_low < is_band_high"]
+        return []
 
 
 def _check(logp_old_BT: torch.Tensor, logp_sampler_BT: torch.Tensor,
@@ -105,11 +111,18 @@ def sequence_mask(logp_old_BT: torch.Tensor, logp_sampler_BT: torch.Tensor,
     return keep_BT, {"is_ratio": rho_BT, "is_masked": 1.0 - keep_BT}
 
 
-CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, CorrectionConfig],
-                                CorrectionOut]] = {
-    "none": no_correction,
-    "token_truncate": token_truncate,
-    "token_mask": token_mask,
-    "sequence_truncate": sequence_truncate,
-    "sequence_mask": sequence_mask,
+Correction = Component[[torch.Tensor, torch.Tensor, torch.Tensor, CorrectionConfig],
+                       CorrectionOut]
+
+CORRECTIONS: dict[str, Correction] = {
+    "none": Component(no_correction, identity=True),
+    "token_truncate": Component(token_truncate, ("cap",)),
+    "token_mask": Component(token_mask, ("band_low", "band_high")),
+    "sequence_truncate": Component(sequence_truncate, ("cap", "geometric")),
+    "sequence_mask": Component(sequence_mask, ("band_low", "band_high", "geometric")),
 }
+
+
+def acted_BT(stats: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Where a correction acted: the tokens it capped (truncate) or dropped (mask)."""
+    return stats.get("is_capped", stats.get("is_masked"))

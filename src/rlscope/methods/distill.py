@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from rlscope.methods.spec import ObjectiveConfig
-from rlscope.methods.terms import ObjectiveOut, PolicyTerms, require
+from rlscope.methods.component import Component
+from rlscope.methods.configs import ObjectiveConfig
+from rlscope.methods.terms import Objective, ObjectiveOut, PolicyTerms, require
 
 
 def _label_ce(x: PolicyTerms, objective: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,3 +61,11 @@ def scope_lite(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     correction_BT = ce_BT * suffix_BT
     loss_BT = -x.logp_BT * x.weight_BT.detach() + cfg.distill_alpha * correction_BT
     return loss_BT, {"first_error_frac": suffix_BT, "correction_loss": correction_BT.detach()}
+
+
+DISTILL_OBJECTIVES: dict[str, Objective] = {
+    "self_distill": Component(self_distill, ("distill_alpha",), token_labels=True),
+    "scope_lite": Component(scope_lite, ("distill_alpha",), token_labels=True),
+}
+"""The records of the label-distillation objectives (part of
+`rlscope.methods.objectives.OBJECTIVES`)."""

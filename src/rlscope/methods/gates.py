@@ -8,12 +8,12 @@ per-token (B, T) detached tensors the metric schema reduces over valid tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from rlscope.methods.spec import GateConfig
+from rlscope.methods.component import Component
+from rlscope.methods.configs import GateConfig
 
 GateOut = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -167,12 +167,15 @@ def freshness(x: GateInputs, cfg: GateConfig) -> GateOut:
     return weight_BT, {"gate_mean": gate_BT, "freshness_weight": fresh_BT, "batch_age": age_BT}
 
 
-GATES: dict[str, Callable[[GateInputs, GateConfig], GateOut]] = {
-    "none": no_gate,
-    "delight": delight,
-    "uncertainty_shift": uncertainty_shift,
-    "uncertainty_filter": uncertainty_filter,
-    "uncertainty_shrink": uncertainty_shrink,
-    "entropy_guard": entropy_guard,
-    "freshness": freshness,
+Gate = Component[[GateInputs, GateConfig], GateOut]
+
+_DG = ("eta",)
+GATES: dict[str, Gate] = {
+    "none": Component(no_gate, identity=True),
+    "delight": Component(delight, _DG),
+    "uncertainty_shift": Component(uncertainty_shift, (*_DG, "s")),
+    "uncertainty_filter": Component(uncertainty_filter, (*_DG, "tau")),
+    "uncertainty_shrink": Component(uncertainty_shrink, (*_DG, "s")),
+    "entropy_guard": Component(entropy_guard, (*_DG, "guard_scale")),
+    "freshness": Component(freshness, (*_DG, "gate_age_decay")),
 }

@@ -8,14 +8,14 @@ reduces over valid tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from rlscope.methods.distill import scope_lite, self_distill
-from rlscope.methods.spec import ObjectiveConfig
+from rlscope.methods.component import Component
+from rlscope.methods.configs import ObjectiveConfig
+from rlscope.methods.distill import DISTILL_OBJECTIVES
 from rlscope.methods.terms import (
     LOG_RATIO_CLAMP,
+    Objective,
     ObjectiveOut,
     PolicyTerms,
     clipped_surrogate,
@@ -23,14 +23,7 @@ from rlscope.methods.terms import (
     ratio,
     seq_log_ratio_B,
 )
-from rlscope.methods.tpo import (
-    group_pg,
-    grpo_token,
-    tpo,
-    tpo_full_action,
-    tpo_no_anchor,
-    tpo_token,
-)
+from rlscope.methods.tpo import TPO_OBJECTIVES
 
 
 def score(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
@@ -205,28 +198,23 @@ def ce_oracle(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     return -x.logp_BT, {}
 
 
-OBJECTIVES: dict[str, Callable[[PolicyTerms, ObjectiveConfig], ObjectiveOut]] = {
-    "score": score,
-    "is_capped": is_capped,
-    "traj_is_capped": traj_is_capped,
-    "ppo_clip": ppo_clip,
-    "gspo": gspo,
-    "cispo": cispo,
-    "aspo": aspo,
-    "r2vpo": r2vpo,
-    "sapo": sapo,
-    "dro": dro,
-    "log_growth": log_growth,
-    "pmd_mean": pmd_mean,
-    "ce_oracle": ce_oracle,
-    "tpo": tpo,
-    "tpo_no_anchor": tpo_no_anchor,
-    "group_pg": group_pg,
-    "tpo_full_action": tpo_full_action,
-    "tpo_token": tpo_token,
-    "grpo_token": grpo_token,
-    "self_distill": self_distill,
-    "scope_lite": scope_lite,
+_CLIP = ("clip_low", "clip_high", "dual_clip")
+OBJECTIVES: dict[str, Objective] = {
+    "score": Component(score),
+    "is_capped": Component(is_capped, ("cap",)),
+    "traj_is_capped": Component(traj_is_capped, ("cap",)),
+    "ppo_clip": Component(ppo_clip, _CLIP),
+    "gspo": Component(gspo, _CLIP),
+    "cispo": Component(cispo, ("cispo_max",)),
+    "aspo": Component(aspo, _CLIP[:2]),
+    "r2vpo": Component(r2vpo, ("r2vpo_lambda",)),
+    "sapo": Component(sapo, ("sapo_tau_pos", "sapo_tau_neg")),
+    "dro": Component(dro, ("dro_beta",)),
+    "log_growth": Component(log_growth),
+    "pmd_mean": Component(pmd_mean, ("pmd_tau",), own_credit=True),
+    "ce_oracle": Component(ce_oracle, own_credit=True, teacher_forced=True),
+    **TPO_OBJECTIVES,
+    **DISTILL_OBJECTIVES,
 }
 
-__all__ = ["LOG_RATIO_CLAMP", "OBJECTIVES", "ObjectiveOut", "PolicyTerms", "ratio"]
+__all__ = ["LOG_RATIO_CLAMP", "OBJECTIVES", "Objective", "ObjectiveOut", "PolicyTerms", "ratio"]

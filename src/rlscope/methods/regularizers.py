@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rlscope.methods.spec import EntropyConfig, KLConfig, ValueConfig
+from rlscope.methods.configs import EntropyConfig, KLConfig, ValueConfig
 
 SAMPLED_KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 """Estimators computed by `kl_estimate` from the sampled tokens' log-probs."""

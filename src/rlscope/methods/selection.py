@@ -7,20 +7,24 @@
   policy and λ solved so the mean probability is the keep ratio (`kondo_select`).
 - overlong handling (DAPO): `overlong_mask` drops rows truncated at the length limit from the
   loss; `overlong_penalty_B` is the soft length penalty added to their rewards.
+
+`SELECTIONS` and `OVERLONG` are the registries: each selection is called as
+``SELECTIONS[name](batch, SelectionInputs) -> (keep_B or None, metrics)``; an overlong record
+says whether it shapes rewards (`overlong_shaped`) or masks rows (`overlong_mask`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from rlscope.batch import RolloutBatch, concat_rollouts
-from rlscope.methods.spec import OverlongConfig
+from rlscope.methods.component import Component
+from rlscope.methods.configs import OverlongConfig
 
-SELECTIONS = ("none", "mixed_groups", "kondo")
-OVERLONG = ("none", "mask", "penalty")
 MIXED_STD = 1e-6
 KONDO_BISECTION_STEPS = 20
 KONDO_SEED_OFFSET = 3_000_017
@@ -203,3 +207,58 @@ def overlong_mask(batch: RolloutBatch, max_len: int
     mask_BT = batch.completion_mask_BT * (~cut_B)[:, None].to(batch.completion_mask_BT.dtype)
     return (dataclasses.replace(batch, completion_mask_BT=mask_BT),
             {"select/overlong_masked_frac": cut_B.float().mean()})
+
+
+@dataclass(frozen=True)
+class SelectionInputs:
+    """What a selection may read besides the batch: the group size, Kondo's keep ratio and η
+    (the delight gate's), and the run seed and loop step its draws derive from."""
+
+    group_size: int
+    keep_ratio: float
+    eta: float
+    seed: int
+    step: int
+
+
+SelectionOut = tuple[torch.Tensor | None, dict[str, torch.Tensor]]
+"""Rows to keep, ``keep_B`` (bool; None keeps the batch as it is), and metrics."""
+
+
+def keep_all(batch: RolloutBatch, x: SelectionInputs) -> SelectionOut:
+    """No selection: every row is trained on."""
+    return None, {}
+
+
+def select_mixed_groups(batch: RolloutBatch, x: SelectionInputs) -> SelectionOut:
+    """`mixed_groups` on the batch's rewards."""
+    assert batch.rewards_B is not None
+    return mixed_groups(batch.rewards_B, x.group_size)
+
+
+def select_kondo(batch: RolloutBatch, x: SelectionInputs) -> SelectionOut:
+    """`kondo_select` with the step's own generator (`step_generator`)."""
+    return kondo_select(batch, x.keep_ratio, x.eta,
+                        step_generator(x.seed, x.step, KONDO_SEED_OFFSET))
+
+
+SELECTIONS: dict[str, Component[[RolloutBatch, SelectionInputs], SelectionOut]] = {
+    "none": Component(keep_all, identity=True),
+    "mixed_groups": Component(select_mixed_groups, grouped=True),
+    "kondo": Component(select_kondo, ("keep_ratio",), ungrouped=True,
+                       behaviour_sum_p2=True),
+}
+
+
+def no_overlong(batch: RolloutBatch, max_len: int) -> RolloutBatch:
+    """No overlong handling: the batch as it is."""
+    return batch
+
+
+OVERLONG: dict[str, Component[..., object]] = {
+    "none": Component(no_overlong, identity=True),
+    "mask": Component(overlong_mask, masks_rows=True),
+    "penalty": Component(overlong_shaped, ("buffer", "factor"), shapes_reward=True),
+}
+"""Overlong handling. The loop reads the flags: ``shapes_reward`` adds `overlong_penalty_B` to
+the rewards (`overlong_shaped`), ``masks_rows`` drops truncated rows (`overlong_mask`)."""

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlscope.methods.spec import ObjectiveConfig
+from rlscope.methods.component import Component
+from rlscope.methods.configs import ObjectiveConfig
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -56,6 +57,8 @@ class PolicyTerms:
 
 
 ObjectiveOut = tuple[torch.Tensor, dict[str, torch.Tensor]]
+Objective = Component[[PolicyTerms, ObjectiveConfig], ObjectiveOut]
+"""A registered objective (`rlscope.methods.objectives.OBJECTIVES`)."""
 
 
 def require(value: torch.Tensor | None, field: str, objective: str) -> torch.Tensor:

@@ -15,15 +15,20 @@ cross-entropy. Variants (METHODS.md, "Objectives"):
 The group objectives put each sequence's share of its group's loss on the sequence's first
 valid token and expect ``seq_mean_token_sum`` aggregation, so the aggregate is the mean over
 groups (see `group_loss_B`); the candidate and full-action objectives are per token and expect
-``token_mean`` (the mean over prefixes). `rlscope.methods.validate_method` enforces both.
+``token_mean`` (the mean over prefixes); their records (`TPO_OBJECTIVES`) declare it and
+`rlscope.methods.validate_method` enforces it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from rlscope.methods.spec import CANDIDATE_OBJECTIVES, GROUP_OBJECTIVES, ObjectiveConfig
+from rlscope.methods.component import Component
+from rlscope.methods.configs import ObjectiveConfig
 from rlscope.methods.terms import (
+    Objective,
     ObjectiveOut,
     PolicyTerms,
     clipped_surrogate,
@@ -34,14 +39,6 @@ from rlscope.methods.terms import (
 
 SKILL_STD_MIN = 1e-6
 """Skills are z-scores; below this reward std they are only centred (METHODS.md)."""
-
-OBJECTIVE_AGG = {
-    **{name: "seq_mean_token_sum" for name in GROUP_OBJECTIVES},
-    **{name: "token_mean" for name in CANDIDATE_OBJECTIVES},
-    "tpo_full_action": "token_mean",
-}
-"""The aggregation each TPO-family objective is defined with."""
-
 
 def skill(rewards_NK: torch.Tensor) -> torch.Tensor:
     """Z-score of rewards along the last axis (population std); only centred when the std is
@@ -207,3 +204,20 @@ def grpo_token(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     loss_BT = (surrogate_BTK + cfg.candidate_kl * k3_BTK).sum(-1)
     stats = {name: v.mean(-1) for name, v in clip_stats.items()}
     return loss_BT, stats | {"candidate_kl": k3_BTK.detach().sum(-1)}
+
+
+_GROUP = Component(tpo, ("tpo_eta",), grouped=True, whole_groups=True,
+                   own_aggregation="seq_mean_token_sum", own_credit=True)
+_CANDIDATE = Component(tpo_token, ("tpo_eta",), grouped=True, candidates=True,
+                       own_aggregation="token_mean", own_credit=True)
+TPO_OBJECTIVES: dict[str, Objective] = {
+    "tpo": _GROUP,
+    "tpo_no_anchor": dataclasses.replace(_GROUP, fn=tpo_no_anchor),
+    "group_pg": dataclasses.replace(_GROUP, fn=group_pg),
+    "tpo_full_action": Component(tpo_full_action, ("tpo_eta",), own_aggregation="token_mean",
+                                 own_credit=True),
+    "tpo_token": _CANDIDATE,
+    "grpo_token": dataclasses.replace(_CANDIDATE, fn=grpo_token, settings=(
+        "clip_low", "clip_high", "candidate_kl")),
+}
+"""The TPO family's records (part of `rlscope.methods.objectives.OBJECTIVES`)."""

@@ -13,7 +13,6 @@ import fcntl
 import json
 import math
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
+
+from rlscope.results import iter_jsonl as iter_jsonl  # re-exported: its home is the results layer
 
 SHOWN = {"reward/mean": "r", "policy/entropy": "H", "adv/abs_mean": "|A|",
          "policy/clipfrac_region": "clip", "optim/grad_norm": "gn"}
@@ -73,24 +74,6 @@ def append_csv_rows(path: Path, rows: list[dict[str, Any]]) -> None:
             writer = csv.DictWriter(f, fieldnames=fields)
         writer.writerows(rows)
         f.flush()
-
-
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a JSONL file, for readers of finished or killed runs: blank,
-    malformed and non-object lines are skipped (a run killed mid-write leaves a partial last
-    line), and a missing file yields nothing."""
-    if not path.exists():
-        return
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                yield obj
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

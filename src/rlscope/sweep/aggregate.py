@@ -33,44 +33,34 @@ import csv
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from rlscope.metrics.sinks import iter_jsonl
+from rlscope.results import (
+    RESULTS_COLUMNS,
+    RESULTS_CSV,
+    Kind,
+    Series,
+    TidyRow,
+    curve,
+    final_value,
+    index,
+    mean_sd,
+    read_results_csv,
+    read_run_dir,
+    rows_from_records,
+    sem,
+)
 
-Kind = Literal["train", "eval"]
 Direction = Literal["<=", ">="]
 
-RESULTS_CSV = "results.csv"
 RESULTS_PARQUET = "results.parquet"
 PARQUET_HINT = "pip install 'rlscope[report]' (or pyarrow) to also get results.parquet"
 SD_NOTE = ("sd is the sample standard deviation across seeds (ddof = 1; nan when n = 1); "
            "n is the number of seeds")
 _SEED_SUFFIX = re.compile(r"_s(\d+)$")
-
-
-@dataclass(frozen=True)
-class TidyRow:
-    """One logged value of one run."""
-
-    run: str
-    """The run directory's name, ``<name>_s<seed>``."""
-    name: str
-    """The run's id without the seed: what seeds are aggregated over."""
-    method: str
-    """The update-rule preset the run trained with."""
-    seed: int
-    """The run's seed."""
-    kind: Kind
-    """``train`` (a metrics.jsonl record, one per optimizer step) or ``eval`` (eval.jsonl)."""
-    step: int
-    """The optimizer step the value belongs to (evaluations run before that step's update)."""
-    metric: str
-    """The canonical metric name (``eval/test_error``, ``policy/entropy``, ...)."""
-    value: float
-    """The logged value (nan and ±inf are kept)."""
 
 
 @dataclass(frozen=True)
@@ -178,42 +168,7 @@ class Aggregate:
     """Empty, or how to get results.parquet when pyarrow is missing."""
 
 
-# ------------------------------------------------------------------------------ statistics
-
-
-def mean_sd(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof = 1); sd is nan for fewer than two values and
-    both are nan for none."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    # fsum is exact for finite values but raises on inf + -inf (two seeds diverging in opposite
-    # directions); plain summation gives nan there, as it should.
-    total = math.fsum if all(math.isfinite(v) for v in values) else sum
-    mean = total(values) / n
-    if n == 1:
-        return mean, math.nan
-    return mean, math.sqrt(total((v - mean) ** 2 for v in values) / (n - 1))
-
-
-def sem(values: Sequence[float]) -> float:
-    """Standard error of the mean, sample sd / √n (nan for fewer than two values)."""
-    return mean_sd(values)[1] / math.sqrt(len(values)) if len(values) > 1 else math.nan
-
-
 # ------------------------------------------------------------------------------- tidy rows
-
-
-def _as_float(value: Any) -> float | None:
-    """A logged number; JSONL writes non-finite floats as the strings nan / inf / -inf."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str) and value.lower() in ("nan", "inf", "-inf", "infinity",
-                                                    "-infinity"):
-        return float(value)
-    return None
 
 
 def _run_dirs(sweep_dir: Path) -> list[tuple[Path, str | None]]:
@@ -236,19 +191,8 @@ def run_rows(run_dir: Path, name: str | None = None) -> list[TidyRow]:
     if not config_path.exists():
         return []
     config = json.loads(config_path.read_text(encoding="utf-8"))["config"]
-    method, seed = str(config["method"]), int(config["run"]["seed"])
-    name = name or _SEED_SUFFIX.sub("", run_dir.name)
-    rows = []
-    files: tuple[tuple[Kind, str], ...] = (("train", "metrics.jsonl"), ("eval", "eval.jsonl"))
-    for kind, file in files:
-        for record in iter_jsonl(run_dir / file):
-            step = int(record["step"])
-            for metric, raw in record.items():
-                value = _as_float(raw)
-                if metric != "step" and value is not None:
-                    rows.append(TidyRow(run_dir.name, name, method, seed, kind, step, metric,
-                                        value))
-    return rows
+    return read_run_dir(run_dir, run_dir.name, name or _SEED_SUFFIX.sub("", run_dir.name),
+                        str(config["method"]), int(config["run"]["seed"]))
 
 
 def tidy(sweep_dir: str | Path) -> list[TidyRow]:
@@ -258,7 +202,7 @@ def tidy(sweep_dir: str | Path) -> list[TidyRow]:
     return [row for run_dir, name in _run_dirs(sweep_dir) for row in run_rows(run_dir, name)]
 
 
-_COLUMNS = [f.name for f in fields(TidyRow)]
+_COLUMNS = list(RESULTS_COLUMNS)
 
 
 def write_tidy(rows: Sequence[TidyRow], sweep_dir: str | Path) -> tuple[list[Path], str]:
@@ -285,55 +229,22 @@ def write_tidy(rows: Sequence[TidyRow], sweep_dir: str | Path) -> tuple[list[Pat
     return [csv_path, parquet_path], ""
 
 
-def _kind(value: object) -> Kind:
-    if value == "train" or value == "eval":
-        return value
-    raise ValueError(f"kind must be 'train' or 'eval', not {value!r}")
-
-
 def load_tidy(path: str | Path) -> list[TidyRow]:
     """Read ``results.csv`` (or ``results.parquet``, which needs pyarrow) back into rows; a
     sweep directory reads its ``results.csv``."""
     path = Path(path)
     if path.is_dir():
         path = path / RESULTS_CSV
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+    if path.suffix != ".parquet":
+        return read_results_csv(path)
+    import pyarrow.parquet as pq
 
-        columns = pq.read_table(path).to_pydict()
-        records: Iterable[dict[str, Any]] = (
-            dict(zip(columns, values, strict=True)) for values in zip(*columns.values(),
-                                                                       strict=True))
-    else:
-        with path.open(newline="", encoding="utf-8") as f:
-            records = list(csv.DictReader(f))
-    return [TidyRow(run=str(r["run"]), name=str(r["name"]), method=str(r["method"]),
-                    seed=int(r["seed"]), kind=_kind(r["kind"]), step=int(r["step"]),
-                    metric=str(r["metric"]), value=float(r["value"])) for r in records]
+    columns = pq.read_table(path).to_pydict()
+    return rows_from_records(dict(zip(columns, values, strict=True))
+                             for values in zip(*columns.values(), strict=True))
 
 
 # ---------------------------------------------------------------------------- aggregations
-
-
-@dataclass
-class _Series:
-    """One name's values of one metric: ``seed -> step -> value``."""
-
-    method: str
-    kind: Kind
-    by_seed: dict[int, dict[int, float]]
-
-
-def _index(rows: Iterable[TidyRow]) -> dict[str, dict[str, _Series]]:
-    """``metric -> name -> series`` in one pass, names in first-seen order; a repeated
-    (seed, step) keeps the last value."""
-    out: dict[str, dict[str, _Series]] = {}
-    for r in rows:
-        series = out.setdefault(r.metric, {}).get(r.name)
-        if series is None:
-            series = out[r.metric][r.name] = _Series(r.method, r.kind, {})
-        series.by_seed.setdefault(r.seed, {})[r.step] = r.value
-    return out
 
 
 def final_table(rows: Sequence[TidyRow], metrics: Sequence[str] | None = None
@@ -344,33 +255,33 @@ def final_table(rows: Sequence[TidyRow], metrics: Sequence[str] | None = None
     if metrics is None:
         metrics = list(dict.fromkeys(r.metric for r in rows
                                      if r.kind == "eval" and not r.metric.startswith("time/")))
-    index = _index(rows)
+    indexed = index(rows)
     cells = []
     for name in dict.fromkeys(r.name for r in rows):
         for metric in metrics:
-            series = index.get(metric, {}).get(name)
+            series = indexed.get(metric, {}).get(name)
             if series is None:
                 continue
-            seeds = tuple(sorted(series.by_seed))
-            steps = tuple(max(series.by_seed[s]) for s in seeds)
-            values = tuple(series.by_seed[s][t] for s, t in zip(seeds, steps, strict=True))
-            mean, sd = mean_sd(values)
-            cells.append(FinalCell(name, series.method, metric, mean, sd, len(seeds), seeds,
-                                   values, steps))
+            last = series.last_values()
+            final = final_value(series)
+            cells.append(FinalCell(name, series.method, metric, final.mean, final.sd, final.n,
+                                   tuple(series.seeds[run] for run, _, _ in last),
+                                   tuple(value for _, _, value in last),
+                                   tuple(step for _, step, _ in last)))
     return cells
 
 
-def _crossings(metric: str, named: dict[str, _Series], threshold: float,
+def _crossings(metric: str, named: dict[str, Series], threshold: float,
                direction: Direction) -> list[Crossing]:
     if direction not in ("<=", ">="):
         raise ValueError(f"direction must be '<=' or '>=', not {direction!r}")
     out = []
     for name, series in named.items():
         steps: list[tuple[int, int | None]] = []
-        for seed in sorted(series.by_seed):
-            hit = [step for step, v in sorted(series.by_seed[seed].items())
+        for run in sorted(series.by_run, key=lambda run: series.seeds[run]):
+            hit = [step for step, v in sorted(series.by_run[run].items())
                    if (v <= threshold if direction == "<=" else v >= threshold)]
-            steps.append((seed, hit[0] if hit else None))
+            steps.append((series.seeds[run], hit[0] if hit else None))
         crossed = [float(s) for _, s in steps if s is not None]
         mean, sd = mean_sd(crossed)
         out.append(Crossing(name, series.method, metric, threshold, direction, mean, sd,
@@ -383,23 +294,24 @@ def crossings(rows: Sequence[TidyRow], metric: str, threshold: float,
     """Per name: each seed's first step where ``metric`` is ≤ (``<=``) or ≥ (``>=``)
     ``threshold``, then mean and sample sd (ddof = 1) of those steps over the seeds that
     crossed, with how many did. Ordered by name."""
-    return _crossings(metric, _index(rows).get(metric, {}), threshold, direction)
+    return _crossings(metric, index(rows).get(metric, {}), threshold, direction)
 
 
-def _curves(metric: str, named: dict[str, _Series]) -> list[CurvePoint]:
+def _curves(metric: str, named: dict[str, Series]) -> list[CurvePoint]:
     points = []
     for name, series in named.items():
-        for step in sorted({s for values in series.by_seed.values() for s in values}):
-            values = [v[step] for v in series.by_seed.values() if step in v]
-            points.append(CurvePoint(name, series.method, series.kind, metric, step,
-                                     mean_sd(values)[0], sem(values), len(values)))
+        c = curve(name, series)
+        points += [CurvePoint(name, series.method, series.kind, metric, int(step), float(mean),
+                              float(err), int(n))
+                   for step, mean, err, n in zip(c.steps_S, c.mean_S, c.sem_S, c.n_S,
+                                                 strict=True)]
     return points
 
 
 def curves(rows: Sequence[TidyRow], metric: str) -> list[CurvePoint]:
     """Per name and step: mean and standard error of the mean (sample sd / √n) over the seeds
     that logged that step, with n. Ordered by name, then step."""
-    return _curves(metric, _index(rows).get(metric, {}))
+    return _curves(metric, index(rows).get(metric, {}))
 
 
 # ---------------------------------------------------------------------------------- output
@@ -493,8 +405,14 @@ def aggregate(sweep_dir: str | Path, metrics: Sequence[str] | None = None,
     files.append(path)
     (sweep_dir / "crossings.md").write_text(crossings_markdown(found), encoding="utf-8")
     files.append(sweep_dir / "crossings.md")
-    all_points = [p for m, named in _index(rows).items() for p in _curves(m, named)]
+    all_points = [p for m, named in index(rows).items() for p in _curves(m, named)]
     files.append(_write_dataclass_csv(sweep_dir / "curves.csv", all_points,
                                       [f.name for f in fields(CurvePoint)]))
     return Aggregate(rows=len(rows), final=final, crossings=found, files=files,
                      parquet_note=note)
+
+
+__all__ = ["DEFAULT_CROSSINGS", "RESULTS_CSV", "Aggregate", "Crossing", "CrossingSpec",
+           "CurvePoint", "FinalCell", "TidyRow", "aggregate", "crossings", "crossings_markdown",
+           "curves", "final_markdown", "final_table", "load_tidy", "mean_sd", "run_rows",
+           "sem", "tidy", "write_tidy"]

@@ -1,0 +1,247 @@
+"""The small frozen config of each component axis, each with its own ``validate``.
+
+A `MethodSpec` (`rlscope.methods.spec`) holds one of each. ``validate()`` returns every reason
+the config's own values are out of range (the messages name the command-line flag to change);
+checks that relate several axes or the run live in `rlscope.methods.resolve.validate_method`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def choice_error(flag: str, value: str, valid: object) -> list[str]:
+    """``[message]`` when ``value`` is not one of ``valid`` (a registry or a tuple), else []."""
+    names = list(valid)  # type: ignore[call-overload]
+    if value in names:
+        return []
+    return [f"method.{flag}={value!r} is unknown; valid: {', '.join(names)}"]
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Advantage estimator (METHODS.md, "Advantage estimators")."""
+
+    name: str = "expected"
+    gamma: float = 1.0
+    """Discount for token-level estimators (gae)."""
+    lam: float = 0.95
+    """GAE λ."""
+    std_floor: float = 0.0
+    """Clamp the group std from below before dividing (0 = off)."""
+    clip: float = 0.0
+    """Clamp |A| to this value after estimation (0 = off)."""
+
+    def validate(self) -> list[str]:
+        errors: list[str] = []
+        if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:
+            errors.append("method.gamma and method.lam must lie in [0, 1]")
+        if self.std_floor < 0 or self.clip < 0:
+            errors.append("method.adv_std_floor and method.adv_clip must be >= 0")
+        return errors
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Influence gate multiplied into the advantage (METHODS.md, "Gates and weights")."""
+
+    name: str = "none"
+    eta: float = 1.0
+    """Temperature η of the delight sigmoid."""
+    s: float = 1.0
+    """Uncertainty scale s of ``uncertainty_shift`` (subtracted s·u) and ``uncertainty_shrink``
+    (A / (1 + s·u))."""
+    tau: float = 0.5
+    """Threshold τ of ``uncertainty_filter``: samples with reward std u > τ are dropped."""
+    guard_scale: float = 0.5
+    """Scale s of ``entropy_guard``: A > 0 weights × (1 − s·clamp(π(a) − 1/V, 0, 1))."""
+    gate_age_decay: float = 0.02
+    """λ_age of ``freshness``: weights × exp(−λ_age · batch age). `rlscope.config.validate`
+    sets it from ``--replay_age_decay`` (METHODS.md's single λ_age)."""
+
+    def validate(self) -> list[str]:
+        errors: list[str] = []
+        if self.eta <= 0:
+            errors.append(f"method.eta={self.eta} must be > 0")
+        if self.s < 0 or self.tau <= 0 or not 0 <= self.guard_scale <= 1:
+            errors.append("method.uncertainty_scale must be >= 0, method.filter_tau > 0 and "
+                          "method.guard_scale in [0, 1]")
+        return errors
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Per-token policy objective (METHODS.md, "Objectives")."""
+
+    name: str = "score"
+    clip_low: float = 0.2
+    """PPO ε_low: ratios below 1 − ε_low are clipped when A < 0."""
+    clip_high: float = 0.2
+    """PPO ε_high: ratios above 1 + ε_high are clipped when A > 0."""
+    dual_clip: float = 0.0
+    """Dual-clip constant c > 1 caps the loss at −c·A for A < 0 (0 = off)."""
+    cap: float = 10.0
+    """Importance-weight cap of the is_capped objectives."""
+    cispo_max: float = 5.0
+    """CISPO ε_max: the stop-gradient importance weight is min(ρ, ε_max)."""
+    r2vpo_lambda: float = 1.0
+    """R²VPO λ: weight of the ratio-variance penalty λ(ρ − 1)²."""
+    sapo_tau_pos: float = 1.0
+    """SAPO temperature τ of the soft gate for A > 0."""
+    sapo_tau_neg: float = 1.05
+    """SAPO temperature τ of the soft gate for A < 0."""
+    dro_beta: float = 0.05
+    """DRO β: weight of the quadratic penalty (β/2)(ℓ − ℓ_μ)²."""
+    pmd_tau: float = 1.0
+    """PMD-mean τ scaling the summed log-ratio of a sequence."""
+    tpo_eta: float = 1.0
+    """TPO-family temperature η: the target is softmax(anchor + skill/η)."""
+    candidate_kl: float = 0.04
+    """``grpo_token``: β of the k3 penalty to the behaviour log-probs of each candidate."""
+    distill_alpha: float = 0.5
+    """``self_distill`` / ``scope_lite``: weight α of the supervised cross-entropy term."""
+
+    def validate(self) -> list[str]:
+        errors: list[str] = []
+        for name, value in (("clip_low", self.clip_low), ("clip_high", self.clip_high),
+                            ("dual_clip", self.dual_clip)):
+            if value < 0:
+                errors.append(f"method.{name}={value} must be >= 0 (a negative clip bound "
+                              "inverts the trust region)")
+        if 0 < self.dual_clip <= 1:
+            errors.append(f"method.dual_clip={self.dual_clip} must be > 1 (or 0 to turn it off)")
+        if self.cap <= 0:
+            errors.append(f"method.is_cap={self.cap} must be > 0")
+        if self.tpo_eta <= 0:
+            errors.append(f"method.tpo_eta={self.tpo_eta} must be > 0")
+        if self.candidate_kl < 0 or self.distill_alpha < 0:
+            errors.append("method.candidate_kl and method.distill_alpha must be >= 0")
+        if self.cispo_max <= 0 or self.r2vpo_lambda < 0 or self.dro_beta < 0:
+            errors.append("method.cispo_max must be > 0, method.r2vpo_lambda and "
+                          "method.dro_beta >= 0")
+        if self.sapo_tau_pos <= 0 or self.sapo_tau_neg <= 0 or self.pmd_tau <= 0:
+            errors.append("method.sapo_tau_pos, method.sapo_tau_neg and method.pmd_tau must "
+                          "be > 0")
+        return errors
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    """KL regulariser (METHODS.md, "KL and entropy regularisers")."""
+
+    coef: float = 0.0
+    """β; 0 turns the term off."""
+    estimator: str = "k3"
+    """k1, k2, k3, abs (from the sampled tokens' log-probs) or full (the exact categorical KL
+    over the vocabulary; ``target="ref"`` and ``place="loss"`` only)."""
+    target: str = "behaviour"
+    """`ref` (frozen initial policy) or `behaviour` (the sampling policy)."""
+    place: str = "loss"
+    """`loss` adds β·agg(KL_t); `reward` subtracts β·KL_t from per-token rewards."""
+    control: str = "fixed"
+    """`fixed`, `adaptive` (Ziegler et al. proportional controller) or `warmup` (β = 0 for the
+    first ``warmup_steps`` steps, then ``coef``)."""
+    target_value: float = 6.0
+    """Adaptive controller: the KL it steers towards (nats per sequence)."""
+    horizon: float = 10000.0
+    """Adaptive controller: samples over which β moves by at most 20%."""
+    warmup_steps: int = 0
+    """Warm-up control: loop steps (sampling rounds, counted from 0) with β = 0."""
+
+    def validate(self) -> list[str]:
+        """Range checks, and why the warm-up or the ``full`` estimator cannot run."""
+        errors = (choice_error("kl_target", self.target, ("ref", "behaviour"))
+                  + choice_error("kl_place", self.place, ("loss", "reward"))
+                  + choice_error("kl_control", self.control, ("fixed", "adaptive", "warmup")))
+        if self.coef < 0:
+            errors.append(f"method.kl_coef={self.coef} must be >= 0")
+        if self.target_value <= 0 or self.horizon <= 0:
+            errors.append("method.kl_target_value and method.kl_horizon must be > 0")
+        if self.warmup_steps < 0:
+            errors.append(f"method.kl_warmup_steps={self.warmup_steps} must be >= 0")
+        if self.control == "warmup" and self.coef <= 0:
+            errors.append("method.kl_control='warmup' needs kl_coef > 0 (β after the warm-up): "
+                          "with kl_coef=0 β is 0 before and after, so the warm-up does nothing")
+        if self.warmup_steps > 0 and self.control != "warmup":
+            errors.append(f"method.kl_warmup_steps={self.warmup_steps} only acts with "
+                          f"kl_control='warmup' (kl_control={self.control!r})")
+        if self.estimator == "full" and self.coef > 0:
+            if self.target != "ref":
+                errors.append("method.kl_estimator='full' needs kl_target='ref': only the "
+                              "sampled tokens' behaviour log-probs are stored, not the "
+                              "behaviour policy's full distribution")
+            if self.place != "loss":
+                errors.append("method.kl_estimator='full' needs kl_place='loss': a per-token "
+                              "reward penalty uses a sampled-token estimator (k1)")
+        return errors
+
+
+@dataclass(frozen=True)
+class EntropyConfig:
+    """Control of the entropy-bonus coefficient c (METHODS.md, "KL and entropy regularisers").
+
+    The initial c is `MethodSpec.entropy_coef`. Adaptive mode (after Skywork-OR1's adaptive
+    entropy control, He et al. 2505.22312): after every trained step, with H̄ the mean
+    ``policy/entropy`` of the last ``window`` trained steps, c ← c + δ if H̄ < target, else
+    c ← max(c − δ, 0). See `rlscope.methods.regularizers.adaptive_entropy_update`.
+    """
+
+    control: str = "fixed"
+    """`fixed` (c = entropy_coef throughout) or `adaptive`."""
+    target: float = 0.2
+    """Adaptive: the entropy (nats per token, token mean of ``policy/entropy``) to hold."""
+    delta: float = 1e-3
+    """Adaptive: step δ of c per trained step."""
+    window: int = 10
+    """Adaptive: trained steps averaged into H̄ (fewer at the start of a run)."""
+
+    def validate(self) -> list[str]:
+        errors = choice_error("entropy_control", self.control, ("fixed", "adaptive"))
+        if self.window < 1:
+            errors.append(f"method.entropy_window={self.window} must be >= 1")
+        if self.target < 0:
+            errors.append(f"method.entropy_target={self.target} must be >= 0 (an entropy is "
+                          "never negative)")
+        if self.control == "adaptive" and self.delta <= 0:
+            errors.append(f"method.entropy_delta={self.delta} must be > 0 with "
+                          "entropy_control='adaptive' (otherwise c never moves)")
+        if self.control == "fixed" and self != EntropyConfig():
+            errors.append("method.entropy_target, entropy_delta and entropy_window only act "
+                          "with entropy_control='adaptive'")
+        return errors
+
+
+@dataclass(frozen=True)
+class ValueConfig:
+    """Critic settings for value-based advantage estimators (gae)."""
+
+    coef: float = 0.1
+    """vf_coef: weight of the value loss in the total loss."""
+    clip: float = 0.2
+    """Clip range of the value prediction around the old value (0 = off)."""
+
+    def validate(self) -> list[str]:
+        if self.coef < 0 or self.clip < 0:
+            return ["method.vf_coef and method.value_clip must be >= 0"]
+        return []
+
+
+@dataclass(frozen=True)
+class OverlongConfig:
+    """Handling of completions that hit the length limit (METHODS.md, "Selection"; DAPO,
+    Yu et al. arXiv:2503.14476). Acts only where completions can end early (stop tokens):
+    `rlscope.config.derive` records the mode in force, ``Derived.overlong``, which is
+    ``none`` on fixed-length tasks."""
+
+    name: str = "none"
+    """``none``, ``mask`` (zero the loss mask of rows truncated without a stop token) or
+    ``penalty`` (add min(−(|y| − (L_max − L_buf))/L_buf · factor, 0) to the reward)."""
+    buffer: int = 0
+    """L_buf, the soft-penalty window before L_max in tokens; 0 = max(1, L_max // 4)."""
+    factor: float = 1.0
+    """Penalty at |y| = L_max (the slope is factor / L_buf)."""
+
+    def validate(self) -> list[str]:
+        if self.buffer < 0 or self.factor < 0:
+            return ["method.overlong_buffer and method.overlong_factor must be >= 0"]
+        return []

@@ -1,0 +1,235 @@
+"""The preset registry: `METHODS`, one literal dict of `MethodSpec`s (presets are data).
+
+``canonical_method_name`` looks a preset up case-insensitively (CamelCase aliases such as
+``DrGRPO`` work). Command-line overrides are applied by `rlscope.methods.resolve`.
+"""
+
+from __future__ import annotations
+
+from rlscope.methods.spec import (
+    AdvantageConfig,
+    GateConfig,
+    KLConfig,
+    MethodSpec,
+    ObjectiveConfig,
+    OverlongConfig,
+    ValueConfig,
+)
+
+_GRPO_KL = KLConfig(coef=0.04, estimator="k3", target="behaviour", place="loss")
+
+METHODS: dict[str, MethodSpec] = {
+    "ce": MethodSpec(
+        description="Cross-entropy on the ground truth: a supervised upper bound.",
+        source="supervised learning", regime="tasks with ground-truth labels",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("ce_oracle")),
+    "reinforce": MethodSpec(
+        description="REINFORCE with the expected-reward baseline.",
+        source="Williams 1992", regime="on-policy",
+        advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("score")),
+    "pg": MethodSpec(
+        description="Policy gradient with a capped per-token importance weight.",
+        source="importance-weighted PG", regime="on- or slightly off-policy",
+        advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("is_capped", cap=10.0)),
+    "ppo": MethodSpec(
+        description="PPO with a value head, GAE, value clipping, adaptive KL in the reward.",
+        source="Schulman et al. 1707.06347; Ziegler et al. 1909.08593",
+        regime="any task; needs a critic",
+        advantage=AdvantageConfig("gae", gamma=1.0, lam=0.95),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2),
+        kl=KLConfig(coef=0.2, estimator="k1", target="ref", place="reward", control="adaptive"),
+        value=ValueConfig(coef=0.1, clip=0.2)),
+    "grpo": MethodSpec(
+        description="Group z-scored advantages, PPO clip, k3 KL to the behaviour policy.",
+        source="Shao et al. 2402.03300", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("ppo_clip"),
+        kl=_GRPO_KL, selection="mixed_groups", grouped=True),
+    "dr_grpo": MethodSpec(
+        description="GRPO without std normalisation, sequence-mean of token sums.",
+        source="Liu et al. 2503.20783", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_center"), objective=ObjectiveConfig("ppo_clip"),
+        agg="seq_mean_token_sum", kl=_GRPO_KL, selection="mixed_groups", grouped=True),
+    "dapo": MethodSpec(
+        description="Clip-higher, token-mean loss, mixed groups, no KL, overlong shaping.",
+        source="Yu et al. 2503.14476", regime="grouped sampling; no KL term",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.28),
+        selection="mixed_groups", overlong=OverlongConfig("penalty"), grouped=True,
+        requires=("no_kl",)),
+    "rloo": MethodSpec(
+        description="Leave-one-out baseline with the PPO clip.",
+        source="Ahmadian et al. 2402.14740", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("rloo"), objective=ObjectiveConfig("ppo_clip"),
+        selection="mixed_groups", grouped=True),
+    "dg": MethodSpec(
+        description="Delightful policy gradient: advantage × sigmoid(advantage × surprisal).",
+        source="delight-gradient sandbox", regime="on-policy; any task",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
+        objective=ObjectiveConfig("score")),
+    "kondo": MethodSpec(
+        description="DG on the samples that Kondo screening keeps by their delight.",
+        source="delight-gradient sandbox (Kondo screening)",
+        regime="ungrouped batches (group_size 1); 0 < keep_ratio <= 1",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight", eta=1.0),
+        objective=ObjectiveConfig("score"), selection="kondo", keep_ratio=0.5),
+    "traj_pg": MethodSpec(
+        description="Policy gradient with a capped sequence-level importance weight.",
+        source="importance-weighted PG", regime="on- or slightly off-policy",
+        advantage=AdvantageConfig("expected"),
+        objective=ObjectiveConfig("traj_is_capped", cap=10.0)),
+    "gspo": MethodSpec(
+        description="Group z-scores with one clipped ratio per sequence (geometric mean).",
+        source="Zheng et al. 2507.18071", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("gspo", clip_low=3e-4, clip_high=4e-4),
+        agg="seq_mean_token_mean", selection="mixed_groups", grouped=True),
+    "cispo": MethodSpec(
+        description="Clipped importance weights as coefficients; no token's gradient is zeroed.",
+        source="MiniMax-M1 2506.13585", regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("cispo"),
+        selection="mixed_groups", grouped=True),
+    "sapo": MethodSpec(
+        description="Soft, sigmoid-gated trust region instead of a hard clip.",
+        source="SAPO (soft adaptive policy optimisation)", regime="grouped sampling",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("sapo"),
+        selection="mixed_groups", grouped=True),
+    "reinforce_pp": MethodSpec(
+        description="REINFORCE++: group-mean baseline, batch-whitened returns, PPO clip.",
+        source="Hu 2501.03262", regime="grouped sampling",
+        advantage=AdvantageConfig("reinforce_pp_baseline"), objective=ObjectiveConfig("ppo_clip"),
+        selection="mixed_groups", grouped=True),
+    "replay_dg": MethodSpec(
+        description="DG trained on batches drawn from a replay buffer.",
+        source="delight-gradient sandbox", regime="needs a replay buffer",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight"),
+        objective=ObjectiveConfig("score"), requires=("replay",)),
+    "fresh_dg": MethodSpec(
+        description="DG whose weights decay with the batch's age.",
+        source="delight-gradient sandbox", regime="needs staleness (delay or replay)",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("freshness"),
+        objective=ObjectiveConfig("score"), requires=("staleness",)),
+    "dg_entropy_guard": MethodSpec(
+        description="DG that damps positive updates on already-likely tokens.",
+        source="delight-gradient sandbox", regime="any task",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("entropy_guard"),
+        objective=ObjectiveConfig("score")),
+    "uncertainty_dg": MethodSpec(
+        description="DG whose gate is shifted down by the reward's spread.",
+        source="delight-gradient sandbox", regime="noisy rewards",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("uncertainty_shift"),
+        objective=ObjectiveConfig("score")),
+    "filtered_dg": MethodSpec(
+        description="DG that drops samples whose reward spread exceeds a threshold.",
+        source="delight-gradient sandbox", regime="noisy rewards",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("uncertainty_filter"),
+        objective=ObjectiveConfig("score")),
+    "reward_variance_dg": MethodSpec(
+        description="DG with advantages shrunk by the reward's spread.",
+        source="delight-gradient sandbox", regime="noisy rewards",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("uncertainty_shrink"),
+        objective=ObjectiveConfig("score")),
+    "dg_token": MethodSpec(
+        description="DG with token-level return-to-go credit.",
+        source="delight-gradient sandbox",
+        regime="token tasks with clean, non-binary, decomposable rewards",
+        advantage=AdvantageConfig("rtg"), gate=GateConfig("delight"),
+        objective=ObjectiveConfig("score"), requires=("token_rewards",)),
+    "aspo": MethodSpec(
+        description="Asymmetric importance weights: μ/π for gains, π/μ for losses.",
+        source="ASPO", regime="any task; reduces to REINFORCE on-policy",
+        advantage=AdvantageConfig("expected"),
+        objective=ObjectiveConfig("aspo", clip_low=0.2, clip_high=0.28)),
+    "r2vpo": MethodSpec(
+        description="Ratio-variance-penalised policy gradient, differentiated through ρ.",
+        source="R2VPO", regime="any task; reduces to REINFORCE on-policy",
+        advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("r2vpo")),
+    "tempo": MethodSpec(
+        description="Prefix-tree values within a group as token-level credit.",
+        source="TEMPO", regime="grouped sampling",
+        advantage=AdvantageConfig("tempo"), objective=ObjectiveConfig("is_capped", cap=10.0),
+        selection="mixed_groups", grouped=True),
+    "remax": MethodSpec(
+        description="REINFORCE with the reward of the prompt's greedy rollout as baseline.",
+        source="ReMax, Li et al. 2310.10505", regime="any task; one extra greedy decode per "
+        "prompt",
+        advantage=AdvantageConfig("remax"), objective=ObjectiveConfig("score")),
+    "maxrl": MethodSpec(
+        description="Group advantages normalised by the group's mean reward.",
+        source="MaxRL", regime="binary rewards with groups, no reward noise",
+        advantage=AdvantageConfig("maxrl"), objective=ObjectiveConfig("is_capped", cap=10.0),
+        selection="mixed_groups", grouped=True, requires=("binary_rewards", "clean_rewards")),
+    "log_growth": MethodSpec(
+        description="Kelly-style log-growth weights: successes weighted by 1/π(a).",
+        source="log-growth policy gradient", regime="binary bandits, no KL, no reward noise",
+        advantage=AdvantageConfig("expected"), objective=ObjectiveConfig("log_growth"),
+        requires=("bandit", "binary_rewards", "clean_rewards", "no_kl")),
+    "pmd_mean": MethodSpec(
+        description="Policy mirror descent: regress τ·log-ratio onto the reward's surplus.",
+        source="PMD-mean", regime="any task; off-policy capable",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("pmd_mean"),
+        agg="seq_mean_token_sum"),
+    "tpo": MethodSpec(
+        description="Fit a soft target over the group: behaviour anchor tilted by skill.",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("tpo"),
+        agg="seq_mean_token_sum", selection="mixed_groups", grouped=True),
+    "tpo_no_anchor": MethodSpec(
+        description="TPO ablation: the target is softmax(skill/η), no behaviour anchor.",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("tpo_no_anchor"),
+        agg="seq_mean_token_sum", selection="mixed_groups", grouped=True),
+    "group_pg": MethodSpec(
+        description="TPO's skill weights as a plain group policy gradient (no soft target).",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="grouped sampling, group_size > 1",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("group_pg"),
+        agg="seq_mean_token_sum", selection="mixed_groups", grouped=True),
+    "tpo_full_action": MethodSpec(
+        description="TPO over every action of a bandit: soft target from one sampled class.",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="bandit tasks, on-policy, one inner epoch, clean rewards",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("tpo_full_action"),
+        requires=("bandit", "on_policy", "single_epoch", "clean_rewards")),
+    "tpo_token": MethodSpec(
+        description="TPO per prefix over K next-token candidates with dense rewards.",
+        source="Target Policy Optimisation (TPO sandbox)",
+        regime="token tasks with clean, decomposable rewards; K = group_size > 1; on-policy",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("tpo_token"),
+        grouped=True, requires=("token_rewards", "on_policy")),
+    "grpo_token": MethodSpec(
+        description="GRPO per prefix over K next-token candidates with dense rewards.",
+        source="TPO sandbox (the GRPO control of tpo_token)",
+        regime="token tasks with clean, decomposable rewards; K = group_size > 1; on-policy",
+        advantage=AdvantageConfig("zero"),
+        objective=ObjectiveConfig("grpo_token", clip_low=0.2, clip_high=0.2, candidate_kl=0.04),
+        grouped=True, requires=("token_rewards", "on_policy")),
+    "self_distill_dg": MethodSpec(
+        description="DG on a token oracle advantage plus gated label cross-entropy.",
+        source="delight-gradient sandbox", regime="sequence tasks with per-token labels",
+        advantage=AdvantageConfig("oracle_token"), gate=GateConfig("delight"),
+        objective=ObjectiveConfig("self_distill"), requires=("token_labels",)),
+    "scope_lite": MethodSpec(
+        description="DG plus label cross-entropy from each failure's first wrong token on.",
+        source="delight-gradient sandbox (SCOPE, lite)",
+        regime="sequence tasks with per-token labels",
+        advantage=AdvantageConfig("expected"), gate=GateConfig("delight"),
+        objective=ObjectiveConfig("scope_lite"), requires=("token_labels",)),
+}
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "").replace("-", "").lower()
+
+
+_LOOKUP = {_key(name): name for name in METHODS}
+
+
+def canonical_method_name(name: str) -> str:
+    """The registry key for ``name`` (case-insensitive, CamelCase aliases), or ValueError."""
+    try:
+        return _LOOKUP[_key(name)]
+    except KeyError:
+        raise ValueError(
+            f"unknown method {name!r}; valid methods: {', '.join(METHODS)}") from None
