@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from rlscope.methods.spec import ObjectiveConfig
-
-LOG_RATIO_CLAMP = 20.0
+from rlscope.metrics.estimators import LOG_RATIO_CLAMP
 
 
 @dataclass(frozen=True)
