@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlscope.config import RunConfig, TrainConfig
-from rlscope.diagnostics import DiagnosticsConfig
+from rlscope.config import DiagnosticsConfig, RunConfig, TrainConfig
 from rlscope.tasks import TaskConfig
 from rlscope.train import RunResult, train
 

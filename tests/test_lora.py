@@ -115,7 +115,7 @@ def test_lora_on_top_of_an_init_checkpoint(tmp_path: Path) -> None:
     """--init loads full SFT weights, then LoRA adapters go on top: the first evaluation is
     the SFT model's, the KL reference (adapters off) is the SFT model, the base stays the SFT
     weights bit for bit, and the saved adapter on the SFT base reproduces the policy."""
-    from rlscope.sft import SftConfig, sft
+    from rlscope.supervised.sft import SftConfig, sft
 
     full = dataclasses.replace(LORA, lora_rank=0)
     warm = sft(SftConfig(task="token_reversal", num_steps=20, batch_size=16, lr=3e-3,
@@ -154,7 +154,7 @@ def test_sft_with_lora_saves_the_adapter_and_a_merged_init(tmp_path: Path) -> No
     """rlscope sft --lora_rank: the adapter goes to <out>/adapter (PEFT format) and sft.pt is
     the merged model, which rlscope train --init loads into a plain model (first evaluation =
     the SFT model's)."""
-    from rlscope.sft import SftConfig, sft
+    from rlscope.supervised.sft import SftConfig, sft
 
     warm = sft(SftConfig(task="token_reversal", num_steps=15, batch_size=16, lr=1e-2,
                          eval_every=0, device="cpu", progress=False, runs_dir=str(tmp_path),

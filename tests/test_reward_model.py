@@ -19,7 +19,7 @@ from rlscope.config import ConfigError, OptimConfig, RunConfig, TrainConfig, val
 from rlscope.methods import MethodConfig
 from rlscope.metrics.schema import unregistered
 from rlscope.policy import ModelConfig
-from rlscope.rm.model import (
+from rlscope.policy.reward_model import (
     RM_FILE,
     bradley_terry_loss,
     build_reward_model,
@@ -27,7 +27,7 @@ from rlscope.rm.model import (
     load_reward_model,
     pack_sequences,
 )
-from rlscope.rm.train import (
+from rlscope.supervised.rm import (
     HELDOUT_SEED_OFFSET,
     RmConfig,
     RmResult,
@@ -226,7 +226,7 @@ def test_config_errors_before_training(trained_rm: RmResult, tmp_path: Path) -> 
 
 
 def test_rm_init_starts_the_backbone_from_an_sft_model(tmp_path: Path) -> None:
-    from rlscope.sft import SftConfig, sft
+    from rlscope.supervised.sft import SftConfig, sft
 
     policy_dir = sft(SftConfig(task="preference_rm", num_steps=1, batch_size=4, eval_every=0,
                                device="cpu", progress=False, runs_dir=str(tmp_path),
@@ -260,7 +260,7 @@ def test_rlhf_recipe_improves_the_true_preference_and_small_kl_overoptimises(tmp
     adaptive KL raises the hidden preference of greedy answers (measured 2.56 → 5.13, RM
     score 1.06 → 1.75); with the KL coefficient too small the RM score rises as far while the
     true preference collapses (→ 0.51) and the KL to the reference runs 30× higher."""
-    from rlscope.sft import SftConfig, sft
+    from rlscope.supervised.sft import SftConfig, sft
 
     evals = TaskConfig(eval_batches=2, eval_batch_size=100)
     policy_dir = sft(SftConfig(task="preference_rm", num_steps=600, batch_size=64, lr=3e-3,

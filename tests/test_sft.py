@@ -11,7 +11,7 @@ import torch
 
 from rlscope.cli import main
 from rlscope.config import OptimConfig, RunConfig, TrainConfig
-from rlscope.sft import SftConfig, sft, sft_batch, sft_loss
+from rlscope.supervised.sft import SftConfig, sft, sft_batch, sft_loss
 from rlscope.tasks import TaskConfig
 from rlscope.train import train
 

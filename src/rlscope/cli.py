@@ -64,7 +64,7 @@ def cmd_train(args: list[str]) -> int:
 
 
 def cmd_sft(args: list[str]) -> int:
-    from rlscope.sft import SftConfig, sft, validate_sft
+    from rlscope.supervised.sft import SftConfig, sft, validate_sft
 
     cfg = _tyro_parse(SftConfig, args, "rlscope sft")
     assert isinstance(cfg, SftConfig)
@@ -79,7 +79,7 @@ def cmd_sft(args: list[str]) -> int:
 
 
 def cmd_rm(args: list[str]) -> int:
-    from rlscope.rm.train import RmConfig, train_rm, validate_rm
+    from rlscope.supervised.rm import RmConfig, train_rm, validate_rm
 
     cfg = _tyro_parse(RmConfig, args, "rlscope rm")
     assert isinstance(cfg, RmConfig)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from rlscope.diagnostics import DiagnosticsConfig
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
 from rlscope.policy import ModelConfig
@@ -34,6 +33,19 @@ class OptimConfig:
     """Adam β2."""
     weight_decay: float = 0.0
     """Decoupled weight decay (AdamW when > 0)."""
+
+
+@dataclass(frozen=True)
+class DiagnosticsConfig:
+    """Optional diagnostics at evaluation steps (they cost extra forwards and backwards;
+    computed by `rlscope.diagnostics`)."""
+
+    entropy_diagnostics: bool = False
+    """Entropy before/after the update, π–Δlogit covariance, entropy change by advantage sign
+    and by surprisal and delight tertiles (diag/...)."""
+    grad_diagnostics: bool = False
+    """Cosine between the method's gradient and the cross-entropy-oracle gradient, and the
+    gradient norm before and after clipping (diag/...)."""
 
 
 @dataclass(frozen=True)

@@ -31,18 +31,6 @@ from rlscope.policy.value_head import ValueHead
 
 
 @dataclass(frozen=True)
-class DiagnosticsConfig:
-    """Optional diagnostics at evaluation steps (they cost extra forwards and backwards)."""
-
-    entropy_diagnostics: bool = False
-    """Entropy before/after the update, π–Δlogit covariance, entropy change by advantage sign
-    and by surprisal and delight tertiles (diag/...)."""
-    grad_diagnostics: bool = False
-    """Cosine between the method's gradient and the cross-entropy-oracle gradient, and the
-    gradient norm before and after clipping (diag/...)."""
-
-
-@dataclass(frozen=True)
 class Snapshot:
     """The policy at the action positions of a batch: logits of the chosen tokens, log π of
     them, and the entropy of the sampling distribution, all ``[B, T]`` and detached."""

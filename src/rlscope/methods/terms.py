@@ -12,8 +12,7 @@ import torch
 
 from rlscope.methods.component import Component
 from rlscope.methods.configs import ObjectiveConfig
-
-LOG_RATIO_CLAMP = 20.0
+from rlscope.metrics.estimators import LOG_RATIO_CLAMP
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from rlscope.methods.objectives import LOG_RATIO_CLAMP
-
 Metrics = dict[str, torch.Tensor]
+LOG_RATIO_CLAMP = 20.0
+"""Bound on a log-ratio ℓ − ℓ_μ before it is exponentiated, here and in the objectives'
+ratio ρ (`methods.terms.ratio`), so exp never overflows."""
 EPS = 1e-8
 
 

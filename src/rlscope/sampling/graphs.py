@@ -10,9 +10,10 @@ records the sampler once as two CUDA graphs over static buffers and replays them
 - ``step``: feed the last token through `TinyTransformer.decode_step_static`, advance the step
   counter (a device tensor), draw the next token.
 
-Every draw is `sampler.draw`, written into column ``step`` of ``[B, T, ...]`` output buffers, so
-the rollout is the eager sampler's: the same noise bit for bit, and logits that differ from the
-eager cache path only by attention summing over a few more (zero-weight) keys, ~1e-7.
+Every draw is `sampling.draw.draw`, written into column ``step`` of ``[B, T, ...]`` output
+buffers, so the rollout is the eager sampler's: the same noise bit for bit, and logits that
+differ from the eager cache path only by attention summing over a few more (zero-weight) keys,
+~1e-7.
 
 Graphs read the policy's parameters in place and so see every optimizer update. Decoders are
 cached per policy in a weak dictionary (they die with it), one per (rows, prompt length,
@@ -29,8 +30,8 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy
 from rlscope.policy.tiny import TinyTransformer
+from rlscope.sampling.draw import SamplingConfig, assemble, draw
 from rlscope.sampling.processors import gumbel_offsets
-from rlscope.sampling.sampler import SamplingConfig, assemble, draw
 
 # policy -> (its parameters' addresses, {decoder key: decoder})
 _DECODERS: weakref.WeakKeyDictionary[TinyTransformer, tuple[tuple[int, ...], dict]] = \

@@ -1,6 +1,6 @@
 """Batched sampling for the server: many requests' rows decoded together with a KV cache.
 
-It reuses the engine's one-step `rlscope.sampling.sampler.draw` and its counter-based noise
+It reuses the engine's one-step `rlscope.sampling.draw.draw` and its counter-based noise
 (`rlscope.sampling.processors.gumbel_offsets`), so a seeded row gets the same tokens whatever
 batch it shares. On top of `rlscope.sampling.sampler.generate` it adds what the Tinker API
 needs: a token budget per row, token-id stops and string stops (a row stops at the *first*
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from rlscope.policy.base import Policy
+from rlscope.sampling.draw import SamplingConfig, draw
 from rlscope.sampling.processors import gumbel_offsets
-from rlscope.sampling.sampler import SamplingConfig, draw
 from rlscope.serve.state import UserError
 from rlscope.serve.tokenizer_dir import TextCodec
 

@@ -31,7 +31,7 @@ penalty: a policy optimised hard against it can repeat liked words, raising the 
 the true preference falls (reward-model over-optimisation, Gao et al. arXiv:2210.10760).
 `repeat_probe_pairs` measures that blind spot.
 
-Reward (training). The reward model of ``rm_path`` (`rlscope.rm.model`, trained by
+Reward (training). The reward model of ``rm_path`` (`rlscope.policy.reward_model`, trained by
 ``rlscope rm``): its score of prompt + completion, standardised by the mean and std of its
 scores on held-out generated answers. RL against it is meant to run with a KL penalty to the
 warm-start model, as in RLHF (Ziegler et al. arXiv:1909.08593; Ouyang et al.
@@ -46,11 +46,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.policy.reward_model import (
+    RewardModel,
+    load_reward_model,
+    pack_sequences,
+    reward_model_errors,
+)
 from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
 from rlscope.tasks.length_target import INSTRUCTION_WIDTH, INSTRUCTIONS, instruction_prompts
 from rlscope.tasks.text import (
@@ -59,9 +64,6 @@ from rlscope.tasks.text import (
     text_before_stop,
 )
 from rlscope.tokenizer import ByteTokenizer
-
-if TYPE_CHECKING:
-    from rlscope.rm.model import RewardModel
 
 EVAL_SEED_OFFSET = 1_000_003
 LIKED_WORDS: frozenset[str] = frozenset(
@@ -177,8 +179,6 @@ class PreferenceTask:
         if c.eval_batches < 1 or c.eval_batch_size < 1:
             errors.append("task.eval_batches and task.eval_batch_size must be >= 1")
         if c.rm_path:
-            from rlscope.rm.model import reward_model_errors
-
             errors += reward_model_errors(c.rm_path, self.name, self.prompt_len,
                                           self.completion_len)
         return errors
@@ -261,8 +261,6 @@ class PreferenceTask:
         if self._rm is None:
             if not self.cfg.rm_path:
                 raise ValueError("task preference_rm has no reward model: set --rm_path")
-            from rlscope.rm.model import load_reward_model
-
             self._rm = load_reward_model(self.cfg.rm_path, self.name, self.prompt_len,
                                          self.completion_len, device)
         self._rm = self._rm.to(device)
@@ -271,8 +269,6 @@ class PreferenceTask:
     @torch.no_grad()
     def rm_scores(self, batch: RolloutBatch) -> torch.Tensor:
         """``[B]`` standardised RM scores of each row's prompt + counted completion."""
-        from rlscope.rm.model import pack_sequences
-
         device = batch.completion_tokens_BT.device
         rm = self.reward_model(device)
         prompts = []

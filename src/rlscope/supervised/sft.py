@@ -32,7 +32,7 @@ from rlscope.batch import PromptBatch
 from rlscope.checkpoint import SFT_FILE
 from rlscope.evaluation import evaluate, heldout_batch
 from rlscope.policy import ModelConfig
-from rlscope.supervised import JobResult, run_job, torch_threads
+from rlscope.supervised.loop import JobResult, run_job, torch_threads
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
 from rlscope.tasks.base import make_policy_for
 from rlscope.utils import resolve_device
@@ -80,7 +80,7 @@ class SftConfig:
 
 
 SftResult = JobResult
-"""What `sft` returns (`rlscope.supervised.JobResult`)."""
+"""What `sft` returns (`rlscope.supervised.loop.JobResult`)."""
 
 
 def sft_loss(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, mask_BL: torch.Tensor

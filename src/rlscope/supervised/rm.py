@@ -1,14 +1,14 @@
 """``rlscope rm``: train a reward model on the preference pairs a task generates.
 
 Each step draws ``batch_size`` fresh pairs (``task.preference_pairs``), scores chosen and
-rejected sequences in one forward pass (`rlscope.rm.model.pack_sequences`) and takes an Adam
-step on the Bradley–Terry loss. Every ``eval_every`` steps and at the end it reports, on
-``heldout_pairs`` pairs from a generator the training stream never touches (seed +
+rejected sequences in one forward pass (`rlscope.policy.reward_model.pack_sequences`) and
+takes an Adam step on the Bradley–Terry loss. Every ``eval_every`` steps and at the end it
+reports, on ``heldout_pairs`` pairs from a generator the training stream never touches (seed +
 `HELDOUT_SEED_OFFSET`): ``rm/heldout_loss``, ``rm/heldout_accuracy`` (share of pairs ranked
 as the hidden preference ranks them) and, where the task has them, ``rm/probe_accuracy`` on
 pairs outside the training distribution (``task.repeat_probe_pairs``). At the end it stores
 the mean and std of its raw scores over the held-out answers (both sides of each pair) for
-standardisation and writes ``rm.pt`` (`rlscope.rm.model.save_reward_model`),
+standardisation and writes ``rm.pt`` (`rlscope.policy.reward_model.save_reward_model`),
 ``config.json`` and ``metrics.jsonl`` to the output directory. ``--init`` starts the backbone
 from a policy checkpoint (an `rlscope sft` output), as InstructGPT initialises its RM from the
 SFT model (Ouyang et al. arXiv:2203.02155).
@@ -24,14 +24,14 @@ import torch
 
 from rlscope import checkpoint
 from rlscope.policy import ModelConfig
-from rlscope.rm.model import (
+from rlscope.policy.reward_model import (
     RewardModel,
     bradley_terry_loss,
     build_reward_model,
     pack_sequences,
     save_reward_model,
 )
-from rlscope.supervised import JobResult, run_job, torch_threads
+from rlscope.supervised.loop import JobResult, run_job, torch_threads
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
 from rlscope.tasks.preference import PreferencePair
 from rlscope.utils import resolve_device
@@ -80,7 +80,7 @@ class RmConfig:
 
 
 RmResult = JobResult
-"""What `train_rm` returns (`rlscope.supervised.JobResult`)."""
+"""What `train_rm` returns (`rlscope.supervised.loop.JobResult`)."""
 
 
 def validate_rm(cfg: RmConfig) -> list[str]:
