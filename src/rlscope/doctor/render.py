@@ -63,7 +63,7 @@ def _trend_rows(d: Diagnosis) -> list[list[str]]:
 
 
 def _unavailable_lines(d: Diagnosis) -> list[str]:
-    return [f"{rule}: needs {u}" for rule, u in d.unavailable.items()]
+    return [f"{rule}: {u}" for rule, u in d.unavailable.items()]
 
 
 def to_markdown(diagnoses: list[Diagnosis]) -> str:
