@@ -1058,3 +1058,164 @@ def test_nonfinite_gradients_fires_on_skipped_steps_and_not_otherwise():
     assert f.evidence["training_steps_affected"] == 2
     assert f.evidence["first_step"] == float(STEPS[7]) == f.step
     quiet(RULES["nonfinite_gradients"](table({"optim/nonfinite_steps": 0.0}), DEFAULT))
+
+
+# ---------------------------------------------------------------- events (issue 16)
+
+def test_reward_peak_then_fall_reports_the_peak_step_and_the_fall():
+    """Reward rises 0.1 → 0.7 at step 30 then falls by a third to ~0.47: "peak at step 30
+    then fell by 33%", not "no trend"."""
+    r = np.where(STEPS < 30, 0.1 + 0.02 * STEPS, 0.7 - 0.233 * (STEPS - 30) / 29) \
+        + noise(40, 0.01)
+    t = table({"reward/mean": r})
+    f = fired(RULES["reward_peak_fall"](t, DEFAULT), "reward_peak_fall")
+    assert abs(f.evidence["peak_step"] - 30) <= 1 and f.step == f.evidence["peak_step"]
+    # last window (steps 48–59) mean ≈ 0.7 − 0.233·23.5/29 ≈ 0.511: 27% of the peak value
+    assert f.evidence["fall_frac"] == pytest.approx(0.27, abs=0.04)
+    assert "then fell by" in f.title
+    # and the oscillation rule does not call it "up and down with no trend"
+    findings, _ = diagnose(t)
+    assert "oscillation" not in {x.id for x in findings}
+    quiet(RULES["reward_peak_fall"](table({"reward/mean": 0.1 + 0.01 * STEPS}), DEFAULT))
+
+
+def test_reward_plateau_after_a_rise_names_its_start():
+    r = np.where(STEPS < 20, 0.1 + 0.02 * STEPS, 0.5) + noise(41, 0.01)
+    f = fired(RULES["reward_plateau"](table({"reward/mean": r}), DEFAULT), "reward_plateau")
+    assert abs(f.evidence["start_step"] - 20) <= 1
+    assert f.evidence["moved_before"] is True and f.severity == "warning"
+    assert f.evidence["frac_steps"] == pytest.approx(40 / 60, abs=0.03)
+    # at the logged ceiling it is convergence (info)
+    t = table({"reward/mean": r, "reward/max": 0.51})
+    assert fired(RULES["reward_plateau"](t, DEFAULT), "reward_plateau").severity == "info"
+    quiet(RULES["reward_plateau"](table({"reward/mean": 0.1 + 0.01 * STEPS}), DEFAULT))
+
+
+def test_truncation_rising_steadily_is_reported_with_its_onset():
+    """The issue's verl DAPO miss: the clip ratio rises steadily but stays under 10%."""
+    ratio = np.where(STEPS < 20, 0.0, 0.002 * (STEPS - 20)) + np.abs(noise(42, 0.002))
+    t = table({"length/clip_ratio": ratio}, run_config(stop=(2,)))
+    f = fired(RULES["truncation"](t, DEFAULT), "truncation")
+    assert f.evidence["last_window_mean"] < DEFAULT.clip_ratio
+    assert abs(f.evidence["onset_step"] - 20) <= 2
+    assert "rise steadily" in f.title
+
+
+def test_truncation_point_check_from_one_step():
+    one = table({"length/clip_ratio": 0.4}, steps=np.array([0.0]))
+    f = fired(RULES["truncation"](one, DEFAULT), "truncation")
+    assert f.evidence["last_window_mean"] == 0.4
+
+
+def test_throughput_falling_is_reported_with_its_onset():
+    """Tokens per second flat at 1000 until step 25, then falling to ~600 (verl's
+    perf/throughput, kept under its own name)."""
+    tp = np.where(STEPS < 25, 1000.0, 1000.0 - 12.0 * (STEPS - 25)) + noise(43, 5.0)
+    f = fired(RULES["throughput_regression"](table({"perf/throughput": tp}), DEFAULT),
+              "throughput_regression")
+    assert abs(f.evidence["throughput"]["onset_step"] - 25) <= 2
+    assert f.evidence["throughput"]["fall"] > 0.3
+    assert "throughput fell" in f.title
+
+
+def test_sampler_mismatch_growing_by_orders_of_magnitude_has_onset_and_factor():
+    k2 = 1e-5 * 10 ** (np.maximum(0.0, STEPS - 30) / 8) * np.exp(noise(44, 0.1))
+    t = table({"policy/kl_behaviour_k2_first": k2}, run_config())
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    g = f.evidence["growth"]
+    assert g["metric"] == "policy/kl_behaviour_k2_first"
+    # last window (steps 48–59): 10^((53.5 − 30)/8) ≈ 870×
+    assert abs(g["onset_step"] - 30) <= 1 and 300 < g["factor"] < 3000
+    assert f.step == g["onset_step"] and "grew" in f.title
+
+
+def test_point_checks_run_on_one_step():
+    one = np.array([0.0])
+    t = table({"sampler/frac_outside_band": 0.3, "adv/frac_zero": 0.9,
+               "actor/ppo_kl": 1e-6, "length/clip_ratio": 0.5}, steps=one)
+    findings, unavailable = diagnose(t)
+    assert {"sampler_mismatch", "no_signal", "kl_too_small", "truncation"} <= {
+        f.id for f in findings}
+    # trend rules say "too few steps" for a metric that is there, never "needs" it
+    t3 = table({"policy/entropy": 1.0, "reward/mean": 0.2}, steps=np.arange(3.0))
+    _, unavailable = diagnose(t3)
+    assert unavailable["entropy_collapse"].reason == "too_few_steps"
+    assert "policy/entropy has 3 logged steps" in str(unavailable["entropy_collapse"])
+
+
+def test_unavailable_never_lists_a_metric_that_is_present():
+    """Every rule on tables holding subsets of the healthy metrics: a 'missing' reason names
+    only metrics absent from the table."""
+    names = sorted(healthy_series())
+    rng = np.random.default_rng(0)
+    for k in range(30):
+        keep = [n for n in names if rng.random() < 0.5]
+        t = table({n: healthy_series()[n] for n in keep})
+        _, unavailable = diagnose(t)
+        for rule_id, u in unavailable.items():
+            if u.reason == "missing":
+                assert not any(t.has(n) for n in u.needs), (rule_id, u, keep)
+
+
+# ---------------------------------------------------------------- conflicts, verdict, advice
+
+def test_kl_too_small_removes_lower_the_learning_rate_from_other_findings():
+    """KL ~1e-6 at lr 1e-6 with a collapsed entropy: the collapse must not advise lowering the
+    learning rate (the issue's contradiction)."""
+    t = table({"policy/kl_behaviour_k1": 1e-6, "optim/lr": 1e-6,
+               "reward/mean": 0.3 + noise(13, 0.02),
+               "policy/entropy": collapsing_entropy()}, run_config())
+    findings, _ = diagnose(t)
+    by_id = {f.id: f for f in findings}
+    assert "kl_too_small" in by_id and "entropy_collapse" in by_id
+    for f in findings:
+        if f.id != "kl_too_small":
+            assert not any(a.startswith("lower the learning rate") for a in f.actions), f.id
+    assert "advice_removed" in by_id["entropy_collapse"].evidence
+    assert by_id["kl_too_small"].actions[0].startswith("raise the learning rate")
+
+
+def test_verdict_is_not_keep_training_beside_collapse_and_zero_variance_groups():
+    t = table({"policy/entropy": collapsing_entropy(), "frac_reward_zero_std": 0.9,
+               "reward/mean": 0.2 + 0.005 * STEPS + noise(45, 0.01)})
+    t.add(0.0, "eval_reward", 0.1)
+    t.add(30.0, "eval_reward", 0.2)
+    t.add(59.0, "eval_reward", 0.3)
+    findings, _ = diagnose(t)
+    verdict = next(f for f in findings if f.id == "learning_verdict")
+    assert verdict.evidence["verdict"] == "improving, but stalling"
+    assert "keep training" not in verdict.actions
+    assert verdict.severity == "warning"
+    assert set(verdict.evidence["weighed"]) >= {"entropy_collapse_step", "zero_signal_frac"}
+    assert "90% of groups carry no reward variance" in verdict.actions[0]
+
+
+def test_actions_name_the_source_frameworks_settings():
+    from rlscope.doctor.advice import framework_of, render_action
+
+    collapse = {"policy/entropy": collapsing_entropy()}
+    for fmt, expected, absent in (
+            ("verl", "`actor_rollout_ref.actor.optim.lr`", "--lr"),
+            ("trl", "`learning_rate`", "--lr"),
+            ("tinker", "`learning_rate`", "--lr"),
+            ("run", "`--lr`", "actor_rollout_ref")):
+        t = table(collapse)
+        t.fmt = fmt
+        findings, _ = diagnose(t)
+        f = next(x for x in findings if x.id == "entropy_collapse")
+        text = " ".join(f.actions)
+        assert expected in text and absent not in text, (fmt, text)
+        assert f.evidence["framework"] == framework_of(t)
+    # TRL's GRPOConfig has no entropy bonus: that action is dropped, not given an rlscope flag
+    t = table(collapse)
+    t.fmt = "trl"
+    f = next(x for x in diagnose(t)[0] if x.id == "entropy_collapse")
+    assert not any("entropy bonus" in a for a in f.actions)
+    assert any("`epsilon_high`" in a for a in f.actions)
+    assert render_action("raise β ({kl_coef})", "tinker") == "raise β (`kl_penalty_coef`)"
+    assert render_action("x ({adv_std_floor})", "verl") == "x"
+    # TRL's PPO trainer (classic names) gets PPOConfig fields
+    t = table({"objective/kl": 1.0})
+    t.fmt = "wandb"
+    t.original["policy/kl_ref_seq_k1"] = "objective/kl"
+    assert framework_of(t) == "trl_ppo"
