@@ -1148,7 +1148,7 @@ def test_unavailable_never_lists_a_metric_that_is_present():
     only metrics absent from the table."""
     names = sorted(healthy_series())
     rng = np.random.default_rng(0)
-    for k in range(30):
+    for _ in range(30):
         keep = [n for n in names if rng.random() < 0.5]
         t = table({n: healthy_series()[n] for n in keep})
         _, unavailable = diagnose(t)
