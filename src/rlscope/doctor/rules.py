@@ -770,9 +770,9 @@ def throughput_regression(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """Step time growing beyond noise (and throughput_drop) together with response length
     (length trending up, correlation ≥ 0.5) where length is logged; or a logged throughput
     (tokens per second) falling beyond noise by throughput_drop, with the step its fall starts
-    (change point). Evidence: the correlation with length and the generation share of the
-    step. Slower steps at constant length and no throughput logged point at the machine (other
-    load), not at the run, and are not reported."""
+    (onset), where length is not logged or rises. Evidence: the correlation with length and the
+    generation share of the step. Slower steps or fewer tokens per second at constant length
+    point at the machine (other load), not at the run, and are not reported."""
     tp_name = t.first(*THROUGHPUT)
     if not t.has("time/step", c.min_steps) and (tp_name is None or not t.has(tp_name,
                                                                                c.min_steps)):
@@ -783,7 +783,10 @@ def throughput_regression(t: MetricTable, c: DoctorConfig) -> RuleOut:
     if tp_name and t.has(tp_name, c.min_steps):
         steps, tp = t.series(tp_name)
         tt = trend(steps, tp)
-        if tt.direction == "down" and tt.last_mean < (1 - c.throughput_drop) * tt.first_mean:
+        length_flat = t.has("length/mean", c.min_steps) and \
+            trend(*t.series("length/mean")).direction != "up"
+        if tt.direction == "down" and tt.last_mean < (1 - c.throughput_drop) * tt.first_mean \
+                and not length_flat:  # fewer tokens/s at the same lengths: the machine
             o = onset(steps, tp)
             step = o.step if o is not None else tt.first_step
             evidence["throughput"] = {"metric": tp_name, "first": _r(tt.first_mean),
