@@ -185,9 +185,17 @@ def test_entropy_collapse_stays_quiet_on_a_slow_decline():
     quiet(RULES["entropy_collapse"](table({"policy/entropy": h}), DEFAULT))
 
 
-def test_entropy_collapse_stays_quiet_when_entropy_recovers():
-    # below the floor for steps 30..44 only, then back at 2 for the last window
+def test_entropy_collapse_that_recovers_is_reported_as_an_episode():
+    # below the floor for steps 30..44 only, then back at 2 for the last window: an event
+    # with its start and length (issue 16), not a collapse that stays
     h = np.where((STEPS >= 30) & (STEPS < 45), 0.05, 2.0)
+    f = fired(RULES["entropy_collapse"](table({"policy/entropy": h}), DEFAULT),
+              "entropy_collapse")
+    assert (f.evidence["crossing_step"], f.evidence["until_step"]) == (30.0, 44.0)
+    assert f.evidence["steps_below"] == 15 and f.evidence["recovered"] is True
+    assert f.step == 30.0 and "before rising again" in f.title
+    # a 3-step dip (under max(min_steps/2, 20% of steps) = 12) stays quiet
+    h = np.where((STEPS >= 30) & (STEPS < 33), 0.05, 2.0)
     quiet(RULES["entropy_collapse"](table({"policy/entropy": h}), DEFAULT))
 
 
@@ -1083,11 +1091,15 @@ def test_reward_plateau_after_a_rise_names_its_start():
     r = np.where(STEPS < 20, 0.1 + 0.02 * STEPS, 0.5) + noise(41, 0.01)
     f = fired(RULES["reward_plateau"](table({"reward/mean": r}), DEFAULT), "reward_plateau")
     assert abs(f.evidence["start_step"] - 20) <= 1
-    assert f.evidence["moved_before"] is True and f.severity == "warning"
+    assert f.evidence["moved_before"] is True and f.severity == "info"
     assert f.evidence["frac_steps"] == pytest.approx(40 / 60, abs=0.03)
-    # at the logged ceiling it is convergence (info)
+    # at the logged ceiling it is convergence
     t = table({"reward/mean": r, "reward/max": 0.51})
-    assert fired(RULES["reward_plateau"](t, DEFAULT), "reward_plateau").severity == "info"
+    assert fired(RULES["reward_plateau"](t, DEFAULT), "reward_plateau").evidence["at_ceiling"]
+    # a reward that never moved is a warning
+    flat = fired(RULES["reward_plateau"](table({"reward/mean": 0.3 + noise(46, 0.01)}),
+                                         DEFAULT), "reward_plateau")
+    assert flat.severity == "warning" and flat.evidence["moved_before"] is False
     quiet(RULES["reward_plateau"](table({"reward/mean": 0.1 + 0.01 * STEPS}), DEFAULT))
 
 

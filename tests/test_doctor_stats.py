@@ -273,3 +273,14 @@ def test_spikes_by_robust_z_find_the_planted_points() -> None:
 def test_mean_se() -> None:
     assert mean_se(np.array([1.0, 3.0])) == (2.0, pytest.approx(1.0 / np.sqrt(2)))
     assert mean_se(np.array([5.0])) == (5.0, 0.0)
+
+
+def test_spikes_are_measured_against_the_neighbourhood_not_a_trend() -> None:
+    """A loss decaying from 0.04 to 0.006 has no spike at its start; one point 8× its
+    neighbours does."""
+    steps = np.arange(40.0)
+    rng = np.random.default_rng(15)
+    loss = 0.006 + 0.035 * np.exp(-steps / 5) + 0.0005 * rng.standard_normal(40)
+    assert spikes(steps, loss).steps == ()
+    loss[20] = 0.06
+    assert spikes(steps, loss).steps == (20.0,)

@@ -10,11 +10,12 @@ must_not_find = ["kl_too_small"]
 ```
 
 Without ``log``, the case directory is the log when it is an rlscope run directory (it has
-``metrics.jsonl``), else the one file in it besides ``expected.toml``. A rule *finds* a case
-when any finding with its id is reported, at any severity. Per rule: a true positive is a
-case that must find it and does; a false negative one that must and does not; a false positive
-one that must not and does. Cases that name the rule in neither list do not count for it.
-Precision = TP/(TP + FP), recall = TP/(TP + FN) (None when the denominator is 0).
+``metrics.jsonl`` and ``config.json``), else the one file in it besides ``expected.toml``. A
+rule *finds* a case when any finding with its id is reported, at any severity. Per rule: a
+true positive is a case that must find it and does; a false negative one that must and does
+not; a false positive one that must not and does. Cases that name the rule in neither list
+do not count for it. Precision = TP/(TP + FP), recall = TP/(TP + FN) (None when the
+denominator is 0).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def load_case(directory: Path) -> Case:
     spec = tomllib.loads(spec_path.read_text())
     if "log" in spec:
         log = (directory / spec["log"]).resolve()
-    elif (directory / "metrics.jsonl").exists():
+    elif (directory / "metrics.jsonl").exists() and (directory / "config.json").exists():
         log = directory
     else:
         files = [p for p in directory.iterdir() if p.is_file() and p.name != "expected.toml"]

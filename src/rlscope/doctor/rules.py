@@ -164,7 +164,7 @@ def entropy_collapse(t: MetricTable, c: DoctorConfig) -> RuleOut:
     threshold = max(c.entropy_floor, c.entropy_floor_frac * start)
     below = h < threshold
     if not below[-w:].all():
-        return []
+        return _collapse_then_recovery(name, steps, h, start, threshold, c)
     # The crossing is the first point below the threshold from which entropy stays below
     # (≥ 80% of the points from it on); an earlier isolated dip must not hide a later
     # collapse. The last window is all below, so such a point exists.
@@ -191,6 +191,36 @@ def entropy_collapse(t: MetricTable, c: DoctorConfig) -> RuleOut:
          "?centre advantages without dividing by the group std ({adv_center})",
          "?raise the upper clip bound, clip-higher ({clip_high})"),
         0.9, step=float(steps[crossing]))]
+
+
+def _collapse_then_recovery(name: str, steps: np.ndarray, h: np.ndarray, start: float,
+                            threshold: float, c: DoctorConfig) -> RuleOut:
+    """Entropy below the threshold for a long stretch (at least max(min_steps/2, 20% of the
+    steps) consecutive points) that it later left: a collapse the run recovered from (or is
+    oscillating through), reported with where it started and how long it lasted."""
+    below = h < threshold
+    best_len, best_start, run_len = 0, 0, 0
+    for i, b in enumerate(below):
+        run_len = run_len + 1 if b else 0
+        if run_len > best_len:
+            best_len, best_start = run_len, i - run_len + 1
+    if best_len < max(c.min_steps // 2, int(0.2 * len(h))):
+        return []
+    first, last = float(steps[best_start]), float(steps[best_start + best_len - 1])
+    return [Finding(
+        "entropy_collapse", "warning",
+        f"{name} collapsed below {threshold:.3g} at step {first:g} and stayed there for "
+        f"{best_len} steps (to step {last:g}) before rising again",
+        {"metric": name, "start": _r(start), "threshold": _r(threshold),
+         "crossing_step": first, "until_step": last, "steps_below": best_len,
+         "min": _r(float(h.min())), "frac_steps_below": _r(float(below.mean())),
+         "recovered": True},
+        "The policy became nearly deterministic for a stretch of the run; it recovered, but "
+        "while collapsed its groups carried little variance. A learning rate large enough to "
+        "collapse it in a few steps makes the run swing between collapse and recovery.",
+        ("lower the learning rate ({lr})", "?add an entropy bonus ({entropy_coef})",
+         "?raise the upper clip bound, clip-higher ({clip_high})"),
+        0.7, step=first)]
 
 
 def sigma_amplification(t: MetricTable, c: DoctorConfig) -> RuleOut:
@@ -437,8 +467,9 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
 
 
 def value_instability(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """Value-loss spikes (robust z-score above value_spike_z; their steps, the first and the
-    fraction of steps), or explained variance ≤ 0 for most of the second half of the run."""
+    """Value-loss spikes (robust z-score against the neighbourhood above value_spike_z, a lone
+    one above 1.5× that; their steps, the first and the fraction of steps), or explained
+    variance ≤ 0 for most of the second half of the run."""
     has_loss, has_ev = t.has("loss/value", c.min_steps), t.has("value/explained_var", c.min_steps)
     if not has_loss and not has_ev:
         return _why(t, ("loss/value", "value/explained_var"), c.min_steps)
@@ -447,7 +478,8 @@ def value_instability(t: MetricTable, c: DoctorConfig) -> RuleOut:
     if has_loss:
         steps, loss = t.series("loss/value")
         sp = spikes(steps, loss, c.value_spike_z)
-        if sp.steps:
+        # One borderline spike in a heavy-tailed loss is noise: alone, it must be 1.5× the bar.
+        if len(sp.steps) > 1 or sp.max_z >= 1.5 * c.value_spike_z:
             evidence["spike_steps"] = list(sp.steps[:10])
             evidence["n_spikes"] = len(sp.steps)
             evidence["frac_steps_spiking"] = _r(sp.frac)
@@ -487,12 +519,13 @@ def no_signal(t: MetricTable, c: DoctorConfig) -> RuleOut:
     frac = float(values[-window_size(len(values)):].mean())
     if frac <= c.no_signal_frac:
         return []
+    label = "1 − group/mixed_rate" if name == "group/mixed_rate" else name
     above = values > c.no_signal_frac
     frac_above_from = np.cumsum(above[::-1])[::-1] / np.arange(len(values), 0, -1)
     since = int(np.argmax(above & (frac_above_from >= 0.8))) if above.any() else 0
     return [Finding(
         "no_signal", "warning",
-        f"{name} = {frac:.2f} in the last window ({above.mean():.0%} of steps above "
+        f"{label} = {frac:.2f} in the last window ({above.mean():.0%} of steps above "
         f"{c.no_signal_frac:g}, from step {steps[since]:g}): little to learn from",
         {"metric": name, "last_window_mean": _r(frac), "mean": _r(float(values.mean())),
          "frac_steps_above": _r(float(above.mean())), "since_step": float(steps[since])},
@@ -855,8 +888,10 @@ def reward_peak_fall(t: MetricTable, c: DoctorConfig) -> RuleOut:
 def reward_plateau(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """The training reward flat (slope within noise) over a trailing stretch of at least
     plateau_frac of the steps: from which step, at which level, and whether it moved before
-    (a rise that stopped) or never moved. A plateau at the reward's ceiling (the logged
-    reward/max) is convergence, reported as info."""
+    (a rise that stopped) or never moved. A reward that never moved is a warning; a rise that
+    levelled off is info (the learning curve saturating, or the first sign of a stall: the
+    verdict weighs it); a plateau at the reward's ceiling (the logged reward/max) is
+    convergence."""
     name = _need(t, ("reward/mean",), 2 * c.min_steps)
     if isinstance(name, Unavailable):
         return name
@@ -872,7 +907,7 @@ def reward_plateau(t: MetricTable, c: DoctorConfig) -> RuleOut:
             f"({p.frac:.0%} of the run)" if p.moved_before else
             f"reward never moved beyond its noise ({p.level:.3g} over the whole run)")
     return [Finding(
-        "reward_plateau", "info" if at_ceiling or p.frac < 0.5 else "warning",
+        "reward_plateau", "warning" if not p.moved_before and not at_ceiling else "info",
         what + (" — at its ceiling" if at_ceiling else ""),
         {"metric": name, "start_step": p.start_step, "end_step": p.end_step,
          "level": _r(p.level), "frac_steps": _r(p.frac), "moved_before": p.moved_before,
@@ -950,12 +985,15 @@ def learning_verdict(t: MetricTable, c: DoctorConfig) -> RuleOut:
         confidence = min(confidence, 0.5)
     best_i = int(np.argmin(v) if lower else np.argmax(v))
     best = float(v[best_i])
+    bounded = lower or any(k in name for k in CORRECTNESS_KEYS)
+    if basis == "validation" and bounded and (last <= 1e-3 if lower else last >= 0.999):
+        verdict, confidence = "solved", 0.9  # at the metric's bound: nothing left to learn
     past_best = (best - last if not lower else last - best) > max(noise_se, 1e-12) \
         and best_i < len(v) - 1 and len(v) >= 3 and basis == "validation"
     if past_best and verdict == "improving":
         verdict = "improved, but past its best"
     return [Finding(
-        "learning_verdict", "info" if verdict == "improving" else "warning",
+        "learning_verdict", "info" if verdict in ("improving", "solved") else "warning",
         f"{basis.split(' (')[0]} is {verdict}: {name} {first:.4g} → {last:.4g}"
         + (f" (best {best:.4g} at step {steps[best_i]:g})" if past_best else ""),
         {"metric": name, "basis": basis, "first": _r(first), "last": _r(last),
@@ -965,6 +1003,7 @@ def learning_verdict(t: MetricTable, c: DoctorConfig) -> RuleOut:
         "The verdict compares the first and last evaluations (or the training reward's first "
         "and last windows) against their noise, then weighs the other findings.",
         ("keep training" if verdict == "improving" else
+         "stop: the validation metric is at its bound" if verdict == "solved" else
          "check the findings above for the cause",), confidence,
         step=float(steps[best_i]) if past_best else None)]
 
@@ -1065,7 +1104,7 @@ def weigh_verdict(findings: list[Finding]) -> list[Finding]:
         weighed["entropy_collapse_step"] = collapse.step
     if nosig is not None:
         weighed["zero_signal_frac"] = nosig.evidence.get("last_window_mean")
-    if collapse is not None and nosig is not None:
+    if collapse is not None and nosig is not None and verdict.evidence["verdict"] != "solved":
         reasons.append(f"entropy collapsed at step {collapse.step:g} and "
                        f"{nosig.evidence.get('last_window_mean', 0):.0%} of groups carry no "
                        "reward variance: further steps carry little gradient")
@@ -1085,6 +1124,12 @@ def weigh_verdict(findings: list[Finding]) -> list[Finding]:
         (reasons if on_reward else caveats).append(
             f"the training reward has been flat since step {flat.evidence['start_step']:g} "
             f"({flat.evidence['frac_steps']:.0%} of the run)")
+    tiny = by_id.get("kl_too_small")
+    if tiny is not None:
+        weighed["kl_too_small_median"] = tiny.evidence.get("median_abs")
+        caveats.append(f"updates are tiny ({tiny.evidence['metric']} ≈ "
+                       f"{tiny.evidence.get('median_abs', 0):.2g}): progress is limited by "
+                       "the step size")
     if not weighed:
         return findings
     ev = verdict.evidence | {"weighed": weighed}
@@ -1092,6 +1137,8 @@ def weigh_verdict(findings: list[Finding]) -> list[Finding]:
     title, severity = verdict.title, verdict.severity
     if caveats:
         ev["caveats"] = caveats
+        actions = tuple(a if a != "keep training" else
+                        "keep training, but mind: " + "; ".join(caveats) for a in actions)
     if reasons:
         actions = ("fix what stalls it before training longer: " + "; ".join(reasons),
                    *[a for a in actions if a != "keep training"])

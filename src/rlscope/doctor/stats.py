@@ -160,20 +160,39 @@ class Spikes:
         return self.steps[0] if self.steps else None
 
 
+def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
+    """Centred rolling median over ``window`` points (the ends padded with the end values)."""
+    if window <= 1 or len(values) < 3:
+        return values.astype(float)
+    half = window // 2
+    padded = np.pad(values.astype(float), half, mode="edge")
+    return np.median(np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1), axis=1)
+
+
+SPIKE_WINDOW = 7
+"""Neighbourhood (points) a spike is measured against: a trend is not a spike."""
+
+
 def spikes(steps: np.ndarray, values: np.ndarray, z: float = SPIKE_Z,
-           direction: str = "up") -> Spikes:
-    """Spikes by robust z-score: (x − median)/(1.4826·MAD) above ``z`` (``direction`` "up"),
-    below −z ("down") or either ("both"). A series with MAD 0 has spikes where it leaves its
-    median at all (any departure from a constant is infinitely many MADs)."""
+           direction: str = "up", window: int = SPIKE_WINDOW) -> Spikes:
+    """Spikes by robust z-score against the neighbourhood: the residual from a centred rolling
+    median over ``window`` points, divided by the step-to-step noise σ = 1.4826·MAD(first
+    differences)/√2, above ``z``
+    (``direction`` "up"), below −z ("down") or either ("both"). Detrending first means the
+    high start of a decaying loss is not a spike. Residuals with MAD 0 have spikes where they
+    leave 0 at all (any departure from a constant is infinitely many MADs)."""
     if len(values) == 0:
         return Spikes((), 0.0, 0.0)
-    median = float(np.median(values))
-    mad = 1.4826 * float(np.median(np.abs(values - median)))
-    dev = values - median
+    dev = values - rolling_median(values, window)
+    diffs = np.diff(values)
+    # σ from first differences (robustly: a spike moves two of them), not from the residuals
+    # themselves, which are exactly 0 wherever the median sits on a point of a monotone curve.
+    mad = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs)))) / np.sqrt(2.0) \
+        if len(diffs) >= 2 else 0.0
     if mad > 0:
         rz = dev / mad
     else:
-        scale = max(abs(median), 1e-12) * 1e-6
+        scale = max(float(np.median(np.abs(values))), 1e-12) * 1e-6
         rz = np.where(np.abs(dev) > scale, np.sign(dev) * np.inf, 0.0)
     signed = {"up": rz, "down": -rz, "both": np.abs(rz)}[direction]
     hit = signed > z
@@ -354,9 +373,10 @@ def smooth(values: np.ndarray, w: int) -> np.ndarray:
 def peak_then_fall(steps: np.ndarray, values: np.ndarray, z: float = Z,
                    min_fall: float = 0.1) -> PeakFall | None:
     """A rise to a peak then a fall. The peak is the maximum of the series smoothed over a
-    third of a window (at least 3 points), at least a window (w points) from the end; the rise
-    (peak − first window) and the fall (peak − last window) must each exceed ``z`` standard
-    errors of the noise (σ·√(2/w)), and the fall must be at least ``min_fall`` of the rise.
+    third of a window (at least 3 points), at least a window (w points) from the end and 2
+    points from the start; the rise (peak − the points before it, at most a window) and the
+    fall (peak − last window) must each exceed ``z`` standard errors of the noise, and the fall
+    must be at least ``min_fall`` of the rise.
     Higher is taken as better; negate a lower-is-better series."""
     n = len(values)
     w = window_size(n)
@@ -365,11 +385,17 @@ def peak_then_fall(steps: np.ndarray, values: np.ndarray, z: float = Z,
     sm = smooth(values, max(MIN_SEGMENT, w // 3))
     inner = sm[: n - w]
     p = int(np.argmax(inner))
+    if p < 2:
+        return None
     peak = float(sm[p])
-    start, last = float(values[:w].mean()), float(values[-w:].mean())
-    se = noise_sigma(values) * np.sqrt(2.0 / w)
+    # The start is the points before the peak (at most a window): an early peak must not be
+    # averaged into its own baseline.
+    w0 = min(w, p)
+    start, last = float(values[:w0].mean()), float(values[-w:].mean())
+    sigma = noise_sigma(values)
     rise, fall = peak - start, peak - last
-    if rise <= z * se or fall <= z * se or fall < min_fall * rise or p < w // 2:
+    if rise <= z * sigma * np.sqrt(1.0 / w0 + 1.0 / w) or fall <= z * sigma * np.sqrt(2.0 / w) \
+            or fall < min_fall * rise:
         return None
     return PeakFall(float(steps[p]), peak, start, last,
                     fall / abs(peak) if peak != 0 else float("inf"), fall / rise)
