@@ -85,7 +85,9 @@ class DoctorConfig:
     kl_small: float = 1e-4
     """kl_too_small: a per-token KL to the behaviour policy below this is tiny."""
     value_spike_z: float = 6.0
-    """value_instability: a value-loss robust z-score above this is a spike."""
+    """value_instability: a value-loss robust z-score above this is a spike ..."""
+    value_spike_ratio: float = 2.0
+    """... if the loss is also at least this many times the median of its neighbours."""
     no_signal_frac: float = 0.5
     """no_signal: zero-advantage (or zero-std group) fraction above this."""
     length_corr: float = 0.7

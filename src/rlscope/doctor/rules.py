@@ -468,8 +468,9 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
 
 def value_instability(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """Value-loss spikes (robust z-score against the neighbourhood above value_spike_z, a lone
-    one above 1.5× that; their steps, the first and the fraction of steps), or explained
-    variance ≤ 0 for most of the second half of the run."""
+    one above 1.5× that, and at least value_spike_ratio × the neighbourhood's median; their
+    steps, the first and the fraction of steps), or explained variance ≤ 0 for most of the
+    second half of the run."""
     has_loss, has_ev = t.has("loss/value", c.min_steps), t.has("value/explained_var", c.min_steps)
     if not has_loss and not has_ev:
         return _why(t, ("loss/value", "value/explained_var"), c.min_steps)
@@ -477,9 +478,9 @@ def value_instability(t: MetricTable, c: DoctorConfig) -> RuleOut:
     step = None
     if has_loss:
         steps, loss = t.series("loss/value")
-        sp = spikes(steps, loss, c.value_spike_z)
+        sp = spikes(steps, loss, c.value_spike_z, min_ratio=c.value_spike_ratio)
         # One borderline spike in a heavy-tailed loss is noise: alone, it must be 1.5× the bar.
-        if len(sp.steps) > 1 or sp.max_z >= 1.5 * c.value_spike_z:
+        if len(sp.steps) > 1 or (sp.steps and sp.max_z >= 1.5 * c.value_spike_z):
             evidence["spike_steps"] = list(sp.steps[:10])
             evidence["n_spikes"] = len(sp.steps)
             evidence["frac_steps_spiking"] = _r(sp.frac)

@@ -174,16 +174,20 @@ SPIKE_WINDOW = 7
 
 
 def spikes(steps: np.ndarray, values: np.ndarray, z: float = SPIKE_Z,
-           direction: str = "up", window: int = SPIKE_WINDOW) -> Spikes:
+           direction: str = "up", window: int = SPIKE_WINDOW,
+           min_ratio: float = 0.0) -> Spikes:
     """Spikes by robust z-score against the neighbourhood: the residual from a centred rolling
     median over ``window`` points, divided by the step-to-step noise σ = 1.4826·MAD(first
     differences)/√2, above ``z``
     (``direction`` "up"), below −z ("down") or either ("both"). Detrending first means the
     high start of a decaying loss is not a spike. Residuals with MAD 0 have spikes where they
-    leave 0 at all (any departure from a constant is infinitely many MADs)."""
+    leave 0 at all (any departure from a constant is infinitely many MADs). ``min_ratio`` > 0
+    also requires |x| ≥ min_ratio × |neighbourhood median| (a spike of a positive loss at least
+    that many times its neighbours)."""
     if len(values) == 0:
         return Spikes((), 0.0, 0.0)
-    dev = values - rolling_median(values, window)
+    med = rolling_median(values, window)
+    dev = values - med
     diffs = np.diff(values)
     # σ from first differences (robustly: a spike moves two of them), not from the residuals
     # themselves, which are exactly 0 wherever the median sits on a point of a monotone curve.
@@ -196,8 +200,11 @@ def spikes(steps: np.ndarray, values: np.ndarray, z: float = SPIKE_Z,
         rz = np.where(np.abs(dev) > scale, np.sign(dev) * np.inf, 0.0)
     signed = {"up": rz, "down": -rz, "both": np.abs(rz)}[direction]
     hit = signed > z
-    finite = signed[np.isfinite(signed)]
-    max_z = float(signed.max()) if len(signed) else 0.0
+    if min_ratio > 0:
+        hit &= np.abs(values) >= min_ratio * np.abs(med)
+    pool = signed[hit] if hit.any() else signed  # the largest spike kept, where any is
+    finite = pool[np.isfinite(pool)]
+    max_z = float(pool.max()) if len(pool) else 0.0
     if not np.isfinite(max_z):
         max_z = float(finite.max()) if len(finite) else 0.0
     return Spikes(tuple(float(s) for s in steps[hit]), max_z, float(hit.mean()))
