@@ -73,8 +73,7 @@ SETTINGS: dict[str, dict[str, str]] = {
         "kl_target": "algorithm.kl_ctrl.type=adaptive with algorithm.kl_ctrl.target_kl",
         "kl_horizon": "algorithm.kl_ctrl.horizon",
         "max_length": "data.max_response_length",
-        "overlong_penalty": "reward_model.overlong_buffer.enable=True "
-                            "(reward_model.overlong_buffer.len, .penalty_factor)",
+        "overlong_penalty": "reward_model.overlong_buffer.enable=True",
         "sampling_mask": "actor_rollout_ref.rollout.top_p=1.0, top_k=-1",
         "is_correction": "algorithm.rollout_correction.rollout_is=token with "
                          "actor_rollout_ref.rollout.calculate_log_probs=True",
@@ -121,7 +120,7 @@ SETTINGS: dict[str, dict[str, str]] = {
         "lr": "learning_rate", "kl_coef": "kl_penalty_coef", "max_length": "max_tokens",
         "clip_high": "loss_fn=\"ppo\" with loss_fn_config clip_high_threshold",
         "clip": "loss_fn=\"ppo\" with loss_fn_config clip_low_threshold/clip_high_threshold",
-        "group_size": "group_size (of the dataset builder)", "batch_size": "groups_per_batch",
+        "group_size": "group_size", "batch_size": "groups_per_batch",  # of the dataset builder
         "epochs": "num_substeps", "dynamic_sampling": "remove_constant_reward_groups=True",
         "temperature": "temperature",
     },

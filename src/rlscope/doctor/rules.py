@@ -1073,12 +1073,16 @@ LOWER_LR = "lower the learning rate"
 def resolve_conflicts(findings: list[Finding]) -> list[Finding]:
     """Advice that contradicts another finding is removed, with the reason in the evidence: a
     run whose updates are already tiny (kl_too_small) is never told to lower the learning rate;
-    a reward that peaked and fell or plateaued is not also called an oscillation."""
+    a reward that peaked and fell or plateaued is not also called an oscillation; a pointer to
+    sigma_amplification is dropped where that rule did not fire."""
     ids = {f.id for f in findings}
     out = []
     for f in findings:
         if f.id == "oscillation" and ids & {"reward_peak_fall", "reward_plateau"}:
             continue
+        if "sigma_amplification" not in ids:  # nothing to check: the rule did not fire
+            f = replace(f, actions=tuple(a for a in f.actions
+                                         if not a.startswith("check sigma_amplification")))
         if "kl_too_small" in ids and f.id != "kl_too_small":
             kept = tuple(a for a in f.actions if not a.startswith(LOWER_LR))
             if kept != f.actions:
