@@ -1231,3 +1231,12 @@ def test_actions_name_the_source_frameworks_settings():
     t.fmt = "wandb"
     t.original["policy/kl_ref_seq_k1"] = "objective/kl"
     assert framework_of(t) == "trl_ppo"
+
+
+def test_kl_too_small_does_not_read_a_kl_that_is_zero_to_float_precision():
+    """verl's actor/ppo_kl with one epoch of one mini-batch is ~1e-9 every step: measured
+    before any update, it says nothing about the update size."""
+    t = table({"actor/ppo_kl": 2e-9 * (1 + noise(47, 0.3)), "reward/mean": 0.3})
+    out = RULES["kl_too_small"](t, DEFAULT)
+    assert isinstance(out, Unavailable) and out.reason == "config"
+    assert "zero to float precision" in str(out)

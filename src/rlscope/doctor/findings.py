@@ -112,6 +112,9 @@ class DoctorConfig:
     kl_dip_frac: float = 0.1
     """negative_kl: fires also when this fraction of steps dips far below zero (below
     −max(kl_negative_tol, 4 robust standard deviations of the series))."""
+    kl_numeric_zero: float = 1e-8
+    """kl_too_small: a median |KL| below this is zero to float precision (measured before any
+    update), so the check does not apply."""
     kl_small_frac: float = 0.9
     """kl_too_small: fraction of steps whose |KL| is below kl_small."""
     mismatch_growth: float = 10.0

@@ -413,7 +413,9 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
     noise, with the clip fraction ~0 where logged and the reward (where logged) not rising
     beyond noise: each update barely moves the policy. Reports the median and largest |KL|, the
     fraction of tiny steps, the learning rate where logged and the reward's trend (info when
-    the reward is not logged: the point check alone). An rlscope run
+    the reward is not logged: the point check alone). A KL that is zero to float precision
+    (median below kl_numeric_zero) was measured before any update and is not used. An rlscope
+    run
     with one inner epoch of one minibatch measures its last pass before any update (always 0),
     so the check does not apply there."""
     run = t.config.get("config", {}).get("run", {})
@@ -426,6 +428,12 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
         return name
     steps, kl = t.series(name)
     kl = np.abs(kl)
+    if float(np.median(kl)) < c.kl_numeric_zero:
+        # Zero to float precision every step: measured before any update (one epoch of one
+        # mini-batch), so it says nothing about the update's size.
+        return Unavailable(("a KL measured after an update",), reason="config", detail=(
+            f"{name} is {float(np.median(kl)):.1g} (zero to float precision): it is measured "
+            "before any update, as with one epoch of one mini-batch"))
     tiny = kl < c.kl_small
     if tiny.mean() < c.kl_small_frac:
         return []
