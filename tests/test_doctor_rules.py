@@ -1240,3 +1240,18 @@ def test_kl_too_small_does_not_read_a_kl_that_is_zero_to_float_precision():
     out = RULES["kl_too_small"](t, DEFAULT)
     assert isinstance(out, Unavailable) and out.reason == "config"
     assert "zero to float precision" in str(out)
+
+
+def test_kl_runaway_with_only_a_sequence_kl_and_no_target_says_what_is_missing():
+    """TRL PPO's objective/kl is per sequence; with no adaptive target recorded, the reason
+    is the missing target, not a 'missing' KL that is in the log."""
+    out = RULES["kl_runaway"](table({"policy/kl_ref_seq_k1": 5.0 + STEPS}), DEFAULT)
+    assert isinstance(out, Unavailable) and out.reason == "config"
+    assert "no adaptive KL target is recorded" in str(out)
+
+
+def test_entropy_rising_reports_its_onset():
+    h = np.where(STEPS < 30, 1.0, 1.0 + 0.05 * (STEPS - 30)) + noise(48, 0.01)
+    t = table({"policy/entropy": h, "length/mean": 100.0 + 2.0 * STEPS + noise(49, 1.0)})
+    f = fired(RULES["entropy_rising"](t, DEFAULT), "entropy_rising")
+    assert abs(f.evidence["onset_step"] - 30) <= 1 and f.step == f.evidence["onset_step"]

@@ -270,13 +270,16 @@ def entropy_rising(t: MetricTable, c: DoctorConfig) -> RuleOut:
         companions["reward/mean"] = "down"
     if not companions:
         return []
+    o = onset(*t.series(name))
+    start = o.step if o is not None else tr.first_step
     return [Finding(
-        "entropy_rising", "warning", f"{name} rising with {', '.join(companions)}",
-        {"metric": name, "trend": tr.as_dict(), "with": companions},
+        "entropy_rising", "warning",
+        f"{name} rising from step {start:g} with {', '.join(companions)}",
+        {"metric": name, "trend": tr.as_dict(), "with": companions, "onset_step": start},
         "Entropy that keeps growing while responses get longer or reward falls points to an "
         "unstable update or reward-driven verbosity.",
         ("?check clip-higher ({clip_high})", "add or raise the KL penalty ({kl_coef})",
-         "lower the learning rate ({lr})"), 0.7, step=tr.first_step)]
+         "lower the learning rate ({lr})"), 0.7, step=start)]
 
 
 def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
@@ -361,6 +364,12 @@ def kl_runaway(t: MetricTable, c: DoctorConfig) -> RuleOut:
     target = facts.get("kl_target_value") if facts.get("kl_control") == "adaptive" else None
     name = _need(t, KL_REF if target else KL_REF[1:], c.min_steps)
     if isinstance(name, Unavailable):
+        if not target and t.has("policy/kl_ref_seq_k1") and name.reason == "missing":
+            # The per-sequence KL is there; what is missing is a target to compare it with.
+            return Unavailable(("policy/kl_ref_k1", "policy/kl_ref_k3"), reason="config",
+                               detail="policy/kl_ref_seq_k1 is per sequence and no adaptive "
+                                      "KL target is recorded to compare it with (a per-token "
+                                      "KL would do without one)")
         return name
     steps, kl = t.series(name)
     tr = trend(steps, kl)
@@ -759,7 +768,10 @@ def grad_clip_saturation(t: MetricTable, c: DoctorConfig) -> RuleOut:
     frac = float(active.mean())
     if frac <= c.clip_saturation:
         return []
-    evidence: dict[str, Any] = {"frac_steps_clipped": _r(frac)}
+    clip_steps = t.series("optim/clip_active")[0] if t.has("optim/clip_active", c.min_steps) \
+        else t.series("optim/grad_norm")[0]
+    evidence: dict[str, Any] = {"frac_steps_clipped": _r(frac),
+                                "first_step": float(clip_steps[int(np.argmax(active > 0))])}
     if t.has("optim/grad_norm"):
         evidence["grad_norm_median"] = _r(float(np.median(t.values("optim/grad_norm"))))
     return [Finding(
@@ -801,7 +813,9 @@ def stale_replay(t: MetricTable, c: DoctorConfig) -> RuleOut:
         return []
     return [Finding(
         "stale_replay", "warning", f"replayed batches are {tr.last_mean:.1f} steps old "
-        f"(delay {delay})", {"age_trend": tr.as_dict(), "delay": delay},
+        f"(delay {delay})", {"age_trend": tr.as_dict(), "delay": delay,
+                             "onset_step": o.step if (o := onset(
+                                 *t.series("replay/age_mean"))) is not None else None},
         "The bias of replay grows with the age of what is replayed, and the age is set by the "
         "buffer's capacity and priority, not by the delay.",
         ("decay weights by age (fresh_dg, --replay_age_decay)", "a smaller buffer",
