@@ -284,3 +284,13 @@ def test_spikes_are_measured_against_the_neighbourhood_not_a_trend() -> None:
     assert spikes(steps, loss).steps == ()
     loss[20] = 0.06
     assert spikes(steps, loss).steps == (20.0,)
+
+
+def test_a_surge_of_a_few_steps_is_a_spike_on_a_short_series() -> None:
+    """Value loss 0.035 → 0.30 over steps 1–5 and back (PPO at lr 1e-2, 30 steps): the
+    neighbourhood (n/3 = 11 points) is wide enough for the surge to stand out."""
+    steps = np.arange(30.0)
+    loss = 0.03 + 0.002 * np.random.default_rng(16).standard_normal(30)
+    loss[1:6] = [0.15, 0.30, 0.25, 0.18, 0.15]
+    sp = spikes(steps, loss, min_ratio=2.0)
+    assert {2.0, 3.0} <= set(sp.steps) and sp.first_step is not None and sp.first_step <= 2.0

@@ -170,22 +170,27 @@ def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
 
 
 SPIKE_WINDOW = 7
-"""Neighbourhood (points) a spike is measured against: a trend is not a spike."""
+SPIKE_WINDOW_MAX = 15
+"""The neighbourhood (points) a spike is measured against, so that a trend is not a spike: a
+third of the series, at least 7 (a surge lasting a few steps still stands out) and at most 15
+(a wider median would stop following the trend of a long run)."""
 
 
 def spikes(steps: np.ndarray, values: np.ndarray, z: float = SPIKE_Z,
-           direction: str = "up", window: int = SPIKE_WINDOW,
+           direction: str = "up", window: int | None = None,
            min_ratio: float = 0.0) -> Spikes:
     """Spikes by robust z-score against the neighbourhood: the residual from a centred rolling
-    median over ``window`` points, divided by the step-to-step noise σ = 1.4826·MAD(first
-    differences)/√2, above ``z``
-    (``direction`` "up"), below −z ("down") or either ("both"). Detrending first means the
-    high start of a decaying loss is not a spike. Residuals with MAD 0 have spikes where they
-    leave 0 at all (any departure from a constant is infinitely many MADs). ``min_ratio`` > 0
-    also requires |x| ≥ min_ratio × |neighbourhood median| (a spike of a positive loss at least
-    that many times its neighbours)."""
+    median over ``window`` points (default n/3 within [7, 15], odd), divided by the
+    step-to-step noise σ = 1.4826·MAD(first differences)/√2, above ``z`` (``direction``
+    "up"), below −z ("down") or either ("both"). Detrending first means the high start of a
+    decaying loss is not a spike. Residuals with MAD 0 have spikes where they leave 0 at all
+    (any departure from a constant is infinitely many MADs). ``min_ratio`` > 0 also requires
+    |x| ≥ min_ratio × |neighbourhood median| (a spike of a positive loss at least that many
+    times its neighbours)."""
     if len(values) == 0:
         return Spikes((), 0.0, 0.0)
+    if window is None:
+        window = min(max(SPIKE_WINDOW, (len(values) // 3) | 1), SPIKE_WINDOW_MAX)
     med = rolling_median(values, window)
     dev = values - med
     diffs = np.diff(values)
