@@ -780,7 +780,8 @@ def grad_clip_saturation(t: MetricTable, c: DoctorConfig) -> RuleOut:
         "With the clip active almost every step, the update size is set by the clip threshold "
         "times the learning rate, not by the gradient: the learning rate no longer means what "
         "it says.", ("lower the learning rate ({lr}) until the clip ({grad_clip}) fires rarely",
-                     "or accept the clip as the step-size control and report it"), 0.7)]
+                     "or accept the clip as the step-size control and report it"), 0.7,
+        step=evidence["first_step"])]
 
 
 def oscillation(t: MetricTable, c: DoctorConfig) -> RuleOut:
