@@ -1255,3 +1255,15 @@ def test_entropy_rising_reports_its_onset():
     t = table({"policy/entropy": h, "length/mean": 100.0 + 2.0 * STEPS + noise(49, 1.0)})
     f = fired(RULES["entropy_rising"](t, DEFAULT), "entropy_rising")
     assert abs(f.evidence["onset_step"] - 30) <= 1 and f.step == f.evidence["onset_step"]
+
+
+def test_verdict_on_training_reward_is_stalling_when_it_peaked_and_fell():
+    """No validation: the training reward's peak and fall are the verdict's own basis, so
+    they stall it (no 'keep training' left in any form)."""
+    r = np.where(STEPS < 20, 0.1 + 0.03 * STEPS, 0.7 - 0.3 * (STEPS - 20) / 39) + noise(50, 0.01)
+    t = table({"reward/mean": r, "policy/kl_behaviour_k1": 1e-6}, run_config())
+    findings, _ = diagnose(t)
+    verdict = next(f for f in findings if f.id == "learning_verdict")
+    assert verdict.evidence["basis"].startswith("training reward")
+    assert any("peaked at step" in s for s in verdict.evidence["stalled_by"])
+    assert not any(a.startswith("keep training") for a in verdict.actions)

@@ -1169,7 +1169,7 @@ def weigh_verdict(findings: list[Finding]) -> list[Finding]:
                         "keep training, but mind: " + "; ".join(caveats) for a in actions)
     if reasons:
         actions = ("fix what stalls it before training longer: " + "; ".join(reasons),
-                   *[a for a in actions if a != "keep training"])
+                   *[a for a in actions if not a.startswith("keep training")])
         if ev["verdict"] == "improving":
             ev["verdict"] = "improving, but stalling"
             title = title.replace("is improving", "is improving, but stalling")
