@@ -93,3 +93,15 @@ def test_scores_count_true_and_false_positives(tmp_path: Path) -> None:
     s = r.rules["entropy_collapse"]
     assert (s.tp, s.fn, s.fp, s.tn) == (1, 1, 0, 1)
     assert s.precision == 1.0 and s.recall == 0.5 and s.missed == ["missed"]
+
+
+def test_json_output_gives_each_unavailable_check_its_reason(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    log = CORPUS / "verl_dapo_tiny_updates" / "verl_console.log"
+    assert main(["doctor", str(log), "--json"]) == 0
+    (d,) = json.loads(capsys.readouterr().out)
+    reasons = d["unavailable_reasons"]
+    assert reasons["grad_clip_saturation"]["reason"] == "config"
+    assert reasons["value_instability"] == {
+        "reason": "missing", "text": "needs loss/value or value/explained_var"}
+    assert "kl_too_small" not in reasons  # actor/ppo_kl is there: it ran
