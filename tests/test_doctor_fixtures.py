@@ -162,11 +162,13 @@ def test_real_trl_grpo_with_a_learning_rate_ten_times_higher() -> None:
 
 def test_real_trl_ppo_trainer_state() -> None:
     """TRL 1.12 experimental PPOTrainer: PPO names translated; val/ is the value function, not
-    validation, so there is no learning verdict."""
+    validation, so the learning verdict rests on the training reward and says so."""
     (d,) = run_doctor(FIXTURES / "trl_ppo_trainer_state.json")
     t = d.table
     assert t.original["policy/kl_ref_seq_k1"] == "objective/kl"
     assert t.original["loss/value"] == "loss/value_avg"
     assert t.original["value/clipfrac"] == "val/clipfrac_avg"
-    assert "learning_verdict" in d.unavailable
+    verdict = d.verdict
+    assert verdict is not None
+    assert verdict.evidence["basis"] == "training reward (no validation logged)"
     assert "value_instability" not in _by_id(d)

@@ -168,3 +168,129 @@ def test_aligned_keeps_shared_steps():
     assert steps.tolist() == [1.0, 3.0]
     assert v1.tolist() == [11.0, 13.0]
     assert v2.tolist() == [0.1, 0.3]
+
+
+# --------------------------------------------------------------------------- event detectors
+# Planted series with known onset / peak / plateau steps; each detector must find the step
+# within ±1 and stay quiet on a series without the event.
+
+from rlscope.doctor.stats import (  # noqa: E402
+    change_point,
+    growth,
+    mean_se,
+    onset,
+    peak_then_fall,
+    plateau,
+    spikes,
+)
+
+S100 = np.arange(100, dtype=float)
+
+
+def _noise(seed: int, scale: float) -> np.ndarray:
+    return scale * np.random.default_rng(seed).standard_normal(100)
+
+
+@pytest.mark.parametrize("k", [15, 40, 77])
+def test_change_point_finds_a_planted_mean_shift(k: int) -> None:
+    v = np.where(S100 < k, 1.0, 1.5) + _noise(k, 0.1)
+    cp = change_point(S100, v)
+    assert cp is not None and abs(cp.step - k) <= 1
+    assert cp.before == pytest.approx(1.0, abs=0.05) and cp.after == pytest.approx(1.5, abs=0.05)
+
+
+def test_change_point_stays_quiet_on_noise() -> None:
+    assert change_point(S100, 1.0 + _noise(3, 0.1)) is None
+
+
+@pytest.mark.parametrize("k", [20, 50, 70])
+def test_onset_finds_where_a_flat_series_starts_to_rise(k: int) -> None:
+    v = 0.5 + 0.02 * np.maximum(0.0, S100 - k) + _noise(k, 0.05)
+    o = onset(S100, v)
+    assert o is not None and abs(o.step - k) <= 1
+    assert o.slope == pytest.approx(0.02, rel=0.2)
+
+
+def test_onset_stays_quiet_on_noise() -> None:
+    assert onset(S100, 0.5 + _noise(4, 0.05)) is None
+
+
+def test_growth_reports_onset_and_factor_of_orders_of_magnitude() -> None:
+    # 1e-4 until step 50, then ×10 every 10 steps: ~1e-4 → ~3e0 in the last window
+    v = 1e-4 * 10 ** (np.maximum(0.0, S100 - 50) / 10) * np.exp(_noise(5, 0.2))
+    g = growth(S100, v)
+    assert g is not None and abs(g.onset_step - 50) <= 1
+    # last window (20 points, steps 80–99) geometric mean 1e-4·10^4.45
+    assert 1e3 < g.factor < 1e5
+    assert g.before == pytest.approx(1e-4, rel=0.2)
+
+
+def test_growth_ignores_a_series_that_only_doubles() -> None:
+    v = 1e-3 * (1 + np.maximum(0.0, S100 - 50) / 50) * np.exp(_noise(6, 0.05))
+    assert growth(S100, v) is None
+
+
+def test_peak_then_fall_reports_the_peak_step_and_fall_fraction() -> None:
+    # rises 0.1 → 0.7 at step 60, then falls by a third of its peak value to ~0.47 at the end
+    v = np.where(S100 < 60, 0.1 + 0.01 * S100, 0.7 - 0.3 * (S100 - 60) / 39) + _noise(7, 0.02)
+    pf = peak_then_fall(S100, v)
+    assert pf is not None and abs(pf.peak_step - 60) <= 1
+    assert pf.peak == pytest.approx(0.7, abs=0.03)
+    # last window (steps 80–99) mean ≈ 0.7 − 0.3·29.5/39 ≈ 0.473: fell by ≈ 32% of the peak
+    assert pf.fall_frac == pytest.approx(0.32, abs=0.04)
+
+
+def test_peak_then_fall_is_silent_on_a_monotone_rise_and_on_noise() -> None:
+    assert peak_then_fall(S100, 0.01 * S100 + _noise(8, 0.02)) is None
+    assert peak_then_fall(S100, 0.5 + _noise(9, 0.02)) is None
+
+
+def test_plateau_after_a_rise_starts_where_the_rise_stops() -> None:
+    v = np.where(S100 < 30, 0.02 * S100, 0.6) + _noise(10, 0.02)
+    p = plateau(S100, v)
+    assert p is not None and abs(p.start_step - 30) <= 1
+    assert p.end_step == 99.0 and p.moved_before is True
+    assert p.level == pytest.approx(0.6, abs=0.01) and p.frac == pytest.approx(0.7, abs=0.02)
+
+
+def test_plateau_over_the_whole_run_and_none_on_a_ramp() -> None:
+    p = plateau(S100, 0.5 + _noise(11, 0.02))
+    assert p is not None and (p.start_step, p.frac, p.moved_before) == (0.0, 1.0, False)
+    assert plateau(S100, 0.01 * S100 + _noise(12, 0.02)) is None
+
+
+def test_spikes_by_robust_z_find_the_planted_points() -> None:
+    v = _noise(13, 1.0)
+    v[[20, 70]] = 15.0
+    sp = spikes(S100, v)
+    assert sp.steps == (20.0, 70.0) and sp.first_step == 20.0
+    assert sp.max_z > 10 and sp.frac == pytest.approx(0.02)
+    assert spikes(S100, _noise(14, 1.0)).steps == ()
+    down = spikes(S100, -np.abs(v), direction="down")
+    assert 20.0 in down.steps and 70.0 in down.steps
+
+
+def test_mean_se() -> None:
+    assert mean_se(np.array([1.0, 3.0])) == (2.0, pytest.approx(1.0 / np.sqrt(2)))
+    assert mean_se(np.array([5.0])) == (5.0, 0.0)
+
+
+def test_spikes_are_measured_against_the_neighbourhood_not_a_trend() -> None:
+    """A loss decaying from 0.04 to 0.006 has no spike at its start; one point 8× its
+    neighbours does."""
+    steps = np.arange(40.0)
+    rng = np.random.default_rng(15)
+    loss = 0.006 + 0.035 * np.exp(-steps / 5) + 0.0005 * rng.standard_normal(40)
+    assert spikes(steps, loss).steps == ()
+    loss[20] = 0.06
+    assert spikes(steps, loss).steps == (20.0,)
+
+
+def test_a_surge_of_a_few_steps_is_a_spike_on_a_short_series() -> None:
+    """Value loss 0.035 → 0.30 over steps 1–5 and back (PPO at lr 1e-2, 30 steps): the
+    neighbourhood (n/3 = 11 points) is wide enough for the surge to stand out."""
+    steps = np.arange(30.0)
+    loss = 0.03 + 0.002 * np.random.default_rng(16).standard_normal(30)
+    loss[1:6] = [0.15, 0.30, 0.25, 0.18, 0.15]
+    sp = spikes(steps, loss, min_ratio=2.0)
+    assert {2.0, 3.0} <= set(sp.steps) and sp.first_step is not None and sp.first_step <= 2.0

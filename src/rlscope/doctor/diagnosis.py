@@ -50,6 +50,8 @@ class Diagnosis:
             "steps": list(t.steps) if t.steps else None,
             "findings": [f.as_dict() for f in self.findings],
             "unavailable": {k: list(v.needs) for k, v in self.unavailable.items()},
+            "unavailable_reasons": {k: {"reason": v.reason, "text": str(v)}
+                                    for k, v in self.unavailable.items()},
             "trends": {k: v.as_dict() for k, v in self.trends.items()},
             "phases": {k: {"mean_s": m, "share": s} for k, (m, s) in self.phases.items()},
             "validation": self.validation,

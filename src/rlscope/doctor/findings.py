@@ -38,14 +38,28 @@ class Finding:
 
 @dataclass(frozen=True)
 class Unavailable:
-    """The rule could not run: ``needs`` names what it lacks, any one of them (``all_of``:
-    every one of them)."""
+    """The rule could not run, and the true reason (issue 16, "Short logs"):
+
+    - ``missing``: the log lacks ``needs`` (any one of them; ``all_of``: every one of them).
+      Only metrics that are absent are listed, never one that is present.
+    - ``too_few_steps``: the metric is there but has fewer logged steps than the check needs;
+      ``detail`` says how many it has and needs.
+    - ``config``: a configuration value is missing or makes the check inapplicable; ``detail``
+      says which.
+    """
 
     needs: tuple[str, ...]
     all_of: bool = False
+    reason: str = "missing"
+    detail: str = ""
 
     def __str__(self) -> str:
-        return (" and " if self.all_of else " or ").join(self.needs)
+        if self.reason == "too_few_steps":
+            return f"too few steps ({self.detail})"
+        if self.reason == "config":
+            return f"not applicable: {self.detail}" if self.detail else \
+                "needs " + " or ".join(self.needs)
+        return "needs " + (" and " if self.all_of else " or ").join(self.needs)
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,9 @@ class DoctorConfig:
     kl_small: float = 1e-4
     """kl_too_small: a per-token KL to the behaviour policy below this is tiny."""
     value_spike_z: float = 6.0
-    """value_instability: a value-loss robust z-score above this is a spike."""
+    """value_instability: a value-loss robust z-score above this is a spike ..."""
+    value_spike_ratio: float = 2.0
+    """... if the loss is also at least this many times the median of its neighbours."""
     no_signal_frac: float = 0.5
     """no_signal: zero-advantage (or zero-std group) fraction above this."""
     length_corr: float = 0.7
@@ -93,3 +109,21 @@ class DoctorConfig:
     """Rules about trends need at least this many logged steps."""
     stale_age: float = 5.0
     """stale_replay: mean replay age this many steps above the configured delay."""
+    kl_dip_frac: float = 0.1
+    """negative_kl: fires also when this fraction of steps dips far below zero (below
+    −max(kl_negative_tol, 4 robust standard deviations of the series))."""
+    kl_numeric_zero: float = 1e-8
+    """kl_too_small: a median |KL| below this is zero to float precision (measured before any
+    update), so the check does not apply."""
+    kl_small_frac: float = 0.9
+    """kl_too_small: fraction of steps whose |KL| is below kl_small."""
+    mismatch_growth: float = 10.0
+    """sampler_mismatch: a mismatch metric growing this many times over from an onset."""
+    peak_gain_lost: float = 0.25
+    """reward_peak_fall: fraction of the rise to the peak given back by the last window."""
+    plateau_frac: float = 0.3
+    """reward_plateau: the flat stretch must cover at least this fraction of the steps."""
+    throughput_drop: float = 0.2
+    """throughput_regression: throughput down by this fraction (or step time up by it)."""
+    clip_ratio_rising: float = 0.02
+    """truncation: a truncated fraction rising beyond noise is reported from this level."""

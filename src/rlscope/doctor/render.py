@@ -31,10 +31,11 @@ def _evidence(f: Finding) -> str:
     parts = []
     for k, v in f.evidence.items():
         if isinstance(v, dict):
+            small = len(v) <= 6 and all(not isinstance(b, (dict, list)) for b in v.values())
             v = ", ".join(f"{a}={b}" for a, b in v.items()
-                          if a in ("first_mean", "last_mean", "change", "direction", "first",
-                                   "last", "temperature", "top_k", "top_p",
-                                   "replay_sampling_mask")) or "…"
+                          if small or a in ("first_mean", "last_mean", "change", "direction",
+                                            "first", "last", "temperature", "top_k", "top_p",
+                                            "replay_sampling_mask")) or "…"
         parts.append(f"{k}={v}")
     return "; ".join(parts)
 
@@ -63,7 +64,7 @@ def _trend_rows(d: Diagnosis) -> list[list[str]]:
 
 
 def _unavailable_lines(d: Diagnosis) -> list[str]:
-    return [f"{rule}: needs {u}" for rule, u in d.unavailable.items()]
+    return [f"{rule}: {u}" for rule, u in d.unavailable.items()]
 
 
 def to_markdown(diagnoses: list[Diagnosis]) -> str:
