@@ -28,9 +28,18 @@ Sources read, per framework (files in the public repositories):
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
 
 from rlscope.metrics.schema import metric_def
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 @dataclass(frozen=True)
@@ -512,3 +521,59 @@ def to_foreign(framework: str, canonical: str) -> str | None:
     """
     _table(framework)
     return _FOREIGN[framework].get(canonical)
+
+
+NAMES_DIR = Path(__file__).parent / "names"
+"""Per-framework lists of the names each framework logs (``<framework>.toml``): the source
+files they were read from, and the names deliberately left untranslated, each with a reason."""
+
+
+@dataclass(frozen=True)
+class NameList:
+    """One framework's documented metric names (``names/<framework>.toml``)."""
+
+    framework: str
+    repository: str
+    commit: str
+    sources: dict[str, list[str]]
+    """Source file(s) → the names read there."""
+    ignored: dict[str, str]
+    """Name → why it is kept under its own name."""
+    ignored_patterns: dict[str, str]
+    """fnmatch pattern → why names matching it are kept under their own names."""
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(n for names in self.sources.values() for n in names))
+
+    def ignore_reason(self, name: str) -> str | None:
+        """Why ``name`` is deliberately untranslated, or None."""
+        if name in self.ignored:
+            return self.ignored[name]
+        return next((r for p, r in self.ignored_patterns.items() if fnmatchcase(name, p)), None)
+
+
+def name_list(framework: str) -> NameList:
+    """The committed name list of ``framework`` (verl, trl, tinker, openrlhf, wandb)."""
+    path = NAMES_DIR / f"{framework}.toml"
+    if not path.exists():
+        raise ValueError(f"no name list for {framework!r}; expected one of "
+                         f"{sorted(p.stem for p in NAMES_DIR.glob('*.toml'))}")
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    return NameList(framework=data["framework"], repository=data["repository"],
+                    commit=data["commit"],
+                    sources={s["file"]: list(s["names"]) for s in data["source"]},
+                    ignored=dict(data.get("ignored", {})),
+                    ignored_patterns=dict(data.get("ignored_patterns", {})))
+
+
+_NOT_SECONDS = re.compile(r"(^|_)(length|len|tokens?|count|num|preempted|ratio|frac|calls?_count)"
+                          r"($|_)|^num_")
+
+
+def is_seconds(name: str) -> bool:
+    """Whether a name under a timing prefix (``time/``, ``timing_s/``, ``timing/``) holds
+    seconds: a token count (verl's ``timing_s/agent_loop/slowest/response_length``), a count
+    (tinker-cookbook's ``time/<span>:count``, ``.../num_preempted/...``) or a ratio logged under
+    such a prefix is not a phase time."""
+    parts = re.split(r"[/:]", name)[1:]
+    return bool(parts) and not any(_NOT_SECONDS.search(p) for p in parts)
