@@ -39,6 +39,7 @@ from rlscope.doctor import readers
 from rlscope.doctor.table import ImportResult, MetricTable
 from rlscope.doctor.translate import TRANSLATIONS, translate
 from rlscope.doctor.verl import RECORD, read_verl
+from rlscope.metrics.schema import is_registered
 
 FORMATS = ("auto", "run", "verl", "trl", "wandb", "tinker", "jsonl", "json", "csv",
            "tensorboard", "wandb_run")
@@ -85,7 +86,11 @@ def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
         if framework and canonical == name and name != _bare(name):
             canonical, note = translate(framework, _bare(name))
             canonical = name if canonical == _bare(name) else canonical
-        if canonical != name:
+        if canonical == name and name in table.original:
+            canonical = f"{name} (as logged)"  # our name, already taken by a translated one
+            table.import_notes.append(f"{name} kept as {canonical!r}: {name} comes from "
+                                      f"{table.original[name]}")
+        elif canonical != name:
             if canonical in table.original or canonical in cache:
                 canonical = name  # taken by another foreign name, or logged as such
             else:
@@ -104,7 +109,8 @@ def _finish(table: MetricTable, framework: str | None) -> None:
     duplicated steps (`MetricTable.series` keeps the last value logged for a step)."""
     if framework:
         translations = TRANSLATIONS[framework]
-        present = {_bare(n): n for n in table.names()}
+        present = {_bare(n.removesuffix(" (as logged)")): n for n in table.names()
+                   if n not in table.original}
         present |= {_bare(f): c for c, f in table.original.items()}
         for canonical, claimer in list(table.original.items()):
             preferred = next(f for f, t in translations.items() if t.canonical == canonical
@@ -114,8 +120,9 @@ def _finish(table: MetricTable, framework: str | None) -> None:
             stored = present[preferred]  # the preferred series, still under its own name
             table.move(canonical, claimer)
             table.move(stored, canonical)
-            table.original[canonical] = stored
+            table.original[canonical] = stored.removesuffix(" (as logged)")
             table.notes[canonical] = translations[preferred].note
+            table.import_notes[:] = [n for n in table.import_notes if repr(stored) not in n]
         for canonical, foreign in sorted(table.original.items()):
             t = translations[_bare(foreign)]
             if t.sign != 1.0 and table.has(canonical):
@@ -143,6 +150,8 @@ def guess_framework(names: list[str]) -> str | None:
     with the most exact name matches (at least two; a ``train/`` prefix, as W&B shows TRL's
     and OpenRLHF's metrics, is ignored)."""
     bare = {_bare(n) for n in names}
+    if bare and 2 * sum(map(is_registered, bare)) > len(bare):
+        return None  # our own names (an rlscope run logged to TensorBoard or W&B)
     for framework, markers in FRAMEWORK_MARKERS.items():
         if any(n.startswith(markers) for n in bare):
             return framework

@@ -58,7 +58,7 @@ def wandb_files(path: Path) -> list[Path]:
         return [path] if path.suffix == ".wandb" else []
     found = sorted(path.glob("run-*.wandb")) or sorted(path.glob("*run-*/run-*.wandb")) \
         or sorted(path.glob("wandb/*run-*/run-*.wandb"))
-    return found
+    return [f for f in found if not f.parent.is_symlink()]  # wandb/latest-run links to a run
 
 
 def tensorboard_runs(path: Path) -> dict[str, list[Point]]:

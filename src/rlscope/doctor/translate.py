@@ -443,6 +443,11 @@ _ORLHF_UPDATE = ("averaged over every micro-batch of the update, weighted by act
 # loggers prefix every name with `train/` (openrlhf/utils/logging_utils.py); the importer strips
 # it.
 OPENRLHF: dict[str, Translation] = {
+    "rollout/reward_mean": _T("reward/mean", "All rollout samples before dynamic filtering."),
+    "rollout/reward_std": _T("reward/std", "torch.std over the samples: Bessel-corrected."),
+    "rollout/response_length_mean": _T("length/mean", "All rollout samples."),
+    "rollout/truncated_rate": _T("length/clip_ratio",
+                                 "Finish reason 'length', over all rollout samples."),
     "policy_loss": _T("loss/policy", "Per-token PPO/GSPO loss, " + _ORLHF_UPDATE + ".",
                       timing="update"),
     "entropy_loss": _T("loss/entropy", "Entropy aggregated over action tokens before "
@@ -476,11 +481,6 @@ OPENRLHF: dict[str, Translation] = {
         "length/clip_ratio",
         "Samples whose prompt + response reached the truncation length: a width comparison, "
         "not the finish reason (rollout/truncated_rate uses the finish reason)."),
-    "rollout/reward_mean": _T("reward/mean", "All rollout samples before dynamic filtering."),
-    "rollout/reward_std": _T("reward/std", "torch.std over the samples: Bessel-corrected."),
-    "rollout/response_length_mean": _T("length/mean", "All rollout samples."),
-    "rollout/truncated_rate": _T("length/clip_ratio",
-                                 "Finish reason 'length', over all rollout samples."),
     "timing/generation": _T("time/sample"),
     "timing/ppo_train": _T("time/learn", "Critic and actor updates."),
     "timing/step_total": _T("time/step", "Sum of the other timing/* entries."),
@@ -575,5 +575,5 @@ def is_seconds(name: str) -> bool:
     seconds: a token count (verl's ``timing_s/agent_loop/slowest/response_length``), a count
     (tinker-cookbook's ``time/<span>:count``, ``.../num_preempted/...``) or a ratio logged under
     such a prefix is not a phase time."""
-    parts = re.split(r"[/:]", name)[1:]
+    parts = [p for p in re.split(r"[/:]", name)[1:] if p]
     return bool(parts) and not any(_NOT_SECONDS.search(p) for p in parts)
