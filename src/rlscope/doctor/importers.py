@@ -317,8 +317,8 @@ def read_trl(path: Path) -> MetricTable:
     """A TRL ``trainer_state.json``: ``log_history`` entries keyed by ``step``; the final
     summary entry (``train_runtime``, ...) is kept under its own names."""
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        state = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise DoctorError(f"{path}: not a JSON trainer_state.json ({e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise DoctorError(f"{path}: a TRL trainer_state.json needs a 'log_history' list")

@@ -26,6 +26,7 @@ RECORD = re.compile(r"(?:^|[^\w/.-])step:\s*(\d+)\s+-\s")
 _WRAPPED_VALUE = re.compile(
     r"^(?:np\.)?(?:float|int|uint|bool)\w*\((.*)\)$|^tensor\((.*?)(?:,.*)?\)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SEPARATOR = re.compile(r"\s-(?:\s|$)")  # " - ", or " -" where a wrap dropped the space
 
 
 def parse_value(text: str) -> float | None:
@@ -49,7 +50,7 @@ def _continues(previous: str, line: str) -> bool:
         return False
     if line.startswith((" - ", "- ")) or previous.endswith((" -", " - ")):
         return True
-    head = line.split(" - ", 1)[0]
+    head = _SEPARATOR.split(line, maxsplit=1)[0]
     return bool(head) and not any(ch.isspace() for ch in head)
 
 
