@@ -415,3 +415,81 @@ def test_doctor_modules_do_not_import_torch_or_the_logging_packages() -> None:
             "bad = [m for m in ('torch', 'wandb', 'tensorboard') if m in sys.modules]; "
             "sys.exit(1 if bad else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def _jsonl_points(run_dir: Path) -> dict[tuple[str, float], float]:
+    out = {}
+    for file in ("metrics.jsonl", "eval.jsonl"):
+        for line in (run_dir / file).read_text().splitlines():
+            row = json.loads(line)
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[(k, float(row["step"]))] = float(v)
+    return out
+
+
+def test_train_log_to_tensorboard_and_wandb_reads_back_equal_to_metrics_jsonl(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--log_to tensorboard,wandb` (W&B offline: no WANDB_MODE, no key): the doctor reads the
+    event files and the offline run back, and every value equals metrics.jsonl's (TensorBoard
+    stores float32)."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    from rlscope.config import RunConfig, TrainConfig
+    from rlscope.tasks import TaskConfig
+    from rlscope.train import train
+
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = TrainConfig(method="grpo", task_options=TaskConfig(seq_len=4, eval_batches=1,
+                                                             eval_batch_size=8),
+                      run=RunConfig(num_steps=3, batch_size=16, eval_every=2, device="cpu",
+                                    progress=False, runs_dir=str(tmp_path), doctor_every=0,
+                                    log_to="tensorboard,wandb"))
+    result = train(cfg)
+    run_dir = Path(result.run_dir)
+    expected = _jsonl_points(run_dir)
+    assert len(expected) > 100
+    assert next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))  # offline, no network
+    for path, fmt, rel in ((run_dir / "tensorboard", "tensorboard", 1e-6),
+                           (run_dir / "wandb", "wandb_run", 1e-12)):
+        (table,) = load(path).tables
+        assert table.fmt == fmt and table.framework is None  # our own names, untranslated
+        got = {(name, float(s)): float(v) for name in table.names()
+               for s, v in zip(*table.series(name), strict=True)}
+        assert set(got) == set(expected), fmt
+        for key, v in expected.items():
+            assert got[key] == pytest.approx(v, rel=rel, abs=1e-30), (fmt, key)
+
+
+def test_log_to_is_checked_before_training() -> None:
+    from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
+    from rlscope.metrics.sinks import parse_log_to
+
+    assert parse_log_to("none") == () and parse_log_to("") == ()
+    assert parse_log_to("wandb, tensorboard,wandb") == ("wandb", "tensorboard")
+    with pytest.raises(ConfigError, match=r"unknown target.*mlflow"):
+        validate(TrainConfig(run=RunConfig(log_to="tensorboard,mlflow")))
+
+
+@pytest.mark.parametrize(("environ", "netrc", "mode"), [
+    ({}, "", "offline"),
+    ({"WANDB_MODE": "online"}, "", None),
+    ({"WANDB_MODE": "disabled"}, "", None),
+    ({"WANDB_API_KEY": "x" * 40}, "", None),
+    ({}, "machine api.wandb.ai\n  login user\n  password " + "y" * 40 + "\n", None),
+    ({}, "machine example.org\n  login a\n  password b\n", "offline"),
+])
+def test_wandb_is_offline_unless_the_user_configured_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], netrc: str,
+        mode: str | None) -> None:
+    from rlscope.metrics.sinks import wandb_mode
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("NETRC", raising=False)
+    if netrc:
+        (tmp_path / ".netrc").write_text(netrc)
+        (tmp_path / ".netrc").chmod(0o600)
+    assert wandb_mode(environ) == mode
