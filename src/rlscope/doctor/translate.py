@@ -1,29 +1,41 @@
-"""Name translators: verl, TRL and tinker-cookbook metric names onto rlscope's schema and back.
+"""Name translators: verl, TRL, tinker-cookbook and OpenRLHF metric names onto rlscope's schema
+and back.
 
 A foreign name is mapped only where it is the same quantity as one of ours: the same per-token or
-per-sequence statistic with the same sign and units. Where its population, reduction or timing
-differs (a mean over every micro-batch of the update instead of the last pass, a mean of
-per-sequence means instead of a token mean, a width instead of a finish reason), the
-`Translation.note` says how. Names without a true equivalent are left out and the importer keeps
-them under their own names (METRICS.md, "The doctor"); among them are quantities of ours with the
-opposite sign (verl's `actor/ppo_kl` and tinker-cookbook's `optim/kl_sample_train_v1` are
-mean(ℓ_behaviour − ℓ_learner), ours is mean(ℓ_learner − ℓ_behaviour)) and other units (verl's
-`perf/max_memory_allocated_gb`).
+per-sequence statistic in the same units. Each `Translation` records the foreign metric's
+population, reduction, sign and timing where they differ from ours (a mean over every
+micro-batch of the update instead of the last pass, a mean of per-sequence means instead of a
+token mean, a width instead of a finish reason), and its note says how. A quantity of ours
+logged with the opposite sign is translated with ``sign=-1`` and negated by the importer
+(verl's ``actor/ppo_kl`` and tinker-cookbook's ``optim/kl_sample_train_v1`` are
+mean(ℓ_behaviour − ℓ_learner), ours mean(ℓ_learner − ℓ_behaviour)). Names without a true
+equivalent (other units such as verl's ``perf/max_memory_allocated_gb``, other populations) are
+left out and the importer keeps them under their own names (METRICS.md, "The doctor").
 
-Sources read, per framework (files in the public repositories):
+What each framework logs is data: ``names/<framework>.toml`` lists every documented name per
+source file at a recorded commit, with a reason for each name left untranslated
+(`name_list`); tests/test_doctor_translate.py fails on a documented name that is neither.
 
-- verl (verl-project/verl): ``verl/trainer/ppo/ray_trainer.py`` (fit loop, validation keys),
-  ``verl/trainer/ppo/metric_utils.py`` (data, timing, throughput and validation metrics),
-  ``verl/workers/actor/dp_actor.py`` (update_policy accumulation),
+Sources read, per framework (files in the public repositories; the name lists give the commits):
+
+- verl (volcengine/verl): ``verl/trainer/ppo/ray_trainer.py`` (fit loop, timers, validation
+  keys), ``verl/trainer/ppo/metric_utils.py`` (data, timing, throughput and validation
+  metrics), ``verl/workers/actor/dp_actor.py`` (update_policy accumulation),
   ``verl/trainer/ppo/core_algos.py`` (policy loss and KL penalties),
-  ``verl/workers/fsdp_workers.py`` (lr), ``verl/utils/debug/metrics.py`` (rollout_probs_diff), and
+  ``verl/trainer/ppo/rollout_corr_helper.py`` (rollout_corr/*), ``verl/workers/fsdp_workers.py``
+  (lr, memory), ``verl/utils/debug/metrics.py`` (rollout_probs_diff), and
   ``verl/trainer/config/_generated_ppo_trainer.yaml`` (defaults).
-- TRL (huggingface/trl): ``trl/trainer/grpo_trainer.py``, the "Logged metrics" section of
-  ``docs/source/grpo_trainer.md``, ``trl/trainer/ppo_trainer.py`` and ``docs/source/logging.md``;
-  ``loss``, ``grad_norm`` and ``learning_rate`` come from transformers' ``Trainer``.
+- TRL (huggingface/trl): ``trl/trainer/grpo_trainer.py`` and ``rloo_trainer.py``, the "Logged
+  metrics" section of ``docs/source/grpo_trainer.md``, ``trl/experimental/ppo/ppo_trainer.py``
+  and ``docs/source/ppo_trainer.md`` (PPO v2), ``trl/trainer/ppo_trainer.py`` at v0.11.4
+  (classic PPOTrainer: ``record_step_stats``, ``loss``); ``loss``, ``grad_norm`` and
+  ``learning_rate`` come from transformers' ``Trainer``.
 - tinker-cookbook (thinking-machines-lab/tinker-cookbook): ``tinker_cookbook/rl/train.py``,
-  ``tinker_cookbook/rl/metrics.py``, ``tinker_cookbook/rl/metric_util.py`` and
-  ``tinker_cookbook/utils/misc_utils.py`` (``timed`` writes ``time/<name>``).
+  ``tinker_cookbook/rl/metrics.py``, ``tinker_cookbook/rl/metric_util.py``,
+  ``tinker_cookbook/utils/trace.py`` and ``tinker_cookbook/utils/misc_utils.py`` (``time/<name>``).
+- OpenRLHF (OpenRLHF/OpenRLHF): ``openrlhf/trainer/ray/ppo_actor.py``, ``ppo_critic.py``,
+  ``openrlhf/trainer/ppo_trainer.py``, ``openrlhf/trainer/ppo_utils/*.py``,
+  ``openrlhf/models/loss.py`` and ``openrlhf/utils/logging_utils.py`` (the ``train/`` prefix).
 """
 
 from __future__ import annotations
@@ -506,8 +518,9 @@ def _table(framework: str) -> dict[str, Translation]:
 def translate(framework: str, name: str) -> tuple[str, str]:
     """(canonical name, note) for a known foreign name; (name, "") unchanged otherwise.
 
-    ``framework`` is ``"verl"``, ``"trl"`` or ``"tinker"`` (tinker-cookbook); anything else is
-    a ValueError. Sources are listed in the module docstring.
+    ``framework`` is ``"verl"``, ``"trl"``, ``"tinker"`` (tinker-cookbook) or ``"openrlhf"``;
+    anything else is a ValueError. Sources are listed in the module docstring. The sign is not
+    applied here (see `Translation.sign`; the importer applies it).
     """
     t = _table(framework).get(name)
     return (name, "") if t is None else (t.canonical, t.note)
