@@ -360,7 +360,6 @@ def test_junk_never_crashes_the_doctor(tmp_path: Path, name: str, content: bytes
 # --- TensorBoard and W&B offline runs ---------------------------------------------------------
 
 def test_tensorboard_event_files_are_read_with_translation(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
     from torch.utils.tensorboard import SummaryWriter
 
     for run, scale in (("run_a", 1.0), ("run_b", 2.0)):
@@ -433,8 +432,6 @@ def test_train_log_to_tensorboard_and_wandb_reads_back_equal_to_metrics_jsonl(
     """`--log_to tensorboard,wandb` (W&B offline: no WANDB_MODE, no key): the doctor reads the
     event files and the offline run back, and every value equals metrics.jsonl's (TensorBoard
     stores float32)."""
-    pytest.importorskip("tensorboard")
-    pytest.importorskip("wandb")
     from rlscope.config import RunConfig, TrainConfig
     from rlscope.tasks import TaskConfig
     from rlscope.train import train
