@@ -440,6 +440,8 @@ def test_train_log_to_tensorboard_and_wandb_reads_back_equal_to_metrics_jsonl(
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # wandb 0.31 resolves its server's host name even offline; keep the test off the network
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     cfg = TrainConfig(method="grpo", task_options=TaskConfig(seq_len=4, eval_batches=1,
                                                              eval_batch_size=8),
                       run=RunConfig(num_steps=3, batch_size=16, eval_every=2, device="cpu",
