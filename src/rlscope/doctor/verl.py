@@ -69,7 +69,20 @@ def parse_record(text: str, line_no: int, table: MetricTable,
     if m is None:
         return
     step = float(m.group(1))
-    body = text[m.end():].strip()
+    for part in text[m.end():].split(" - "):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, raw = part.partition(":")
+        value = parse_value(raw) if sep and key and " " not in key else None
+        if value is not None:  # the common case: one clean key:value
+            table.add(step, rename(key), value)
+        else:  # pairs joined by a wrap that swallowed spaces, or a malformed pair
+            _parse_pairs(part, step, line_no, table, rename)
+
+
+def _parse_pairs(body: str, step: float, line_no: int, table: MetricTable,
+                 rename: Callable[[str], str]) -> None:
     pos = 0
     for pair in _PAIR.finditer(body):
         _junk(body[pos:pair.start()], line_no, table)
