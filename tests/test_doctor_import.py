@@ -492,3 +492,30 @@ def test_wandb_is_offline_unless_the_user_configured_it(
         (tmp_path / ".netrc").write_text(netrc)
         (tmp_path / ".netrc").chmod(0o600)
     assert wandb_mode(environ) == mode
+
+
+def test_wandb_offline_run_uses_the_frameworks_own_step(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TRL run logged to W&B: transformers' callback logs `train/global_step` and W&B counts
+    every log call in `_step` (evaluations too); the doctor uses the former."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # never leave the machine
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run = wandb.init(project="p", dir=str(tmp_path), name="trl-run", mode="offline")
+    for global_step in (10, 20, 30):
+        run.log({"train/reward": global_step / 100, "train/kl": 0.01,
+                 "train/global_step": global_step})
+        run.log({"eval/reward": global_step / 50, "train/global_step": global_step})
+    run.finish()
+    assert sniff(tmp_path / "wandb") == "wandb_run"
+    (table,) = load(tmp_path / "wandb").tables
+    assert table.framework == "trl"
+    assert table.series("reward/mean")[0].tolist() == [10.0, 20.0, 30.0]
+    assert table.values("reward/mean").tolist() == [0.1, 0.2, 0.3]
+    assert table.series("eval/reward")[0].tolist() == [10.0, 20.0, 30.0]
+    assert not any(n.endswith("global_step") for n in table.names())
+    (record_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert sniff(record_file) == "wandb_run"
+    assert load(record_file).tables[0].values("reward/mean").tolist() == [0.1, 0.2, 0.3]

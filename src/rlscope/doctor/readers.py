@@ -16,7 +16,8 @@ package is absent.
   full/first/middle/last), each record a ``wandb.proto.wandb_internal_pb2.Record`` protobuf.
   The decoding uses the ``wandb`` package's own protobuf definitions; the framing is read here
   because ``wandb`` ≥ 0.20 no longer ships a Python reader for it (its sync runs in the Go
-  core). History rows give ``_step`` and every numeric item; W&B's bookkeeping keys
+  core). History rows give the step (``train/global_step`` where a framework logs one, else
+  ``_step``) and every numeric item; W&B's bookkeeping keys
   (``_runtime``, ``_timestamp``, ``_wandb``...) are skipped. A truncated file (a crashed run)
   yields the records before the cut.
 """
@@ -37,6 +38,10 @@ _BLOCK = 32768
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 Point = tuple[float, str, float]
+STEP_METRICS = ("train/global_step", "trainer/global_step", "global_step")
+"""Step metrics that frameworks log into W&B history (transformers' and OpenRLHF's callbacks);
+when a row has one, it is the row's step instead of W&B's ``_step`` counter, which also counts
+evaluation and other log calls."""
 
 
 class MissingReader(ImportError):
@@ -168,6 +173,9 @@ def wandb_points(path: Path) -> Iterator[Point]:
                 row[key] = float(value)
         if record.history.HasField("step"):
             step = float(record.history.step.num)
+        own = next((k for k in STEP_METRICS if k in row), None)
+        if own is not None:  # the framework's own step (TRL, OpenRLHF), not W&B's counter
+            step = row.pop(own)
         if step is None:
             continue
         for key, value in row.items():
