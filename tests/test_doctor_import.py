@@ -386,6 +386,8 @@ def test_wandb_reader_rejects_what_is_not_a_transaction_log(tmp_path: Path) -> N
     (tmp_path / "empty").mkdir()
     with pytest.raises(DoctorError, match="no W&B run"):
         load(tmp_path / "empty", "wandb_run")
+    with pytest.raises(DoctorError, match="is a directory; --format verl reads a file"):
+        load(tmp_path / "empty", "verl")
 
 
 def test_missing_reader_package_says_what_to_install(tmp_path: Path,

@@ -245,7 +245,6 @@ def read_json(path: Path) -> MetricTable:
     keys = list(dict.fromkeys(k for r in objects[:50] for k in r))
     framework = guess_framework(keys)
     rename = _renamer(table, framework)
-    table.config["framework"] = framework
     for i, row in enumerate(objects):
         _add_row(table, row, _step_key(list(row)), i, rename)
     return table
@@ -271,6 +270,8 @@ def read_tensorboard(path: Path) -> list[MetricTable]:
     try:
         runs = readers.tensorboard_runs(root)
     except readers.MissingReader as e:
+        raise DoctorError(str(e)) from None
+    except readers.BadLog as e:
         raise DoctorError(str(e)) from None
     if not runs:
         raise DoctorError(f"{path}: no {readers.TB_GLOB} files")
@@ -466,6 +467,8 @@ def load(path: str | Path, fmt: str = "auto") -> ImportResult:
         raise DoctorError(f"--format {fmt!r} is unknown; valid: {', '.join(FORMATS)}")
     if fmt == "auto":
         fmt = sniff(p)
+    elif p.is_dir() and fmt not in ("run", "tensorboard", "wandb_run"):
+        raise DoctorError(f"{p} is a directory; --format {fmt} reads a file")
     elif p.is_file() and not p.open("rb").read(SNIFF_BYTES).removeprefix(
             b"\xef\xbb\xbf").strip():
         raise DoctorError(f"{p} is empty")

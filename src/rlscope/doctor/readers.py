@@ -81,16 +81,20 @@ def tensorboard_runs(path: Path) -> dict[str, list[Point]]:
     runs: dict[str, list[Point]] = {}
     for run_dir in run_dirs:
         acc = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0, TENSORS: 0})
-        acc.Reload()
+        try:
+            acc.Reload()
+        except Exception as error:  # TensorBoard's own errors (DataLossError, ...)
+            raise BadLog(f"{run_dir}: unreadable event file ({error.__class__.__name__}: "
+                         f"{str(error)[:80]})") from None
         points: list[Point] = []
         tags = acc.Tags()
         for tag in tags.get("scalars", []):
             points += [(float(e.step), tag, float(e.value)) for e in acc.Scalars(tag)]
         for tag in tags.get("tensors", []):
-            for e in acc.Tensors(tag):
-                value = _tensor_scalar(e.tensor_proto)
+            for event in acc.Tensors(tag):
+                value = _tensor_scalar(event.tensor_proto)
                 if value is not None:
-                    points.append((float(e.step), tag, value))
+                    points.append((float(event.step), tag, value))
         name = str(run_dir.relative_to(path)) if run_dir != path else "."
         runs[name] = points
     return runs
