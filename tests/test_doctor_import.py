@@ -15,6 +15,7 @@ from rich.console import Console
 
 from rlscope.doctor.diagnosis import run_doctor
 from rlscope.doctor.importers import FORMATS, DoctorError, load, sniff
+from rlscope.doctor.readers import wait_for_wandb
 from rlscope.doctor.render import to_json, to_markdown, to_terminal
 from rlscope.doctor.verl import parse_value
 
@@ -510,7 +511,9 @@ def test_wandb_offline_run_uses_the_frameworks_own_step(tmp_path: Path,
         run.log({"train/reward": global_step / 100, "train/kl": 0.01,
                  "train/global_step": global_step})
         run.log({"eval/reward": global_step / 50, "train/global_step": global_step})
+    sync_file = Path(run.settings.sync_file)
     run.finish()
+    assert wait_for_wandb(sync_file)  # the file is written in the background
     assert sniff(tmp_path / "wandb") == "wandb_run"
     (table,) = load(tmp_path / "wandb").tables
     assert table.framework == "trl"

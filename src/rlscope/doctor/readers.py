@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,6 +185,32 @@ def wandb_points(path: Path) -> Iterator[Point]:
             continue
         for key, value in row.items():
             yield step, key, value
+
+
+def wandb_finished(path: Path) -> bool:
+    """Whether the ``run-*.wandb`` file holds the run's exit record (W&B writes the file
+    asynchronously: right after ``finish()`` it may still be only its header)."""
+    try:
+        from wandb.proto import wandb_internal_pb2
+
+        for chunk in _wandb_chunks(path.read_bytes()):
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+            record.ParseFromString(chunk)
+            if record.WhichOneof("record_type") == "exit":
+                return True
+    except (ImportError, OSError, BadLog, ValueError):
+        return False
+    return False
+
+
+def wait_for_wandb(path: Path, timeout_s: float = 30.0) -> bool:
+    """Wait until `wandb_finished` (polling); False when ``timeout_s`` passed first."""
+    deadline = time.monotonic() + timeout_s
+    while not wandb_finished(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def wandb_runs(path: Path) -> dict[str, list[Point]]:

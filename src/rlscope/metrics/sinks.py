@@ -236,5 +236,10 @@ class ScalarSinks:
             self._tb.close()
             self._tb = None
         if self._wandb is not None:
+            sync_file = getattr(self._wandb.settings, "sync_file", None)
             self._wandb.finish()
             self._wandb = None
+            if sync_file:  # W&B writes the run file in the background: return once it is whole
+                from rlscope.doctor.readers import wait_for_wandb
+
+                wait_for_wandb(Path(sync_file))
