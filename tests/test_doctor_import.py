@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from rlscope.doctor.importers import DoctorError, load, sniff
+from rlscope.doctor.diagnosis import run_doctor
+from rlscope.doctor.importers import FORMATS, DoctorError, load, sniff
+from rlscope.doctor.readers import wait_for_wandb
+from rlscope.doctor.render import to_json, to_markdown, to_terminal
 from rlscope.doctor.verl import parse_value
 
 VERL_LINES = [
@@ -190,3 +196,331 @@ def test_fuzzed_logs_never_raise_anything_but_doctor_error(tmp_path: Path, name:
                 for metric in table.names():
                     table.series(metric)
     assert read > 0
+
+
+# --- issue 16 parsing regressions -----------------------------------------------------------
+
+def _terminal_wrap(line: str, width: int) -> str:
+    """Wrap like a terminal copy: where a break falls on a space, the space is lost."""
+    out, rest = [], line
+    while len(rest) > width:
+        head, rest = rest[:width], rest[width:]
+        out.append(head.rstrip(" "))
+        rest = rest.lstrip(" ")
+    return "\n".join([*out, rest])
+
+
+def test_verl_wrap_that_swallows_the_spaces_of_the_separator_loses_no_value(
+        tmp_path: Path) -> None:
+    """Regression: `a:0.5 - b:0.7` wrapped where a space falls at the break joins back as
+    `a:0.5- b:0.7`, `a:0.5 -b:0.7` or `a:0.5-b:0.7`; every width keeps every value."""
+    values = {f"actor/m{i}": round(0.1 * i - 0.35, 4) for i in range(8)}
+    values |= {"val-core/openai/gsm8k/acc/mean@8": 0.41, "custom/small": -1e-05}
+    body = " - ".join(f"{k}:np.float64({v})" for k, v in values.items())
+    for width in range(23, 97, 3):
+        lines = [_terminal_wrap(f"step:{s} - {body}", width) for s in (1, 2)]
+        path = _write(tmp_path, f"w{width}.log", "\n".join(lines) + "\n")
+        (table,) = load(path, "verl").tables
+        assert table.problems == [], (width, table.problems[:2])
+        for key, v in values.items():
+            assert table.values(key).tolist() == [v, v], (width, key)
+
+
+@pytest.mark.parametrize("joined", ["a/x:0.5-b/y:0.7", "a/x:0.5 -b/y:0.7", "a/x:0.5- b/y:0.7",
+                                    "a/x:np.float64(0.5)-b/y:np.float64(0.7)"])
+def test_verl_pairs_joined_without_spaces(tmp_path: Path, joined: str) -> None:
+    path = _write(tmp_path, "v.log", f"step:3 - {joined} - c/z:-2e-05\n")
+    (table,) = load(path, "verl").tables
+    assert (table.values("a/x").tolist(), table.values("b/y").tolist(),
+            table.values("c/z").tolist()) == ([0.5], [0.7], [-2e-05])
+    assert table.problems == []
+
+
+CHART = ("Step,run-a - train/reward,run-a - train/reward__MIN,run-a - train/reward__MAX,"
+         "run-a - train/kl\n0,0.1,0.05,0.15,0.01\n1,0.3,0.2,0.4,0.02\n")
+HISTORY = ",_step,_runtime,train/reward,train/kl\n0,0,1.0,0.1,0.01\n1,1,2.0,0.3,0.02\n"
+
+
+@pytest.mark.parametrize("text", [CHART, HISTORY])
+def test_wandb_export_with_a_utf8_bom_is_still_a_wandb_export(tmp_path: Path,
+                                                              text: str) -> None:
+    """Regression: Excel and some browsers save CSV with a UTF-8 byte-order mark, which hid
+    the `Step` / `_step` header and made the export a plain CSV."""
+    path = _write(tmp_path, "export.csv", b"\xef\xbb\xbf" + text.encode())
+    assert sniff(path) == "wandb"
+    result = load(path)
+    assert result.fmt == "wandb"
+    table = result.tables[0]
+    assert table.framework == "trl" and table.source == ("run-a" if text is CHART
+                                                         else "export.csv")
+    assert table.series("reward/mean")[0].tolist() == [0.0, 1.0]
+    assert table.values("reward/mean").tolist() == [0.1, 0.3]
+
+
+def test_a_json_array_of_steps_is_read_as_json_not_csv(tmp_path: Path) -> None:
+    """Regression: `[{"step": 1, ...}, ...]` has commas on its first line and was read as a
+    CSV with a garbage header."""
+    rows = [{"step": s, "actor/entropy": 0.5 - 0.1 * s, "critic/score/mean": 0.2 * s,
+             "timing_s": {"gen": 3.0}} for s in (1, 2, 3)]
+    for name, data in (("a.json", json.dumps(rows)),
+                       ("pretty.json", json.dumps(rows, indent=2)),
+                       ("bom.json", "\ufeff" + json.dumps(rows))):
+        path = _write(tmp_path, name, data)
+        assert sniff(path) == "json", name
+        (table,) = load(path).tables
+        assert table.fmt == "json" and table.framework == "verl"
+        assert table.values("policy/entropy").tolist() == pytest.approx([0.4, 0.3, 0.2])
+        assert table.values("time/sample").tolist() == [3.0, 3.0, 3.0]
+    path = _write(tmp_path, "bad.json", "[{\"step\": 1, ")
+    with pytest.raises(DoctorError, match="not a JSON array"):
+        load(path)
+
+
+def test_phase_table_lists_only_seconds(tmp_path: Path) -> None:
+    """Regression: verl's agent loop logs token counts under timing_s/ (the slowest sample's
+    response_length); they were listed as phases of the step."""
+    lines = [f"step:{s} - timing_s/gen:{10.0 + s} - timing_s/update_actor:5.0 - "
+             f"timing_s/step:20.0 - timing_s/agent_loop/slowest/response_length:{900 + s} - "
+             f"timing_s/agent_loop/num_preempted/max:2 - timing_s/agent_loop/tool_calls/max:1.5"
+             for s in (1, 2, 3)]
+    path = _write(tmp_path, "v.log", "\n".join(lines) + "\n")
+    (d,) = run_doctor(path)
+    assert set(d.phases) == {"time/sample", "time/learn", "time/step",
+                             "timing_s/agent_loop/tool_calls/max"}
+    assert d.phases["time/sample"] == pytest.approx((12.0, 36.0 / 60.0))
+    assert d.table.has("timing_s/agent_loop/slowest/response_length")  # kept, not a phase
+
+
+def test_duplicated_steps_are_reported_with_their_resolution(tmp_path: Path) -> None:
+    """Regression: a resumed run that logs steps 3-4 again was merged silently."""
+    rows = [{"step": s, "reward/mean": 0.1 * s} for s in (1, 2, 3, 4)]
+    rows += [{"step": s, "reward/mean": 1.0 + s} for s in (3, 4, 5)]
+    path = _write(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    (d,) = run_doctor(path)
+    assert d.table.values("reward/mean").tolist() == pytest.approx([0.1, 0.2, 4.0, 5.0, 6.0])
+    (note,) = d.table.import_notes
+    assert "2 step(s) logged more than once (3, 4" in note and "last value" in note
+    assert json.loads(to_json([d]))[0]["import_notes"] == [note]
+    assert "### Import notes" in to_markdown([d]) and note in to_markdown([d])
+    console = Console(record=True, width=200)
+    to_terminal([d], console)
+    assert "logged more than once" in console.export_text()
+
+
+def test_two_foreign_names_for_one_quantity_are_never_merged(tmp_path: Path) -> None:
+    """verl logs the step time twice (timing_s/step, perf/time_per_step): one becomes
+    time/step, the other keeps its name, so no step looks duplicated."""
+    lines = [f"step:{s} - timing_s/step:{20.0 + s} - perf/time_per_step:{20.0 + s} - "
+             f"actor/ppo_kl:np.float64({0.001 * s})" for s in (1, 2)]
+    path = _write(tmp_path, "v.log", "\n".join(lines) + "\n")
+    (table,) = load(path).tables
+    assert table.values("time/step").tolist() == [21.0, 22.0]
+    assert table.values("perf/time_per_step").tolist() == [21.0, 22.0]
+    assert table.values("policy/kl_behaviour_k1").tolist() == pytest.approx([-0.001, -0.002])
+    assert table.original["policy/kl_behaviour_k1"] == "actor/ppo_kl"
+    notes = "\n".join(table.import_notes)
+    assert "sign flipped" in notes and "perf/time_per_step kept under its own name" in notes
+    assert "more than once" not in notes
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    ("empty.csv", b""),
+    ("blank.jsonl", b"\n\n   \n"),
+    ("binary.log", bytes(range(256)) * 64),
+    ("huge_line.log", b"step:1 - a/b:" + b"9" * 2_000_000),
+    ("huge_line.csv", b"step," + b"x" * 2_000_000 + b"\n1,2\n"),
+    ("utf16.csv", "Step,run - reward\n0,0.5\n1,0.6\n".encode("utf-16")),
+    ("latin1.log", "step:1 - caf\xe9/x:0.5 - a/b:0.25\n".encode("latin-1")),
+    ("bom_only.csv", b"\xef\xbb\xbf"),
+    ("array_of_numbers.json", b"[1, 2, 3]"),
+    ("deep.json", b"[" * 100_000),
+    ("fake.wandb", b":W&B\xe1\xbe\x00" + bytes(range(256)) * 8),
+    ("events.out.tfevents.123.host", b"not an event file"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_junk_never_crashes_the_doctor(tmp_path: Path, name: str, content: bytes) -> None:
+    """Whatever the file, `load` (and the whole doctor) reads something or raises DoctorError
+    with a message; no other exception escapes."""
+    path = _write(tmp_path, name, content)
+    for fmt in FORMATS:
+        if fmt == "run":
+            continue
+        try:
+            result = load(path, fmt)
+        except DoctorError as e:
+            assert str(e)
+            continue
+        for table in result.tables:
+            for metric in table.names():
+                table.series(metric)
+    try:
+        run_doctor(path)
+    except DoctorError:
+        pass
+
+
+# --- TensorBoard and W&B offline runs ---------------------------------------------------------
+
+def test_tensorboard_event_files_are_read_with_translation(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    for run, scale in (("run_a", 1.0), ("run_b", 2.0)):
+        writer = SummaryWriter(log_dir=str(tmp_path / "tb" / run))
+        for s in range(4):
+            writer.add_scalar("train/reward", 0.25 * s * scale, s)
+            writer.add_scalar("train/completions/mean_length", 10.0 + s, s)
+        writer.close()
+    assert sniff(tmp_path / "tb") == "tensorboard"
+    tables = {t.source: t for t in load(tmp_path / "tb").tables}
+    assert set(tables) == {"run_a", "run_b"}
+    assert tables["run_b"].framework == "trl"
+    assert tables["run_b"].values("reward/mean").tolist() == [0.0, 0.5, 1.0, 1.5]
+    assert tables["run_a"].series("length/mean")[1].tolist() == [10.0, 11.0, 12.0, 13.0]
+    event_file = next((tmp_path / "tb" / "run_a").glob("events.out.tfevents.*"))
+    assert sniff(event_file) == "tensorboard"
+    assert {t.source for t in load(event_file).tables} == {"run_a"}
+
+
+def test_wandb_reader_rejects_what_is_not_a_transaction_log(tmp_path: Path) -> None:
+    path = _write(tmp_path, "run-x.wandb", b"PK\x03\x04 a zip file")
+    with pytest.raises(DoctorError, match="not a W&B transaction log"):
+        load(path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DoctorError, match="no W&B run"):
+        load(tmp_path / "empty", "wandb_run")
+    with pytest.raises(DoctorError, match="is a directory; --format verl reads a file"):
+        load(tmp_path / "empty", "verl")
+
+
+def test_missing_reader_package_says_what_to_install(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_logging_packages(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith(("tensorboard", "wandb")):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    (tmp_path / "tb").mkdir()
+    _write(tmp_path / "tb", "events.out.tfevents.1.h", b"x")
+    _write(tmp_path, "run-x.wandb", b":W&B\xe1\xbe\x00")
+    monkeypatch.setattr(builtins, "__import__", no_logging_packages)
+    for path in (tmp_path / "tb", tmp_path / "run-x.wandb"):
+        with pytest.raises(DoctorError, match=r"install rlscope\[logging\]"):
+            load(path)
+
+
+def test_doctor_modules_do_not_import_torch_or_the_logging_packages() -> None:
+    code = ("import sys, rlscope.doctor.importers, rlscope.doctor.readers, "
+            "rlscope.doctor.diagnosis; "
+            "bad = [m for m in ('torch', 'wandb', 'tensorboard') if m in sys.modules]; "
+            "sys.exit(1 if bad else 0)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def _jsonl_points(run_dir: Path) -> dict[tuple[str, float], float]:
+    out = {}
+    for file in ("metrics.jsonl", "eval.jsonl"):
+        for line in (run_dir / file).read_text().splitlines():
+            row = json.loads(line)
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[(k, float(row["step"]))] = float(v)
+    return out
+
+
+def test_train_log_to_tensorboard_and_wandb_reads_back_equal_to_metrics_jsonl(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--log_to tensorboard,wandb` (W&B offline: no WANDB_MODE, no key): the doctor reads the
+    event files and the offline run back, and every value equals metrics.jsonl's (TensorBoard
+    stores float32)."""
+    from rlscope.config import RunConfig, TrainConfig
+    from rlscope.tasks import TaskConfig
+    from rlscope.train import train
+
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    # wandb 0.31 resolves its server's host name even offline; keep the test off the network
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    cfg = TrainConfig(method="grpo", task_options=TaskConfig(seq_len=4, eval_batches=1,
+                                                             eval_batch_size=8),
+                      run=RunConfig(num_steps=3, batch_size=16, eval_every=2, device="cpu",
+                                    progress=False, runs_dir=str(tmp_path), doctor_every=0,
+                                    log_to="tensorboard,wandb"))
+    result = train(cfg)
+    run_dir = Path(result.run_dir)
+    expected = _jsonl_points(run_dir)
+    assert len(expected) > 100
+    assert next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))  # offline, no network
+    for path, fmt, rel in ((run_dir / "tensorboard", "tensorboard", 1e-6),
+                           (run_dir / "wandb", "wandb_run", 1e-12)):
+        (table,) = load(path).tables
+        assert table.fmt == fmt and table.framework is None  # our own names, untranslated
+        got = {(name, float(s)): float(v) for name in table.names()
+               for s, v in zip(*table.series(name), strict=True)}
+        assert set(got) == set(expected), fmt
+        for key, v in expected.items():
+            assert got[key] == pytest.approx(v, rel=rel, abs=1e-30), (fmt, key)
+
+
+def test_log_to_is_checked_before_training() -> None:
+    from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
+    from rlscope.metrics.sinks import parse_log_to
+
+    assert parse_log_to("none") == () and parse_log_to("") == ()
+    assert parse_log_to("wandb, tensorboard,wandb") == ("wandb", "tensorboard")
+    with pytest.raises(ConfigError, match=r"unknown target.*mlflow"):
+        validate(TrainConfig(run=RunConfig(log_to="tensorboard,mlflow")))
+
+
+@pytest.mark.parametrize(("environ", "netrc", "mode"), [
+    ({}, "", "offline"),
+    ({"WANDB_MODE": "online"}, "", None),
+    ({"WANDB_MODE": "disabled"}, "", None),
+    ({"WANDB_API_KEY": "x" * 40}, "", None),
+    ({}, "machine api.wandb.ai\n  login user\n  password " + "y" * 40 + "\n", None),
+    ({}, "machine example.org\n  login a\n  password b\n", "offline"),
+])
+def test_wandb_is_offline_unless_the_user_configured_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], netrc: str,
+        mode: str | None) -> None:
+    from rlscope.metrics.sinks import wandb_mode
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("NETRC", raising=False)
+    if netrc:
+        (tmp_path / ".netrc").write_text(netrc)
+        (tmp_path / ".netrc").chmod(0o600)
+    assert wandb_mode(environ) == mode
+
+
+def test_wandb_offline_run_uses_the_frameworks_own_step(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TRL run logged to W&B: transformers' callback logs `train/global_step` and W&B counts
+    every log call in `_step` (evaluations too); the doctor uses the former."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # never leave the machine
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run = wandb.init(project="p", dir=str(tmp_path), name="trl-run", mode="offline")
+    for global_step in (10, 20, 30):
+        run.log({"train/reward": global_step / 100, "train/kl": 0.01,
+                 "train/global_step": global_step})
+        run.log({"eval/reward": global_step / 50, "train/global_step": global_step})
+    sync_file = Path(run.settings.sync_file)
+    run.finish()
+    assert wait_for_wandb(sync_file)  # the file is written in the background
+    assert sniff(tmp_path / "wandb") == "wandb_run"
+    (table,) = load(tmp_path / "wandb").tables
+    assert table.framework == "trl"
+    assert table.series("reward/mean")[0].tolist() == [10.0, 20.0, 30.0]
+    assert table.values("reward/mean").tolist() == [0.1, 0.2, 0.3]
+    assert table.series("eval/reward")[0].tolist() == [10.0, 20.0, 30.0]
+    assert not any(n.endswith("global_step") for n in table.names())
+    (record_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert sniff(record_file) == "wandb_run"
+    assert load(record_file).tables[0].values("reward/mean").tolist() == [0.1, 0.2, 0.3]

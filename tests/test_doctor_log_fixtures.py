@@ -43,3 +43,28 @@ def test_verl_log_has_the_real_value_forms() -> None:
     assert "val-aux/openai/gsm8k/acc/worst@8/mean:np.float64(" in text
     wrapped = [line for line in text.splitlines() if len(line) == GEN.WRAP_COLUMNS]
     assert len(wrapped) > 10
+
+
+def _name_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_name_fixtures",
+                                                  FIXTURES / "make_name_fixtures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+NAME_GEN = _name_generator()
+
+
+@pytest.mark.parametrize("name", sorted(NAME_GEN.WRITERS))
+def test_committed_name_fixture_matches_generator(name: str) -> None:
+    """The name-coverage logs hold every name of the committed name lists: regenerate them
+    when a list changes."""
+    committed = (FIXTURES / name).read_text(encoding="utf-8")
+    assert committed == NAME_GEN.WRITERS[name](), \
+        f"regenerate with python {FIXTURES / 'make_name_fixtures.py'}"
+    framework = NAME_GEN.FRAMEWORK[name]
+    assert all(n in committed for n in NAME_GEN.names(framework))
+    assert len(committed) <= 50_000

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import subprocess
 import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from rlscope.doctor.translate import TRANSLATIONS, Translation, to_foreign, translate
+from rlscope.doctor.importers import STEP_KEYS, _bare, load
+from rlscope.doctor.translate import (
+    TRANSLATIONS,
+    Translation,
+    is_seconds,
+    name_list,
+    to_foreign,
+    translate,
+)
 from rlscope.metrics.schema import metric_def
 
 PAIRS = [(fw, name) for fw, table in TRANSLATIONS.items() for name in table]
 
 
 def test_frameworks() -> None:
-    assert set(TRANSLATIONS) == {"verl", "trl", "tinker"}
+    assert set(TRANSLATIONS) == {"verl", "trl", "tinker", "openrlhf"}
 
 
 @pytest.mark.parametrize(("framework", "name"), PAIRS)
@@ -45,9 +57,9 @@ def test_unknown_names_pass_through(framework: str) -> None:
 
 def test_unknown_framework_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown framework"):
-        translate("openrlhf", "policy_loss")
+        translate("deepspeed_chat", "policy_loss")
     with pytest.raises(ValueError, match="unknown framework"):
-        to_foreign("openrlhf", "loss/policy")
+        to_foreign("deepspeed_chat", "loss/policy")
 
 
 @pytest.mark.parametrize(("framework", "foreign", "canonical"), [
@@ -83,12 +95,10 @@ def test_notes_state_the_differences() -> None:
 
 
 @pytest.mark.parametrize(("framework", "name"), [
-    ("verl", "actor/ppo_kl"),                    # mean(ℓ_old − ℓ_new): our k1 with the sign flipped
     ("verl", "training/rollout_probs_diff_mean"),  # |p − p'| in probability space
     ("verl", "perf/max_memory_allocated_gb"),    # GB, ours is MB
     ("trl", "frac_reward_zero_std"),             # 1 − group/mixed_rate
     ("trl", "objective/entropy"),                # sequence sum, ours is a token mean
-    ("tinker", "optim/kl_sample_train_v1"),      # mean(ℓ_sampler − ℓ_train): sign flipped
 ])
 def test_not_equivalent_names_stay_unmapped(framework: str, name: str) -> None:
     assert translate(framework, name) == (name, "")
@@ -105,3 +115,125 @@ def test_doctor_translate_does_not_import_torch() -> None:
     code = ("import sys, rlscope.doctor.translate; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- name coverage as data (src/rlscope/doctor/names/*.toml) ---------------------------------
+
+FRAMEWORKS = sorted(TRANSLATIONS)
+VOCAB = {"population": {"tokens", "sequences", "groups", "steps", "prompts"},
+         "reduction": {"token_mean", "seq_mean", "max", "min", "std", "sum", "value", "frac"},
+         "timing": {"rollout", "first_pass", "last_pass", "update", "eval", "step"}}
+
+
+@pytest.mark.parametrize(("framework", "name"), PAIRS)
+def test_every_entry_says_population_reduction_sign_and_timing(framework: str,
+                                                               name: str) -> None:
+    r = TRANSLATIONS[framework][name].resolved()
+    for field, allowed in VOCAB.items():
+        assert r[field] in allowed, (field, r[field])
+    assert r["sign"] in (1.0, -1.0)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_documented_name_is_translated_or_ignored_with_a_reason(framework: str) -> None:
+    """The committed list of names the framework logs (read from its source, per file) has no
+    name that is neither translated nor deliberately kept with a reason, and no stale ignore."""
+    names = name_list(framework)
+    assert names.framework == framework and re.fullmatch(r"[0-9a-f]{40}", names.commit)
+    assert all(names.sources.values()) and len(names.names()) >= 30
+    uncovered = [n for n in names.names()
+                 if n not in TRANSLATIONS[framework] and not names.ignore_reason(n)]
+    assert uncovered == [], f"{framework}: translate or ignore (with a reason) {uncovered}"
+    both = [n for n in names.ignored if n in TRANSLATIONS[framework]]
+    assert both == [], f"{framework}: translated names listed as ignored: {both}"
+    stale = [n for n in names.ignored if n not in names.names()]
+    assert stale == [], f"{framework}: ignored names that are not documented: {stale}"
+    assert all(len(r) > 10 for r in [*names.ignored.values(), *names.ignored_patterns.values()])
+
+
+def test_name_list_requires_a_known_framework() -> None:
+    with pytest.raises(ValueError, match="no name list"):
+        name_list("deepspeed_chat")
+
+
+def test_wandb_bookkeeping_columns_are_step_keys_or_ignored() -> None:
+    names = name_list("wandb")
+    assert {"_step", "Step", "train/global_step"} <= set(names.names())
+    assert all(n in STEP_KEYS or names.ignore_reason(n) for n in names.names())
+
+
+@pytest.mark.parametrize(("framework", "foreign", "canonical"), [
+    ("verl", "actor/ppo_kl", "policy/kl_behaviour_k1"),
+    ("verl", "rollout_corr/kl", "policy/kl_behaviour_k1_first"),
+    ("trl", "ppo/policy/policykl", "policy/kl_behaviour_k1"),
+    ("tinker", "optim/kl_sample_train_v1", "policy/kl_behaviour_k1_first"),
+    ("openrlhf", "ppo_kl", "policy/kl_behaviour_k1"),
+    ("openrlhf", "vllm_kl", "policy/kl_behaviour_k1_first"),
+])
+def test_opposite_sign_conventions_are_recorded(framework: str, foreign: str,
+                                                canonical: str) -> None:
+    t = TRANSLATIONS[framework][foreign]
+    assert (t.canonical, t.sign) == (canonical, -1.0)
+    assert "sign flipped" in t.note
+
+
+@pytest.mark.parametrize(("name", "seconds"), [
+    ("timing_s/gen", True), ("timing_s/update_actor", True), ("time/step", True),
+    ("timing_s/agent_loop/tool_calls/max", True), ("time/trajectory_group_worker:total", True),
+    ("timing_s/agent_loop/slowest/response_length", False),
+    ("timing_s/agent_loop/slowest/prompt_length", False),
+    ("timing_s/agent_loop/num_preempted/mean", False),
+    ("time/trajectory_group_worker:count", False), ("timing_s/", False),
+])
+def test_is_seconds(name: str, seconds: bool) -> None:
+    assert is_seconds(name) is seconds
+
+
+def _name_fixtures() -> ModuleType:
+    path = Path(__file__).parent / "fixtures" / "doctor" / "make_name_fixtures.py"
+    spec = importlib.util.spec_from_file_location("make_name_fixtures", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+NAME_GEN = _name_fixtures()
+
+
+@pytest.mark.parametrize("fixture", sorted(NAME_GEN.WRITERS))
+def test_each_translator_on_a_log_holding_every_name_it_documents(fixture: str) -> None:
+    """Every documented name of the framework, in the format its users have (verl console log,
+    TRL W&B history export, cookbook metrics.jsonl, OpenRLHF W&B chart export): each translated
+    name lands on its canonical name with its exact values (sign applied) unless the
+    framework's preferred name for that quantity is in the same file, in which case it is kept
+    under its own name and the import notes say so; every other name is kept as written."""
+    framework = NAME_GEN.FRAMEWORK[fixture]
+    prefix = NAME_GEN.PREFIX[framework]
+    (table,) = load(Path(__file__).parent / "fixtures" / "doctor" / fixture).tables
+    assert table.framework == framework and table.problems == []
+    notes = "\n".join(table.import_notes)
+    documented = NAME_GEN.names(framework)
+    claimed = {_bare(f): c for c, f in table.original.items()}
+    for i, name in enumerate(documented, 1):
+        expected = [NAME_GEN.value(i, s) for s in NAME_GEN.STEPS]
+        t = TRANSLATIONS[framework].get(name)
+        if t is None or (t.canonical == name and name not in table.original):
+            stored = prefix + name  # untranslated, or a name that is already ours
+        elif claimed.get(name) == t.canonical:
+            stored = t.canonical
+            expected = [t.sign * v for v in expected]
+            preferred = next(f for f, u in TRANSLATIONS[framework].items()
+                             if u.canonical == t.canonical and f in documented)
+            assert preferred == name  # the framework's preferred name wins
+            if t.sign != 1.0:
+                assert f"{prefix}{name} is stored as {t.canonical} with its sign flipped" in notes
+        else:
+            assert f"{prefix}{name} kept" in notes
+            stored = next(n for n in (prefix + name, f"{prefix}{name} (as logged)")
+                          if table.has(n))
+        steps, values = table.series(stored)
+        assert steps.tolist() == list(map(float, NAME_GEN.STEPS)), name
+        assert values.tolist() == pytest.approx(expected, rel=1e-12), name
+    assert len(table.original) >= 10

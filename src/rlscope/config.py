@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
+from rlscope.metrics.sinks import parse_log_to
 from rlscope.policy import ModelConfig
 from rlscope.replay import ReplayConfig, validate_replay
 from rlscope.sampling import SamplingConfig
@@ -113,6 +114,11 @@ class RunConfig:
     """Start the policy from these weights: an `rlscope sft` output (its directory or
     sft.pt), a run directory (its latest checkpoint) or a checkpoint file. The model must have
     the same shapes; the KL reference is the initialised policy. Empty = random init."""
+    log_to: str = "none"
+    """Also write the metrics, under their canonical names, to these loggers: 'none' or a
+    comma-separated list of 'tensorboard' (event files in <run dir>/tensorboard/) and 'wandb'
+    (<run dir>/wandb/, offline unless W&B is configured: WANDB_MODE, WANDB_API_KEY or a
+    login). metrics.jsonl is always written. Needs rlscope[logging]."""
     progress: bool = True
     """Show the live progress bar and metrics line."""
     cuda_graphs: bool = True
@@ -208,6 +214,10 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     d = derive(cfg, spec, task)
     r = cfg.run
     errors += overlong_errors(cfg, spec, d)
+    try:
+        parse_log_to(cfg.run.log_to)
+    except ValueError as e:
+        errors.append(str(e))
     if r.batch_size < 1:
         errors.append(f"run.batch_size={r.batch_size} must be >= 1")
     if r.group_size < 0:

@@ -54,7 +54,14 @@ from rlscope.methods.selection import (
 )
 from rlscope.methods.spec import MethodSpec, OverlongConfig
 from rlscope.metrics import estimators as est
-from rlscope.metrics.sinks import JsonlWriter, LiveDisplay, append_csv_rows, read_jsonl
+from rlscope.metrics.sinks import (
+    JsonlWriter,
+    LiveDisplay,
+    ScalarSinks,
+    append_csv_rows,
+    parse_log_to,
+    read_jsonl,
+)
 from rlscope.policy import add_lora, reference_of
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ReplayBuffer
@@ -237,6 +244,8 @@ def train(cfg: TrainConfig) -> RunResult:
     metrics_log = JsonlWriter(run_dir / "metrics.jsonl", append)
     eval_log = JsonlWriter(run_dir / "eval.jsonl", append)
     samples_log = JsonlWriter(run_dir / "samples.jsonl", append)
+    scalar_sinks = ScalarSinks(parse_log_to(r.log_to), run_dir, run_dir.name,
+                               {"config": to_dict(cfg), "derived": to_dict(d)})
     eval_prompts = heldout_batch(task, r.seed).to(device)
     # The kept set describes the sampled prefixes; label-trained methods read other tokens.
     replay_keep = cfg.sampling.replay_sampling_mask and not spec.needs_labels
@@ -289,6 +298,7 @@ def train(cfg: TrainConfig) -> RunResult:
         evals.append(record)
         doctor.add(record)
         eval_log.write(record)
+        scalar_sinks.log(record)
         display.eval(record)
         if r.output:
             append_csv_rows(Path(r.output), [{
@@ -391,6 +401,7 @@ def train(cfg: TrainConfig) -> RunResult:
             record = {"step": step, **values}
             history.append(record)
             metrics_log.write(record)
+            scalar_sinks.log(record)
             if r.log_samples and step % max(r.samples_every, 1) == 0:
                 _write_samples(samples_log, step, batch, inputs.adv_BT, r.log_samples)
             for finding in doctor.step(record):
@@ -417,6 +428,7 @@ def train(cfg: TrainConfig) -> RunResult:
         display.close()
         for log in (metrics_log, eval_log, samples_log):
             log.close()
+        scalar_sinks.close()
     wall = time.perf_counter() - t_run
     (run_dir / "findings.json").write_text(json.dumps(findings_json(doctor.final()), indent=2,
                                                       default=float))

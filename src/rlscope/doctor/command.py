@@ -27,7 +27,9 @@ class DoctorCommand:
     path: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="PATH")] = ""
     """The run directory or log file (not with --eval)."""
     format: str = "auto"
-    """Input format: auto (sniff), run, verl, trl, wandb, tinker, jsonl, csv."""
+    """Input format: auto (sniff), run, verl, trl, wandb (CSV export), tinker, jsonl, json
+    (an array of step objects), csv, tensorboard (a directory of events.out.tfevents.*) or
+    wandb_run (a W&B offline run directory or run-*.wandb file)."""
     output: str = "terminal"
     """terminal (rich), markdown, json, or html (a fragment for the report)."""
     out: str = ""

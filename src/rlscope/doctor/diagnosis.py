@@ -20,12 +20,13 @@ from rlscope.doctor.importers import load
 from rlscope.doctor.rules import LOWER_IS_BETTER, diagnose, validation_metrics
 from rlscope.doctor.stats import Trend, trend
 from rlscope.doctor.table import MetricTable
+from rlscope.doctor.translate import is_seconds
 
 KEY_METRICS = ("reward/mean", "policy/entropy", "policy/entropy_sampled", "length/mean",
                "adv/amplification", "policy/kl_ref_k1", "policy/kl_behaviour_k1",
                "policy/clipfrac_region", "optim/grad_norm", "loss/value", "value/explained_var",
                "time/step")
-TIME_PREFIXES = ("time/", "timing_s/")
+TIME_PREFIXES = ("time/", "timing_s/", "timing/")
 TOTAL_TIME = ("time/step", "timing_s/step")
 
 
@@ -59,6 +60,7 @@ class Diagnosis:
                              for k, v in t.original.items()},
             "problems": [str(p) for p in t.problems],
             "n_problems": t.n_problems,
+            "import_notes": list(t.import_notes),
             "skipped_non_finite": t.n_skipped_values,
         }
 
@@ -78,7 +80,8 @@ def phase_table(t: MetricTable) -> dict[str, tuple[float, float]]:
     """Phase → (mean seconds each time it ran, its total time / the steps' total time). A
     phase outside the step (evaluation) can exceed 100%."""
     total_name = t.first(*TOTAL_TIME)
-    phases = [n for n in t.names() if n.startswith(TIME_PREFIXES) and n != total_name]
+    phases = [n for n in t.names() if n.startswith(TIME_PREFIXES) and n != total_name
+              and is_seconds(n)]  # a token count or a count under timing_s/ is no phase
     if not phases:
         return {}
     total = float(t.values(total_name).sum()) if total_name else sum(

@@ -9,7 +9,15 @@ Formats (``--format``; ``auto`` sniffs the first 64 KB):
   columns with ``__MIN``/``__MAX`` companions; one table per run) or a run-history export
   (``_step`` and plain metric columns);
 - ``tinker``: a tinker-cookbook ``metrics.jsonl``;
-- ``jsonl`` / ``csv``: any JSON-lines or CSV file with a step column.
+- ``jsonl`` / ``csv``: any JSON-lines or CSV file with a step column;
+- ``json``: a JSON array of step objects (``[{"step": 1, ...}, ...]``);
+- ``tensorboard``: a directory with ``events.out.tfevents.*`` files (verl's and TRL's local
+  logger; one table per run directory), read with TensorBoard's ``EventAccumulator``;
+- ``wandb_run``: a W&B offline run directory (``wandb/offline-run-*``), a ``wandb/`` folder or
+  a ``run-*.wandb`` file (`rlscope.doctor.readers`).
+
+A UTF-8 byte-order mark is ignored. Two foreign names for one quantity are never merged into
+one series; a step logged twice keeps its last value, and the table's ``import_notes`` say so.
 
 Foreign names are translated to ours where a translation exists (`rlscope.doctor.translate`);
 every other numeric key is kept under its own name. Files are streamed, so memory grows with
@@ -27,21 +35,27 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rlscope.doctor import readers
 from rlscope.doctor.table import ImportResult, MetricTable
 from rlscope.doctor.translate import TRANSLATIONS, translate
 from rlscope.doctor.verl import RECORD, read_verl
+from rlscope.metrics.schema import is_registered
 from rlscope.results import number as _number
 
-FORMATS = ("auto", "run", "verl", "trl", "wandb", "tinker", "jsonl", "csv")
+FORMATS = ("auto", "run", "verl", "trl", "wandb", "tinker", "jsonl", "json", "csv",
+           "tensorboard", "wandb_run")
 STEP_KEYS = ("step", "_step", "global_step", "Step", "iteration", "train/global_step",
              "trainer/global_step", "epoch_step")
 SNIFF_BYTES = 65536
 # Name prefixes that identify a framework's metrics in a generic file.
 FRAMEWORK_MARKERS = {
-    "verl": ("actor/", "critic/", "timing_s/", "response_length/", "val-core/"),
+    "verl": ("actor/", "critic/", "timing_s/", "response_length/", "val-core/", "rollout_corr/"),
     "tinker": ("env/all/", "optim/kl_sample_train", "progress/", "time/total"),
     "trl": ("completions/", "frac_reward_zero_std", "clip_ratio/", "rewards/", "objective/",
-            "policy/approxkl_avg"),
+            "policy/approxkl_avg", "ppo/loss/", "ppo/policy/", "ppo/mean_scores",
+            "env/reward_mean", "tokens/responses_len"),
+    "openrlhf": ("ppo_clip_ratio", "ppo_kl", "actor_lr", "actor_grad_norm", "rollout/reward_mean",
+                 "timing/make_experience", "timing/ppo_train", "critic_loss"),
 }
 
 
@@ -49,36 +63,99 @@ class DoctorError(ValueError):
     """A file the doctor cannot read at all; the message says why and what it expected."""
 
 
+def _bare(name: str) -> str:
+    """A name without the ``train/`` prefix that W&B and TensorBoard loggers add (TRL through
+    transformers' callbacks, OpenRLHF's loggers)."""
+    return name.removeprefix("train/")
+
+
 def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
-    """Translate names of ``framework`` (recording the original name and the note)."""
+    """Translate names of ``framework`` (recording the original name and the note).
+
+    A canonical name is claimed by the first foreign name that maps to it; another foreign name
+    mapping to the same canonical name is kept under its own name (two series are never merged
+    into one) and `_finish` later gives the canonical name to the framework's preferred one.
+    """
     cache: dict[str, str] = {}
+    table.framework = framework
 
     def rename(name: str) -> str:
         hit = cache.get(name)
         if hit is not None:
             return hit
         canonical, note = translate(framework, name) if framework else (name, "")
-        if framework and canonical == name and name.startswith("train/"):
-            canonical, note = translate(framework, name.removeprefix("train/"))
-            canonical = name if canonical == name.removeprefix("train/") else canonical
-        if canonical != name:
-            table.original[canonical] = name
-            if note:
-                table.notes[canonical] = note
+        if framework and canonical == name and name != _bare(name):
+            canonical, note = translate(framework, _bare(name))
+            canonical = name if canonical == _bare(name) else canonical
+        if canonical == name and name in table.original:
+            canonical = f"{name} (as logged)"  # our name, already taken by a translated one
+            table.import_notes.append(f"{name} kept as {canonical!r}: {name} comes from "
+                                      f"{table.original[name]}")
+        elif canonical != name:
+            if canonical in table.original or canonical in cache:
+                canonical = name  # taken by another foreign name, or logged as such
+            else:
+                table.original[canonical] = name
+                if note:
+                    table.notes[canonical] = note
         cache[name] = canonical
         return canonical
 
     return rename
 
 
+def _finish(table: MetricTable, framework: str | None) -> None:
+    """After reading: give each canonical name to the framework's preferred foreign name (the
+    first in its translation table that the file has), apply sign conventions, and note
+    duplicated steps (`MetricTable.series` keeps the last value logged for a step)."""
+    if framework:
+        translations = TRANSLATIONS[framework]
+        present = {_bare(n.removesuffix(" (as logged)")): n for n in table.names()
+                   if n not in table.original}
+        present |= {_bare(f): c for c, f in table.original.items()}
+        for canonical, claimer in list(table.original.items()):
+            preferred = next(f for f, t in translations.items() if t.canonical == canonical
+                             and f in present)
+            if preferred == _bare(claimer):
+                continue
+            stored = present[preferred]  # the preferred series, still under its own name
+            table.move(canonical, claimer)
+            table.move(stored, canonical)
+            table.original[canonical] = stored.removesuffix(" (as logged)")
+            table.notes[canonical] = translations[preferred].note
+            table.import_notes[:] = [n for n in table.import_notes if repr(stored) not in n]
+        for canonical, foreign in sorted(table.original.items()):
+            t = translations[_bare(foreign)]
+            if t.sign != 1.0 and table.has(canonical):
+                table.scale(canonical, t.sign)
+                table.import_notes.append(f"{foreign} is stored as {canonical} with its sign "
+                                          "flipped (its convention is the opposite of ours)")
+        shadowed = sorted(n for n in table.names() if n not in table.original.values()
+                          and translate(framework, _bare(n))[0] != _bare(n))
+        for name in shadowed:
+            target = translate(framework, _bare(name))[0]
+            table.import_notes.append(f"{name} kept under its own name: {target} comes from "
+                                      f"{table.original.get(target, target)}")
+    duplicated = table.duplicated_steps()
+    if duplicated:
+        steps = sorted({s for v in duplicated.values() for s in v})
+        shown = ", ".join(f"{s:g}" for s in steps[:8]) + (", ..." if len(steps) > 8 else "")
+        table.import_notes.append(
+            f"{len(steps)} step(s) logged more than once ({shown}; {len(duplicated)} metric(s)): "
+            "the last value logged for a step is used (a resumed or restarted run rewrites "
+            "them)")
+
+
 def guess_framework(names: list[str]) -> str | None:
     """The framework whose metric names these are: by characteristic prefixes, else the one
     with the most exact name matches (at least two; a ``train/`` prefix, as W&B shows TRL's
-    metrics, is ignored)."""
+    and OpenRLHF's metrics, is ignored)."""
+    bare = {_bare(n) for n in names}
+    if bare and 2 * sum(map(is_registered, bare)) > len(bare):
+        return None  # our own names (an rlscope run logged to TensorBoard or W&B)
     for framework, markers in FRAMEWORK_MARKERS.items():
-        if any(n.startswith(markers) for n in names):
+        if any(n.startswith(markers) for n in bare):
             return framework
-    bare = {n.removeprefix("train/") for n in names}
     counts = {fw: len(bare & set(table)) for fw, table in TRANSLATIONS.items()}
     best = max(counts, key=lambda fw: counts[fw])
     return best if counts[best] >= 2 else None
@@ -110,7 +187,7 @@ def _step_key(keys: list[str]) -> str | None:
 
 
 def _lines(path: Path) -> Iterator[str]:
-    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+    with path.open(encoding="utf-8-sig", errors="replace", newline="") as f:
         yield from f
 
 
@@ -136,6 +213,70 @@ def read_jsonl(path: Path, fmt: str, framework: str | None = None) -> MetricTabl
         _add_row(table, row, _step_key(list(row)), index, rename)
         index += 1
     return table
+
+
+def read_json(path: Path) -> MetricTable:
+    """A JSON array of step objects (the whole file is parsed; the step from a step key, else
+    the index)."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise DoctorError(f"{path}: not a JSON array of step objects ({e.__class__.__name__}: "
+                          f"{str(e)[:80]})") from None
+    if not isinstance(rows, list):
+        raise DoctorError(f"{path}: expected a JSON array of step objects, got "
+                          f"{type(rows).__name__}")
+    table = MetricTable(source=path.name, fmt="json")
+    objects = [r for r in rows if isinstance(r, dict)]
+    if len(objects) < len(rows):
+        table.problem(None, f"{len(rows) - len(objects)} array entries are not objects")
+    keys = list(dict.fromkeys(k for r in objects[:50] for k in r))
+    framework = guess_framework(keys)
+    rename = _renamer(table, framework)
+    for i, row in enumerate(objects):
+        _add_row(table, row, _step_key(list(row)), i, rename)
+    return table
+
+
+def _points_tables(runs: dict[str, list[readers.Point]], fmt: str,
+                   source: str) -> list[MetricTable]:
+    """Tables from the raw points of the TensorBoard and W&B readers, one per run."""
+    tables = []
+    for run, points in runs.items():
+        table = MetricTable(source=source if run == "." else run, fmt=fmt)
+        framework = guess_framework(list(dict.fromkeys(name for _, name, _ in points)))
+        rename = _renamer(table, framework)
+        for step, name, value in points:
+            table.add(step, rename(name), value)
+        tables.append(table)
+    return tables
+
+
+def read_tensorboard(path: Path) -> list[MetricTable]:
+    """A TensorBoard log directory (or one event file): one table per run directory."""
+    root = path.parent if path.is_file() else path
+    try:
+        runs = readers.tensorboard_runs(root)
+    except readers.MissingReader as e:
+        raise DoctorError(str(e)) from None
+    except readers.BadLog as e:
+        raise DoctorError(str(e)) from None
+    if not runs:
+        raise DoctorError(f"{path}: no {readers.TB_GLOB} files")
+    return _points_tables(runs, "tensorboard", root.name)
+
+
+def read_wandb_run(path: Path) -> list[MetricTable]:
+    """A W&B offline run directory, a ``wandb/`` folder or a ``run-*.wandb`` file."""
+    try:
+        runs = readers.wandb_runs(path)
+    except readers.MissingReader as e:
+        raise DoctorError(str(e)) from None
+    except readers.BadLog as e:
+        raise DoctorError(f"{path}: {e}") from None
+    if not runs:
+        raise DoctorError(f"{path}: no W&B run-*.wandb file (expected wandb/offline-run-*/)")
+    return _points_tables(runs, "wandb_run", path.name)
 
 
 def read_run_dir(path: Path) -> MetricTable:
@@ -165,8 +306,8 @@ def read_trl(path: Path) -> MetricTable:
     """A TRL ``trainer_state.json``: ``log_history`` entries keyed by ``step``; the final
     summary entry (``train_runtime``, ...) is kept under its own names."""
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        state = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise DoctorError(f"{path}: not a JSON trainer_state.json ({e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise DoctorError(f"{path}: a TRL trainer_state.json needs a 'log_history' list")
@@ -250,8 +391,18 @@ def read_csv(path: Path, fmt: str) -> list[MetricTable]:
 def sniff(path: Path) -> str:
     """The format of ``path`` from its name and first bytes (DoctorError when unreadable)."""
     if path.is_dir():
+        if (path / "metrics.jsonl").exists():
+            return "run"
+        if readers.wandb_files(path):
+            return "wandb_run"
+        if readers.is_tensorboard_dir(path):
+            return "tensorboard"
         return "run"
-    head = path.open("rb").read(SNIFF_BYTES)
+    if path.name.startswith("events.out.tfevents."):
+        return "tensorboard"
+    if path.suffix == ".wandb":
+        return "wandb_run"
+    head = path.open("rb").read(SNIFF_BYTES).removeprefix(b"\xef\xbb\xbf")
     if not head.strip():
         raise DoctorError(f"{path} is empty: expected a training log (verl console log, TRL "
                           "trainer_state.json, W&B CSV export, metrics.jsonl or a CSV/JSONL "
@@ -263,6 +414,8 @@ def sniff(path: Path) -> str:
     stripped = text.lstrip()
     if stripped.startswith("{") and '"log_history"' in text:
         return "trl"
+    if stripped.startswith("["):
+        return "json"
     if stripped.startswith("{"):
         first = stripped.splitlines()[0]
         try:
@@ -302,7 +455,10 @@ def load(path: str | Path, fmt: str = "auto") -> ImportResult:
         raise DoctorError(f"--format {fmt!r} is unknown; valid: {', '.join(FORMATS)}")
     if fmt == "auto":
         fmt = sniff(p)
-    elif p.is_file() and not p.open("rb").read(SNIFF_BYTES).strip():
+    elif p.is_dir() and fmt not in ("run", "tensorboard", "wandb_run"):
+        raise DoctorError(f"{p} is a directory; --format {fmt} reads a file")
+    elif p.is_file() and not p.open("rb").read(SNIFF_BYTES).removeprefix(
+            b"\xef\xbb\xbf").strip():
         raise DoctorError(f"{p} is empty")
     if fmt == "run":
         tables = [read_run_dir(p)]
@@ -314,8 +470,16 @@ def load(path: str | Path, fmt: str = "auto") -> ImportResult:
         tables = [read_trl(p)]
     elif fmt in ("wandb", "csv"):
         tables = read_csv(p, fmt)
+    elif fmt == "json":
+        tables = [read_json(p)]
+    elif fmt == "tensorboard":
+        tables = read_tensorboard(p)
+    elif fmt == "wandb_run":
+        tables = read_wandb_run(p)
     else:
         tables = [read_jsonl(p, fmt, "tinker" if fmt == "tinker" else None)]
+    for table in tables:
+        _finish(table, table.framework)
     for table in tables:
         if table.n_points == 0 and not table.problems:
             table.problem(None, "no numeric metrics found")

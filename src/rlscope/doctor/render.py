@@ -104,6 +104,8 @@ def to_markdown(diagnoses: list[Diagnosis]) -> str:
             out += [f"- `{src}` → `{dst}`" + (f": {d.table.notes[dst]}" if dst in d.table.notes
                                                else "")
                     for dst, src in sorted(d.table.original.items())] + [""]
+        if d.table.import_notes:
+            out += ["### Import notes", ""] + [f"- {n}" for n in d.table.import_notes] + [""]
         if d.table.problems:
             out += ["### Skipped", ""] + [f"- {p}" for p in d.table.problems[:20]] + [""]
     return "\n".join(out)
@@ -162,6 +164,8 @@ def to_terminal(diagnoses: list[Diagnosis], console: Console | None = None) -> N
             for row in rows:
                 table.add_row(*row)
             console.print(table)
+        for note in d.table.import_notes:
+            console.print(f"[yellow]import: {note}[/yellow]", highlight=False)
         if d.table.problems:
             console.print(f"[dim]{d.table.n_problems} lines skipped, e.g. "
                           + "; ".join(str(p) for p in d.table.problems[:3]) + "[/dim]")

@@ -52,6 +52,12 @@ class MetricTable:
     n_problems: int = 0
     n_skipped_values: int = 0
     """Non-finite values (nan, inf) seen and not stored."""
+    framework: str | None = None
+    """Whose metric names the importer recognised (verl, trl, tinker, openrlhf), if any."""
+    import_notes: list[str] = field(default_factory=list)
+    """What the importer decided that changes what the rules see (duplicated steps and how they
+    were resolved, sign flips, a foreign name kept because another one took its canonical
+    name); printed with the diagnosis."""
 
     def add(self, step: float, name: str, value: float) -> None:
         """One point; non-finite values are counted, not stored."""
@@ -64,6 +70,31 @@ class MetricTable:
             self._values[name] = array("d")
         steps.append(step)
         self._values[name].append(value)
+
+    def move(self, name: str, new_name: str) -> None:
+        """Store the series ``name`` under ``new_name`` (which must be free)."""
+        if new_name in self._steps:
+            raise ValueError(f"{new_name!r} already has a series")
+        self._steps[new_name] = self._steps.pop(name)
+        self._values[new_name] = self._values.pop(name)
+
+    def scale(self, name: str, factor: float) -> None:
+        """Multiply every stored value of ``name`` by ``factor`` (a sign flip: -1)."""
+        values = self._values[name]
+        for i in range(len(values)):
+            values[i] *= factor
+
+    def duplicated_steps(self) -> dict[str, list[float]]:
+        """Metric → the steps logged more than once for it (`series` keeps the last value)."""
+        out: dict[str, list[float]] = {}
+        for name, steps in self._steps.items():
+            if len(steps) < 2:
+                continue
+            unique, counts = np.unique(np.frombuffer(steps, dtype=np.float64),
+                                       return_counts=True)
+            if (counts > 1).any():
+                out[name] = unique[counts > 1].tolist()
+        return out
 
     def problem(self, line: int | None, message: str) -> None:
         self.n_problems += 1

@@ -10,8 +10,9 @@ a number. The parser streams the file line by line (memory does not grow with it
 - the next physical line continues the record when joining it is the only sensible reading:
   it starts with `` - `` or ``- ``, the record so far ends in `` -``, or its text up to the
   first `` - `` has no space (a key or number fragment), and it does not itself start a record;
-- each `` - ``-separated ``key:value`` is parsed; an unparsable value is reported with the
-  line number where its record started and skipped.
+- each ``key:value`` is parsed, separated by `` - `` or, where a wrap swallowed its spaces,
+  by ``-`` alone (``a:0.5-b:0.7``); an unparsable value is reported with the line number where
+  its record started and skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ RECORD = re.compile(r"(?:^|[^\w/.-])step:\s*(\d+)\s+-\s")
 _WRAPPED_VALUE = re.compile(
     r"^(?:np\.)?(?:float|int|uint|bool)\w*\((.*)\)$|^tensor\((.*?)(?:,.*)?\)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_SEPARATOR = re.compile(r"\s-(?:\s|$)")  # " - ", or " -" where a wrap dropped the space
 
 
 def parse_value(text: str) -> float | None:
@@ -48,8 +50,16 @@ def _continues(previous: str, line: str) -> bool:
         return False
     if line.startswith((" - ", "- ")) or previous.endswith((" -", " - ")):
         return True
-    head = line.split(" - ", 1)[0]
+    head = _SEPARATOR.split(line, maxsplit=1)[0]
     return bool(head) and not any(ch.isspace() for ch in head)
+
+
+_PAIR = re.compile(
+    r"(?P<key>[A-Za-z_][^\s:]*):\s*(?P<value>.*?)"
+    r"(?=\s*-\s*[A-Za-z_][^\s:()]*:|\s*$)")
+"""One ``key:value``; the value runs to the next ``-key:`` (with or without the spaces of
+`` - ``, which a terminal wrap may swallow) or to the end. Keys start with a letter, so a
+negative number or an exponent (``-0.5``, ``1e-05``) never starts a new pair."""
 
 
 def parse_record(text: str, line_no: int, table: MetricTable,
@@ -59,20 +69,38 @@ def parse_record(text: str, line_no: int, table: MetricTable,
     if m is None:
         return
     step = float(m.group(1))
-    body = text[m.end():]
-    for part in body.split(" - "):
+    for part in text[m.end():].split(" - "):
         part = part.strip()
         if not part:
             continue
         key, sep, raw = part.partition(":")
-        if not sep or not key or " " in key:
-            table.problem(line_no, f"not a key:value pair: {part[:60]!r}")
-            continue
+        value = parse_value(raw) if sep and key and " " not in key else None
+        if value is not None:  # the common case: one clean key:value
+            table.add(step, rename(key), value)
+        else:  # pairs joined by a wrap that swallowed spaces, or a malformed pair
+            _parse_pairs(part, step, line_no, table, rename)
+
+
+def _parse_pairs(body: str, step: float, line_no: int, table: MetricTable,
+                 rename: Callable[[str], str]) -> None:
+    pos = 0
+    for pair in _PAIR.finditer(body):
+        _junk(body[pos:pair.start()], line_no, table)
+        pos = pair.end()
+        key, raw = pair.group("key"), pair.group("value")
         value = parse_value(raw)
         if value is None:
             table.problem(line_no, f"{key}: unparsable value {raw.strip()[:40]!r}")
             continue
         table.add(step, rename(key), value)
+    _junk(body[pos:], line_no, table)
+
+
+def _junk(text: str, line_no: int, table: MetricTable) -> None:
+    """Report text between pairs that is not a separator."""
+    text = text.strip().strip("-").strip()
+    if text:
+        table.problem(line_no, f"not a key:value pair: {text[:60]!r}")
 
 
 def read_verl(lines: Iterable[str], table: MetricTable, rename: Callable[[str], str]) -> None:

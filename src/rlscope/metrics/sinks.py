@@ -131,3 +131,98 @@ class LiveDisplay:
             self.live.stop()
             if not self.console.is_terminal:  # a terminal's cursor already moved past it
                 self.console.line()
+
+
+LOG_TARGETS = ("tensorboard", "wandb")
+"""Where `rlscope train --log_to` can also write the metrics (metrics.jsonl is always written)."""
+_LOG_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def parse_log_to(value: str) -> tuple[str, ...]:
+    """``"tensorboard,wandb"`` → the targets; ``"none"`` or ``""`` → none. ValueError names an
+    unknown target or a target whose package is not installed (before any work starts)."""
+    targets = tuple(dict.fromkeys(t.strip().lower() for t in value.split(",") if t.strip()))
+    if targets in ((), ("none",)):
+        return ()
+    unknown = [t for t in targets if t not in LOG_TARGETS]
+    if unknown:
+        raise ValueError(f"--log_to {value!r}: unknown target(s) {', '.join(unknown)}; use "
+                         f"'none' or a comma-separated list of {', '.join(LOG_TARGETS)}")
+    import importlib.util
+
+    missing = [t for t in targets if importlib.util.find_spec(_LOG_PACKAGES[t]) is None]
+    if missing:
+        raise ValueError(f"--log_to {', '.join(missing)} needs the {', '.join(missing)} "
+                         "package: install rlscope[logging] (pip install 'rlscope[logging]')")
+    return targets
+
+
+def wandb_mode(environ: dict[str, str]) -> str | None:
+    """``"offline"`` unless the user configured W&B: a ``WANDB_MODE`` (respected as set), a
+    ``WANDB_API_KEY``, or a login stored in ~/.netrc for api.wandb.ai. None = let W&B decide."""
+    if environ.get("WANDB_MODE") or environ.get("WANDB_API_KEY"):
+        return None
+    import netrc
+
+    try:
+        logged_in = netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        logged_in = False
+    return None if logged_in else "offline"
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in record.items() if k != "step"
+            and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class ScalarSinks:
+    """TensorBoard and W&B writers for the canonical metric names, one record per step.
+
+    TensorBoard event files go to ``<run_dir>/tensorboard/`` (``torch.utils.tensorboard``);
+    W&B writes ``<run_dir>/wandb/`` (offline unless configured, see `wandb_mode`), project
+    ``rlscope``, the run named after the run directory, the run's config as W&B config.
+    Both packages are imported only when asked for.
+    """
+
+    def __init__(self, targets: tuple[str, ...], run_dir: Path, run_name: str,
+                 config: dict[str, Any]) -> None:
+        import os
+
+        self._tb: Any = None
+        self._wandb: Any = None
+        if "tensorboard" in targets:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        if "wandb" in targets:
+            import wandb
+
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlscope"),
+                                     name=run_name, dir=str(run_dir), config=config,
+                                     mode=wandb_mode(dict(os.environ)))  # type: ignore[arg-type]
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One metrics.jsonl or eval.jsonl record (its ``step`` is the x axis)."""
+        values = _scalars(record)
+        if not values:
+            return
+        step = int(record["step"])
+        if self._tb is not None:
+            for name, value in values.items():
+                self._tb.add_scalar(name, value, step)
+        if self._wandb is not None:
+            self._wandb.log(values, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            sync_file = getattr(self._wandb.settings, "sync_file", None)
+            self._wandb.finish()
+            self._wandb = None
+            if sync_file:  # W&B writes the run file in the background: return once it is whole
+                from rlscope.doctor.readers import wait_for_wandb
+
+                wait_for_wandb(Path(sync_file))
