@@ -15,7 +15,7 @@ from rich.console import Console
 
 from rlscope.doctor.diagnosis import run_doctor
 from rlscope.doctor.importers import FORMATS, DoctorError, load, sniff
-from rlscope.doctor.readers import wait_for_wandb
+from rlscope.metrics.readers import wait_for_wandb
 from rlscope.doctor.render import to_json, to_markdown, to_terminal
 from rlscope.doctor.verl import parse_value
 
@@ -412,7 +412,7 @@ def test_missing_reader_package_says_what_to_install(tmp_path: Path,
 
 
 def test_doctor_modules_do_not_import_torch_or_the_logging_packages() -> None:
-    code = ("import sys, rlscope.doctor.importers, rlscope.doctor.readers, "
+    code = ("import sys, rlscope.doctor.importers, rlscope.metrics.readers, "
             "rlscope.doctor.diagnosis; "
             "bad = [m for m in ('torch', 'wandb', 'tensorboard') if m in sys.modules]; "
             "sys.exit(1 if bad else 0)")

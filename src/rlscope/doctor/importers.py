@@ -14,7 +14,7 @@ Formats (``--format``; ``auto`` sniffs the first 64 KB):
 - ``tensorboard``: a directory with ``events.out.tfevents.*`` files (verl's and TRL's local
   logger; one table per run directory), read with TensorBoard's ``EventAccumulator``;
 - ``wandb_run``: a W&B offline run directory (``wandb/offline-run-*``), a ``wandb/`` folder or
-  a ``run-*.wandb`` file (`rlscope.doctor.readers`).
+  a ``run-*.wandb`` file (`rlscope.metrics.readers`).
 
 A UTF-8 byte-order mark is ignored. Two foreign names for one quantity are never merged into
 one series; a step logged twice keeps its last value, and the table's ``import_notes`` say so.
@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rlscope.doctor import readers
 from rlscope.doctor.table import ImportResult, MetricTable
 from rlscope.doctor.translate import TRANSLATIONS, translate
 from rlscope.doctor.verl import RECORD, read_verl
+from rlscope.metrics import readers
 from rlscope.metrics.schema import is_registered
 from rlscope.results import number as _number
 
