@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import time
+import warnings
 import zipfile
 from collections import deque
 from pathlib import Path
@@ -32,6 +33,8 @@ the same way."""
 STEP_FILE = re.compile(r"step_(\d+)\.pt")
 RESUME_KEYS = ("policy", "optimizer", "generator", "step", "beta", "fallback_streak", "queue")
 """What a training checkpoint must hold to be resumed."""
+ZIP_MAGIC = b"PK\x03\x04"
+"""How every file `torch.save` writes (and so every rlscope checkpoint) begins."""
 UNSAFE_GLOBAL = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
 """How torch's weights-only unpickler names the global a refused pickle wanted."""
 SFT_FILE = "sft.pt"
@@ -111,25 +114,35 @@ def safe_load(path: Path, what: str, device: torch.device | str = "cpu") -> dict
     numbers, strings and containers only: a pickle that would import or call anything is
     refused before it runs). ``what`` names the option in messages (``--init``, ...).
 
-    Raises `UnsafeCheckpointError` for a pickle that needs more than that (not an rlscope
-    checkpoint, nothing of it runs) and `CheckpointError` for a missing, truncated or corrupt
-    file (the zip's CRCs are checked first) or a payload that is not a dict."""
+    Raises `UnsafeCheckpointError` for a file that is not torch's zip format (rlscope writes
+    nothing else; it is never unpickled) or whose pickle needs more than that, and
+    `CheckpointError` for a missing, empty, truncated or corrupt file (the zip's CRCs are
+    checked first) or a payload that is not a dict."""
     if not path.is_file():
         raise CheckpointError(what, path, "no such file")
-    if zipfile.is_zipfile(path):
-        try:
-            with zipfile.ZipFile(path) as archive:
-                bad = archive.testzip()
-        except (zipfile.BadZipFile, OSError, EOFError) as error:
-            raise CheckpointError(what, path, f"truncated or corrupt ({_first_line(error)})"
-                                  ) from None
-        if bad is not None:
-            raise CheckpointError(what, path, f"corrupt (CRC mismatch in {bad})")
+    with path.open("rb") as f:
+        head = f.read(4)
+    if not head:
+        raise CheckpointError(what, path, "truncated or corrupt (empty file)")
+    if head != ZIP_MAGIC:
+        raise UnsafeCheckpointError(
+            what, path, "refused: not an rlscope checkpoint (not torch's zip format, e.g. a "
+            "bare pickle) and unsafe to unpickle, so it was not read")
     try:
-        payload = torch.load(path, map_location=device, weights_only=True)
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        raise CheckpointError(what, path, f"truncated or corrupt ({_first_line(error)})"
+                              ) from None
+    if bad is not None:
+        raise CheckpointError(what, path, f"corrupt (CRC mismatch in {bad})")
+    try:
+        with warnings.catch_warnings():  # torch's hint to retry unsafely is not for our users
+            warnings.simplefilter("ignore", UserWarning)
+            payload = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as error:
         match = UNSAFE_GLOBAL.search(str(error))
-        needs = f"it would import {match.group(1)}" if match else _first_line(error)
+        needs = f"it would import {match.group(1)}" if match else "it needs more than tensors"
         raise UnsafeCheckpointError(
             what, path, f"refused: not an rlscope checkpoint and unsafe to load ({needs}, "
             "which could run code; rlscope reads only tensors and plain containers)") from None
