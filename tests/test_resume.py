@@ -19,7 +19,7 @@ import pytest
 
 from rlscope.cli import _tyro_parse
 from rlscope.config import ConfigError, TrainConfig
-from rlscope.metrics.sinks import read_jsonl, truncate_csv_rows, truncate_jsonl
+from rlscope.metrics.sinks import LiveDisplay, read_jsonl, truncate_csv_rows, truncate_jsonl
 from rlscope.train import train
 
 NUM_STEPS = 60
@@ -137,7 +137,8 @@ def test_kill9_then_resume_equals_uninterrupted_run(
         assert (run_dir / "checkpoints" / "latest.pt").read_text() == f"step_{NUM_STEPS}.pt"
 
 
-def test_a_changed_configuration_is_refused_and_config_json_kept(tmp_path: Path) -> None:
+def test_a_changed_configuration_is_refused_and_config_json_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first = train(_config(tmp_path, "--name", "run", "--num_steps", "3"))
     config_json = (first.run_dir / "config.json").read_bytes()
     metrics = (first.run_dir / "metrics.jsonl").read_bytes()
@@ -150,10 +151,20 @@ def test_a_changed_configuration_is_refused_and_config_json_kept(tmp_path: Path)
         assert "\n" not in str(error.value)
         assert (first.run_dir / "config.json").read_bytes() == config_json
         assert (first.run_dir / "metrics.jsonl").read_bytes() == metrics
-    # the settings listed as free to change are accepted: more steps, other threads, no bar
+    # the settings listed as free to change are accepted: more steps, other threads, no bar;
+    # while the resumed leg trains, the first leg's "completed" status is gone (a kill now
+    # must not leave a run that looks finished)
+    status_during: list[bool] = []
+
+    def display(*args: Any, **kwargs: Any) -> LiveDisplay:
+        status_during.append((first.run_dir / "status.json").exists())
+        return LiveDisplay(*args, **kwargs)
+
+    monkeypatch.setattr("rlscope.train.LiveDisplay", display)
     more = train(_config(tmp_path, "--resume", str(first.run_dir), "--num_steps", "5",
                          "--threads", "2", "--name", "other", "--checkpoint_every", "0"))
     assert more.status == "completed" and [m["step"] for m in more.metrics] == [3, 4]
+    assert status_during == [False]
     stored = json.loads((first.run_dir / "config.json").read_text())["config"]
     assert stored["run"]["num_steps"] == 5
     with pytest.raises(ConfigError, match=r"num_steps=2 is below the step of the checkpoint"):
@@ -207,3 +218,11 @@ def test_truncate_csv_rows_drops_only_this_runs_later_rows(tmp_path: Path) -> No
     notices = truncate_csv_rows(out, "a", 4)
     assert out.read_text().splitlines() == ["run,step,x", "a,0,1", "b,4,2", "b,8,5"]
     assert len(notices) == 2 and "cut-off last row" in notices[0]
+
+
+def test_docs_list_every_setting_that_may_change_on_resume() -> None:
+    from rlscope.checkpoint import RESUME_MAY_CHANGE
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    section = doc.split("**What may change on resume.**")[1].split("- **Divergence.**")[0]
+    assert all(f"`--{key.split('.')[-1]}`" in section for key in RESUME_MAY_CHANGE)

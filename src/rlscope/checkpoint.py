@@ -94,7 +94,8 @@ def atomic_save(payload: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` through a fsynced temporary file and a rename (see `atomic_save`)."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         f.write(text)
@@ -175,7 +176,7 @@ def save(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
         "replay": None if state.replay is None else state.replay.state_dict(),
     }
     path = atomic_save(payload, folder / f"step_{state.step}.pt")
-    _atomic_write_text(folder / LATEST, path.name)
+    atomic_write_text(folder / LATEST, path.name)
     return path
 
 
@@ -240,7 +241,7 @@ def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
             os.replace(other, other.with_name(other.name + ".corrupt"))
     for stale in (run_dir / "checkpoints").glob("*.tmp"):
         stale.unlink()
-    _atomic_write_text(run_dir / "checkpoints" / LATEST, path.name)
+    atomic_write_text(run_dir / "checkpoints" / LATEST, path.name)
     return dataclasses.replace(
         state, step=payload["step"], beta=payload["beta"],
         fallback_streak=payload["fallback_streak"],

@@ -265,7 +265,9 @@ def train(cfg: TrainConfig) -> RunResult:
             notices += truncate_jsonl(run_dir / name, state.step)
         if r.output:
             notices += truncate_csv_rows(Path(r.output), run_dir.name, state.step)
-    (run_dir / "config.json").write_text(json.dumps({
+        # an earlier leg's final status no longer holds: a kill from here leaves none
+        (run_dir / "status.json").unlink(missing_ok=True)
+    checkpoint.atomic_write_text(run_dir / "config.json", json.dumps({
         "config": to_dict(cfg), "derived": to_dict(d), "method_spec": to_dict(spec),
         "task_description": task.describe(), **environment_info(device)}, indent=2))
     append = bool(r.resume)
@@ -452,7 +454,7 @@ def train(cfg: TrainConfig) -> RunResult:
             policy.save_adapter(run_dir / "adapter")
     except BaseException as error:
         status = "failed"
-        (run_dir / "status.json").write_text(json.dumps(
+        checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
             {"status": status, "steps": state.step, "error": repr(error)}))
         raise
     finally:
@@ -463,7 +465,7 @@ def train(cfg: TrainConfig) -> RunResult:
     wall = time.perf_counter() - t_run
     (run_dir / "findings.json").write_text(json.dumps(findings_json(doctor.final()), indent=2,
                                                       default=float))
-    (run_dir / "status.json").write_text(json.dumps(
+    checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
         {"status": status, "steps": state.step, "wall_time_s": wall} | diverged))
     return RunResult(run_dir=run_dir, seed=r.seed, status=status, metrics=history, evals=evals,
                      wall_time_s=wall, reason=diverged.get("reason", ""))
