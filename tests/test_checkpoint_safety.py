@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import pickle
 import struct
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import torch
 
 from rlscope import checkpoint
 from rlscope.checkpoint import CheckpointError, UnsafeCheckpointError, load_init, safe_load
+from rlscope.cli import main
 from rlscope.config import RunConfig, TrainConfig
 from rlscope.policy import ModelConfig
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
@@ -31,8 +30,6 @@ from rlscope.rm.model import (
 from rlscope.sft import SftConfig, save_sft
 from rlscope.tasks import TaskConfig
 from rlscope.train import train
-
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 class _Payload:
@@ -101,18 +98,13 @@ def test_a_crafted_newest_checkpoint_stops_resume_and_runs_nothing(
 
 
 @pytest.mark.parametrize("crafted", ["torch_zip"], indirect=True)
-def test_the_cli_refuses_a_crafted_init_in_one_line(tmp_path: Path,
-                                                    crafted: tuple[Path, Path]) -> None:
+def test_the_cli_refuses_a_crafted_init_in_one_line(
+        tmp_path: Path, crafted: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     path, marker = crafted
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; from rlscope.cli import main; sys.exit(main())",
-         "train", "--init", str(path), "--num_steps", "1", "--device", "cpu", "--no-progress",
-         "--runs_dir", str(tmp_path / "runs")],
-        env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "not an rlscope checkpoint" in lines[0], done.stderr
+    assert main(["train", "--init", str(path), "--num_steps", "1", "--device", "cpu",
+                 "--no-progress", "--runs_dir", str(tmp_path / "runs")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "not an rlscope checkpoint" in lines[0], lines
     assert str(path) in lines[0]
     assert not marker.exists()
 

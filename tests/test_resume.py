@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rlscope.cli import _tyro_parse
+from rlscope.cli import _tyro_parse, main
 from rlscope.config import ConfigError, TrainConfig
 from rlscope.metrics.sinks import LiveDisplay, read_jsonl, truncate_csv_rows, truncate_jsonl
 from rlscope.train import train
@@ -103,37 +103,48 @@ def _checkpoints(run_dir: Path) -> list[Path]:
                   key=lambda p: int(p.stem.removeprefix("step_")))
 
 
-@pytest.mark.parametrize(("damage", "seed"), [("none", 0), ("cut_line", 1),
-                                              ("truncated_checkpoint", 2)])
+SLOW = pytest.mark.slow
+"""Each kill/resume test starts a Python process (a few seconds); two stay in the default
+suite, the single-damage variants are marked slow."""
+
+
+@pytest.mark.parametrize(("damage", "seed"), [
+    pytest.param((), 0, id="clean"),
+    pytest.param(("cut_line", "truncated_checkpoint"), 3, id="cut_line+truncated_checkpoint"),
+    pytest.param(("cut_line",), 1, marks=SLOW, id="cut_line"),
+    pytest.param(("truncated_checkpoint",), 2, marks=SLOW, id="truncated_checkpoint")])
 def test_kill9_then_resume_equals_uninterrupted_run(
-        tmp_path: Path, damage: str, seed: int, reference: dict[str, list[dict[str, Any]]],
-        capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, damage: tuple[str, ...], seed: int,
+        reference: dict[str, list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]) -> None:
     kill_at = random.Random(seed).randint(2 * CHECKPOINT_EVERY + 2, NUM_STEPS * 2 // 3)
     run_dir = _kill_at(tmp_path, kill_at)
     killed_lines = _lines(run_dir / "metrics.jsonl")
     assert killed_lines >= kill_at
-    notice = ""
-    if damage == "cut_line":  # the kill cut the last record mid-line
+    notices = []
+    if "cut_line" in damage:  # the kill cut the last record mid-line
         metrics = run_dir / "metrics.jsonl"
         text = metrics.read_bytes()
         cut = len(text.splitlines()[-1]) // 2 + 1  # half the last record and its newline
         metrics.write_bytes(text[:len(text) - cut])
-        notice = "dropped the cut-off last line"
-    if damage == "truncated_checkpoint":  # the newest checkpoint lost its second half
+        notices.append("dropped the cut-off last line")
+    if "truncated_checkpoint" in damage:  # the newest checkpoint lost its second half
         newest = _checkpoints(run_dir)[-1]
         newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-        notice = f"skipping checkpoint {newest}: truncated or corrupt"
+        notices.append(f"skipping checkpoint {newest}: truncated or corrupt")
+        # and a later write was cut off before its rename
+        partial = newest.with_name(f"step_{NUM_STEPS}.pt.tmp")
+        partial.write_bytes(newest.read_bytes()[:100])
     capsys.readouterr()
     result = train(_config(tmp_path / "runs", "--resume", str(run_dir),
                            "--output", str(tmp_path / "out.csv")))
     assert result.status == "completed"
     err = capsys.readouterr().err
-    assert notice in err
+    assert all(notice in err for notice in notices), err
     assert _logs(run_dir, tmp_path / "out.csv") == reference
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "completed" and status["steps"] == NUM_STEPS
-    if damage == "truncated_checkpoint":
-        assert newest.with_name(newest.name + ".corrupt").exists()
+    if "truncated_checkpoint" in damage:
+        assert newest.with_name(newest.name + ".corrupt").exists() and not partial.exists()
         assert (run_dir / "checkpoints" / "latest.pt").read_text() == f"step_{NUM_STEPS}.pt"
 
 
@@ -171,16 +182,14 @@ def test_a_changed_configuration_is_refused_and_config_json_kept(
         train(_config(tmp_path, "--resume", str(first.run_dir), "--num_steps", "2"))
 
 
-def test_the_cli_refuses_a_changed_method_in_one_line(tmp_path: Path) -> None:
+def test_the_cli_refuses_a_changed_method_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = train(_config(tmp_path, "--name", "run", "--num_steps", "2"))
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; from rlscope.cli import main; sys.exit(main())",
-         "train", *ARGS, "--num_steps", "2", "--resume", str(first.run_dir), "--method", "rloo"],
-        env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "method: 'grpo' -> 'rloo'" in lines[0], done.stderr
+    capsys.readouterr()
+    assert main(["train", *ARGS, "--num_steps", "2", "--resume", str(first.run_dir),
+                 "--method", "rloo"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "method: 'grpo' -> 'rloo'" in lines[0], lines
 
 
 def test_a_nan_producing_run_ends_diverged(tmp_path: Path) -> None:
@@ -196,6 +205,16 @@ def test_a_nan_producing_run_ends_diverged(tmp_path: Path) -> None:
     # the last checkpoint is the last finite one, never the diverged weights
     saved = [int(p.stem.removeprefix("step_")) for p in _checkpoints(result.run_dir)]
     assert all(s <= step for s in saved)
+
+
+def test_the_cli_names_the_divergence(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    assert main(["train", *ARGS, "--lr", "1e30", "--num_steps", "10",
+                 "--runs_dir", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    line = next(x for x in captured.err.splitlines() if x.startswith("seed 0 diverged: "))
+    assert "at step" in line and ("loss/" in line or "parameter" in line)
+    assert "diverged" in captured.out  # the status column of the summary table
 
 
 def test_truncate_jsonl_keeps_earlier_steps_and_drops_a_cut_line(tmp_path: Path) -> None:
