@@ -224,10 +224,9 @@ def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
          generator: torch.Generator, state: Any, device: torch.device
          ) -> tuple[Any, list[str]]:
     """Restore everything `save` wrote from the newest intact checkpoint (`newest_intact`);
-    returns the restored loop state and the notices about skipped files. Skipped files are
-    renamed ``*.corrupt`` and ``latest.pt`` points at the file used, so the directory says
-    what the resumed run continues from."""
-    payload, path, notices = newest_intact(run_dir, device)
+    returns the restored loop state and the notices about skipped files. Nothing on disk
+    changes (see `adopt`)."""
+    payload, _, notices = newest_intact(run_dir, device)
     policy.load_state_dict(payload["policy"])
     for module, key in ((value_head, "value_head"), (ref, "ref")):
         if module is not None:
@@ -236,12 +235,6 @@ def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
     generator.set_state(payload["generator"])
     if state.replay is not None:
         state.replay.load_state_dict(payload["replay"])
-    for step, other in checkpoint_files(run_dir):
-        if step > payload["step"]:
-            os.replace(other, other.with_name(other.name + ".corrupt"))
-    for stale in (run_dir / "checkpoints").glob("*.tmp"):
-        stale.unlink()
-    atomic_write_text(run_dir / "checkpoints" / LATEST, path.name)
     return dataclasses.replace(
         state, step=payload["step"], beta=payload["beta"],
         fallback_streak=payload["fallback_streak"],
@@ -290,6 +283,20 @@ def load_init(path: str, policy: torch.nn.Module, device: torch.device) -> dict[
                          f"unexpected {extra[:5]}, shape mismatches {mismatched[:5]}.{hint}")
     policy.load_state_dict(theirs)
     return payload
+
+
+def adopt(run_dir: Path, step: int) -> None:
+    """Make ``checkpoints/step_<step>.pt`` the run's latest once a resume from it goes ahead:
+    newer (skipped) files are renamed ``*.corrupt``, temporary files of cut-off writes are
+    removed and ``latest.pt`` points at it, so the directory says what the run continues
+    from."""
+    folder = run_dir / "checkpoints"
+    for other_step, other in checkpoint_files(run_dir):
+        if other_step > step:
+            os.replace(other, other.with_name(other.name + ".corrupt"))
+    for stale in folder.glob("*.tmp"):
+        stale.unlink()
+    atomic_write_text(folder / LATEST, f"step_{step}.pt")
 
 
 RESUME_MAY_CHANGE: dict[str, str] = {

@@ -260,6 +260,7 @@ def train(cfg: TrainConfig) -> RunResult:
         if r.num_steps < state.step:
             raise ConfigError(f"run.num_steps={r.num_steps} is below the step of the checkpoint "
                               f"resumed ({state.step}): set --num_steps {state.step} or more")
+        checkpoint.adopt(run_dir, state.step)
         # records logged after the checkpoint are written again by the resumed run
         for name in LOGS:
             notices += truncate_jsonl(run_dir / name, state.step)
