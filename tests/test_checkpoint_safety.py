@@ -74,6 +74,8 @@ def test_a_crafted_pickle_is_refused_for_init_and_runs_nothing(crafted: tuple[Pa
         load_init(str(path), policy, torch.device("cpu"))
     message = str(error.value)
     assert "\n" not in message and str(path) in message
+    # it crosses from a --jobs worker process intact
+    assert str(pickle.loads(pickle.dumps(error.value))) == message
     assert "not an rlscope checkpoint" in message and "unsafe" in message
     assert not marker.exists()
 

@@ -64,8 +64,10 @@ class CheckpointError(ValueError):
 
     def __init__(self, what: str, path: Path, reason: str) -> None:
         super().__init__(f"{what} {path}: {reason}")
-        self.path = path
-        self.reason = reason
+        self.what, self.path, self.reason = what, path, reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, Path, str]]:  # across worker processes
+        return type(self), (self.what, self.path, self.reason)
 
 
 class UnsafeCheckpointError(CheckpointError):
