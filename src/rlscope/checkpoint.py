@@ -1,9 +1,12 @@
-"""Run directories and resumable checkpoints.
+"""Run directories, resumable checkpoints, and safe loading of every weights file.
 
 A checkpoint holds the policy, value head and reference weights, the optimizer state, the
 run's generator state, and the loop state (step, KL coefficient, entropy coefficient and its
 window, fallback streak, the staleness queue and the replay buffer), so a resumed run
-continues bit for bit.
+continues bit for bit. Files are written atomically (`atomic_save`), hold tensors and plain
+containers only, and everything rlscope loads goes through `safe_load`
+(``weights_only=True``): a crafted pickle is refused before any of it runs. A resume uses the
+newest intact checkpoint (`newest_intact`) and may change only `RESUME_MAY_CHANGE`.
 """
 
 from __future__ import annotations
