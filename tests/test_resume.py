@@ -116,7 +116,7 @@ suite, the single-damage variants are marked slow."""
 def test_kill9_then_resume_equals_uninterrupted_run(
         tmp_path: Path, damage: tuple[str, ...], seed: int,
         reference: dict[str, list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]) -> None:
-    kill_at = random.Random(seed).randint(2 * CHECKPOINT_EVERY + 2, NUM_STEPS * 2 // 3)
+    kill_at = random.Random(seed).randint(2 * CHECKPOINT_EVERY + 2, NUM_STEPS // 2)
     run_dir = _kill_at(tmp_path, kill_at)
     killed_lines = _lines(run_dir / "metrics.jsonl")
     assert killed_lines >= kill_at
