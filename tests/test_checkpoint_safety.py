@@ -183,3 +183,14 @@ def test_sft_and_reward_model_outputs_load_weights_only(tmp_path: Path) -> None:
     loaded = load_reward_model(str(tmp_path), "preference_rm", 4, 4, torch.device("cpu"))
     assert all(torch.equal(a, b) for a, b in zip(rm.state_dict().values(),
                                                    loaded.state_dict().values(), strict=True))
+
+
+@pytest.mark.parametrize("crafted", ["torch_zip"], indirect=True)
+def test_rlscope_rm_refuses_a_crafted_init(tmp_path: Path, crafted: tuple[Path, Path],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    path, marker = crafted
+    assert main(["rm", "--init", str(path), "--num_steps", "1", "--device", "cpu",
+                 "--no-progress", "--runs_dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "not an rlscope checkpoint" in err and str(path) in err and "Traceback" not in err
+    assert not marker.exists()

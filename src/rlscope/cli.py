@@ -97,7 +97,13 @@ def cmd_rm(args: list[str]) -> int:
     assert isinstance(cfg, RmConfig)
     if _report_errors(validate_rm(cfg)):
         return 2
-    result = train_rm(cfg)
+    from rlscope.checkpoint import CheckpointError
+
+    try:
+        result = train_rm(cfg)
+    except CheckpointError as e:  # --init refused (unsafe, truncated or corrupt)
+        _report_errors([str(e)])
+        return 2
     _start_end_table(f"reward model on {cfg.task}", result.evals, {
         "held-out loss": "rm/heldout_loss", "held-out accuracy": "rm/heldout_accuracy",
         "probe accuracy": "rm/probe_accuracy"})
