@@ -27,8 +27,8 @@ DOC = ROOT / "docs" / "architecture.md"
 
 LAYERS: dict[str, int] = {
     # 0 utilities: nothing of rlscope below them
-    "__init__.py": 0, "utils.py": 0, "paths.py": 0, "checks.py": 0, "tokenizer.py": 0,
-    "data/": 0, "sandbox/": 0,
+    "__init__.py": 0, "utils.py": 0, "files.py": 0, "paths.py": 0, "checks.py": 0,
+    "tokenizer.py": 0, "data/": 0, "sandbox/": 0,
     # 1 records: batch contracts, metric estimators / schema / sinks, tidy results
     "batch.py": 1, "metrics/": 1, "results.py": 1,
     # 2 the doctor: torch-free, so the training loop may run its rules live

@@ -27,7 +27,7 @@ def _run(tmp_path: Path, name: str, correction: str | None, replay: bool = True,
 
 
 def _params(result: RunResult) -> dict[str, torch.Tensor]:
-    return torch.load(result.run_dir / "checkpoints" / "step_3.pt", weights_only=False)["policy"]
+    return torch.load(result.run_dir / "checkpoints" / "step_3.pt", weights_only=True)["policy"]
 
 
 def test_on_policy_corrections_leave_the_update_unchanged(tmp_path: Path) -> None:

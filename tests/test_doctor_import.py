@@ -15,9 +15,9 @@ from rich.console import Console
 
 from rlscope.doctor.diagnosis import run_doctor
 from rlscope.doctor.importers import FORMATS, DoctorError, load, sniff
-from rlscope.metrics.readers import wait_for_wandb
 from rlscope.doctor.render import to_json, to_markdown, to_terminal
 from rlscope.doctor.verl import parse_value
+from rlscope.metrics.readers import wait_for_wandb
 
 VERL_LINES = [
     "(TaskRunner pid=4242) step:1 - actor/entropy:np.float64(0.61) - actor/pg_loss:-0.02 - "

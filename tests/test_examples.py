@@ -34,7 +34,7 @@ def test_minimal_grpo_first_update_equals_train(tmp_path: Path) -> None:
         method="grpo", task_options=task_cfg, model=model_cfg,
         run=RunConfig(num_steps=1, batch_size=32, group_size=4, inner_epochs=2, eval_every=0,
                       device="cpu", progress=False, runs_dir=str(tmp_path))))
-    trained = torch.load(result.run_dir / "checkpoints" / "step_1.pt", weights_only=False)
+    trained = torch.load(result.run_dir / "checkpoints" / "step_1.pt", weights_only=True)
     example = _load_example()
     task = make_task("token_reversal", task_cfg)
     torch.manual_seed(0)

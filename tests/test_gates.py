@@ -219,7 +219,7 @@ def test_filtered_dg_above_every_std_trains_exactly_like_dg(tmp_path: Path) -> N
         assert b["policy/kept_frac"] == 1.0
     assert [e["eval/test_error"] for e in dg.evals] == \
         [e["eval/test_error"] for e in filtered.evals]
-    state_dg = torch.load(dg.run_dir / "checkpoints" / "step_6.pt", weights_only=False)
-    state_f = torch.load(filtered.run_dir / "checkpoints" / "step_6.pt", weights_only=False)
+    state_dg = torch.load(dg.run_dir / "checkpoints" / "step_6.pt", weights_only=True)
+    state_f = torch.load(filtered.run_dir / "checkpoints" / "step_6.pt", weights_only=True)
     for key, value in state_dg["policy"].items():
         assert torch.equal(value, state_f["policy"][key]), key

@@ -215,7 +215,7 @@ def test_train_with_and_without_graphs_agree(tmp_path, method: str) -> None:
                                         runs_dir=str(tmp_path), cuda_graphs=graphs,
                                         name=f"{method}_{graphs}"))
         result = train(cfg)
-        payload = torch.load(result.run_dir / "checkpoints" / "step_2.pt", weights_only=False)
+        payload = torch.load(result.run_dir / "checkpoints" / "step_2.pt", weights_only=True)
         return payload["policy"], result.metrics
 
     (graphed, m_graphed), (eager, m_eager) = run(True), run(False)
@@ -283,7 +283,7 @@ def test_bf16_autocast_keeps_float32_master_weights_on_cuda(tmp_path, arch: str)
         return train(cfg)
 
     graphed, eager = run(True), run(False)
-    payload = torch.load(graphed.run_dir / "checkpoints" / "step_3.pt", weights_only=False)
+    payload = torch.load(graphed.run_dir / "checkpoints" / "step_3.pt", weights_only=True)
     assert {v.dtype for v in payload["policy"].values() if v.is_floating_point()} \
         == {torch.float32}
     first = graphed.metrics[0]

@@ -332,7 +332,7 @@ def _train_once(tmp: Path, method: str, micro: int, components: MethodConfig,
         optim=OptimConfig(lr=GA_LR))
     result = train(cfg)
     assert result.status == "completed"
-    payload = torch.load(result.run_dir / "checkpoints" / "step_1.pt", weights_only=False)
+    payload = torch.load(result.run_dir / "checkpoints" / "step_1.pt", weights_only=True)
     return payload, result.metrics[0]
 
 

@@ -68,7 +68,7 @@ def test_lora_run_changes_only_adapters_and_saved_adapter_reloads(tmp_path: Path
     assert kl[0] == pytest.approx(0.0, abs=1e-6) and all(math.isfinite(v) for v in kl)
     latest = result.run_dir / "checkpoints" / (result.run_dir / "checkpoints" / "latest.pt"
                                                ).read_text().strip()
-    trained_state = torch.load(latest, weights_only=False)["policy"]
+    trained_state = torch.load(latest, weights_only=True)["policy"]
     initial = _fresh(LORA)
     changed = {k for k, v in initial.state_dict().items() if not torch.equal(v, trained_state[k])}
     assert changed and all("lora_" in k for k in changed)  # base weights identical
@@ -101,7 +101,7 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path: Path, lora_rank:
             run=dataclasses.replace(cfg.run, num_steps=2, name=f"gc{checkpointing}"))
         result = train(cfg)
         latest = result.run_dir / "checkpoints" / "step_2.pt"
-        states.append(torch.load(latest, weights_only=False)["policy"])
+        states.append(torch.load(latest, weights_only=True)["policy"])
     gc = _fresh(dataclasses.replace(LORA, lora_rank=lora_rank, gradient_checkpointing=True))
     assert any(getattr(m, "gradient_checkpointing", False) for m in gc.modules())
     if lora_rank == 0:
@@ -128,10 +128,10 @@ def test_lora_on_top_of_an_init_checkpoint(tmp_path: Path) -> None:
     assert result.evals[0]["eval/test_error"] == pytest.approx(
         warm.evals[-1]["eval/test_error"], abs=1e-6)
     assert result.metrics[0]["policy/kl_ref_k1"] == pytest.approx(0.0, abs=1e-6)
-    sft_state = torch.load(warm.out_dir / "sft.pt", weights_only=False)["policy"]
+    sft_state = torch.load(warm.out_dir / "sft.pt", weights_only=True)["policy"]
     latest = result.run_dir / "checkpoints" / (result.run_dir / "checkpoints" / "latest.pt"
                                                ).read_text().strip()
-    trained_state = torch.load(latest, weights_only=False)["policy"]
+    trained_state = torch.load(latest, weights_only=True)["policy"]
     trained = _fresh(LORA)
     trained.load_state_dict(trained_state)
     base_of_trained = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
@@ -160,7 +160,7 @@ def test_sft_with_lora_saves_the_adapter_and_a_merged_init(tmp_path: Path) -> No
                          eval_every=0, device="cpu", progress=False, runs_dir=str(tmp_path),
                          name="sft_lora", task_options=TASK, model=LORA))
     assert (warm.out_dir / "adapter" / "adapter_config.json").exists()
-    payload = torch.load(warm.out_dir / "sft.pt", weights_only=False)
+    payload = torch.load(warm.out_dir / "sft.pt", weights_only=True)
     assert payload["model"]["lora_rank"] == 0 and not any("lora_" in k for k in payload["policy"])
     base = _fresh(MODEL)
     initial = {k: v.clone() for k, v in base.state_dict().items()}

@@ -46,7 +46,7 @@ def _strip(row: dict[str, float], keys: tuple[str, ...]) -> dict[str, float]:
 
 def _params(result: RunResult, step: int) -> dict[str, torch.Tensor]:
     path = result.run_dir / "checkpoints" / f"step_{step}.pt"
-    return torch.load(path, weights_only=False)["policy"]
+    return torch.load(path, weights_only=True)["policy"]
 
 
 # -------------------------------------------------------------------------- KL warm-up
@@ -150,7 +150,7 @@ def test_resume_continues_warmup_and_entropy_controller_exactly(tmp_path: Path) 
     assert [r["kl_ctrl/beta"] for r in a] == [0.0] * 13 + [0.05] * 7
     assert len({r["entropy_ctrl/coef"] for r in a}) > 1
     # the checkpoint at step 10 holds c in force at step 10 and the last 4 entropies
-    payload = torch.load(half.run_dir / "checkpoints" / "step_10.pt", weights_only=False)
+    payload = torch.load(half.run_dir / "checkpoints" / "step_10.pt", weights_only=True)
     assert payload["entropy_coef"] == a[10]["entropy_ctrl/coef"]
     assert payload["entropy_history"] == [r["policy/entropy"] for r in a[6:10]]
 

@@ -237,7 +237,7 @@ def test_state_dict_round_trip_gives_identical_samples(tmp_path) -> None:
         buf.sample(1, g)
     path = tmp_path / "replay.pt"
     torch.save({"replay": buf.state_dict(), "generator": g.get_state()}, path)
-    payload = torch.load(path, weights_only=False)
+    payload = torch.load(path, weights_only=True)
     restored = ReplayBuffer(cfg)
     restored.load_state_dict(payload["replay"])
     g2 = torch.Generator()

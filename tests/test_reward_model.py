@@ -138,7 +138,7 @@ def test_checkpoint_round_trip_and_standardisation(trained_rm: RmResult) -> None
     width = task.prompt_len + task.completion_len
     with torch.no_grad():
         chosen_B, rejected_B = score_pairs(rm, pairs, width, torch.device("cpu"))
-    payload = torch.load(trained_rm.out_dir / RM_FILE, weights_only=False)
+    payload = torch.load(trained_rm.out_dir / RM_FILE, weights_only=True)
     assert float((chosen_B > rejected_B).float().mean()) == pytest.approx(
         payload["rm/heldout_accuracy"])
     scores_N = (torch.cat([chosen_B, rejected_B]) - rm.score_mean) / rm.score_std
@@ -168,10 +168,10 @@ def test_reward_model_errors(trained_rm: RmResult, tmp_path: Path) -> None:
     assert "not an rlscope reward model" in msg
     (tmp_path / "garbage.pt").write_bytes(b"not a torch file")
     (msg,) = errors(str(tmp_path / "garbage.pt"))
-    assert "cannot read it" in msg
+    assert "not an rlscope checkpoint" in msg and "garbage.pt" in msg
     (msg,) = errors(str(trained_rm.out_dir), length_limit=64)
     assert "reads at most" in msg and "--length_limit 40" in msg
-    payload = torch.load(trained_rm.out_dir / RM_FILE, weights_only=False)
+    payload = torch.load(trained_rm.out_dir / RM_FILE, weights_only=True)
     torch.save({**payload, "task": "arithmetic"}, tmp_path / "other.pt")
     (msg,) = errors(str(tmp_path / "other.pt"))
     assert "trained for task 'arithmetic'" in msg
@@ -233,8 +233,8 @@ def test_rm_init_starts_the_backbone_from_an_sft_model(tmp_path: Path) -> None:
                                name="sft", task_options=dataclasses.replace(
                                    SMALL_EVAL, eval_batch_size=4))).out_dir
     result = train_rm(_rm_cfg(tmp_path, 0, heldout_pairs=8, init=str(policy_dir)))
-    policy = torch.load(policy_dir / "sft.pt", weights_only=False)["policy"]
-    rm = torch.load(result.out_dir / RM_FILE, weights_only=False)["reward_model"]
+    policy = torch.load(policy_dir / "sft.pt", weights_only=True)["policy"]
+    rm = torch.load(result.out_dir / RM_FILE, weights_only=True)["reward_model"]
     assert all(torch.equal(rm[f"backbone.{k}"], v) for k, v in policy.items())
     assert validate_rm(_rm_cfg(tmp_path, 0, init=str(tmp_path / "nope"))) == [
         f"--init {tmp_path / 'nope'}: no such file or directory"]

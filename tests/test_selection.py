@@ -263,7 +263,7 @@ def _untimed(rows: list[dict[str, float]], drop: tuple[str, ...] = ()) -> list[d
 
 def _params(result: Any) -> dict[str, torch.Tensor]:
     folder = result.run_dir / "checkpoints"
-    payload = torch.load(folder / (folder / "latest.pt").read_text(), weights_only=False)
+    payload = torch.load(folder / (folder / "latest.pt").read_text(), weights_only=True)
     return payload["policy"]
 
 

@@ -71,7 +71,7 @@ def test_sft_reduces_arithmetic_loss_and_error(tmp_path: Path) -> None:
     final = result.evals[-1]
     assert final["sft/heldout_loss"] < 1.5
     assert final["eval/format_error"] < 0.1 and final["eval/test_error"] < 0.99
-    payload = torch.load(result.out_dir / "sft.pt", weights_only=False)
+    payload = torch.load(result.out_dir / "sft.pt", weights_only=True)
     assert payload["task"] == "arithmetic" and payload["model"]["d_model"] == 64
     lines = (result.out_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 301 and "sft/loss" in json.loads(lines[0])

@@ -1,14 +1,19 @@
-"""Run directories and resumable checkpoints.
+"""Run directories, resumable checkpoints, and safe loading of every weights file.
 
 A checkpoint holds the policy, value head and reference weights, the optimizer state, the
 run's generator state, and the loop state (step, KL coefficient, entropy coefficient and its
 window, fallback streak, the staleness queue and the replay buffer), so a resumed run
-continues bit for bit.
+continues bit for bit. Files are written atomically (`atomic_save`), hold tensors and plain
+containers only, and everything rlscope loads goes through `safe_load`
+(``weights_only=True``): a crafted pickle is refused before any of it runs. A resume uses the
+newest intact checkpoint (`newest_intact`) and may change only `RESUME_MAY_CHANGE`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import time
 from collections import deque
 from pathlib import Path
@@ -17,8 +22,24 @@ from typing import Any
 import torch
 
 from rlscope.batch import RolloutBatch
+from rlscope.files import (
+    CheckpointError,
+    UnsafeCheckpointError,
+    atomic_save,
+    atomic_write_text,
+    safe_load,
+)
 
 LATEST = "latest.pt"
+"""A text file naming the newest complete checkpoint (kept for tools that read it; `load`
+looks at the files themselves)."""
+FORMAT = 2
+"""``format`` of the checkpoints written now: plain tensors and containers, read with
+``weights_only=True``. Format 1 (no ``format`` key) holds the same kinds of objects and loads
+the same way."""
+STEP_FILE = re.compile(r"step_(\d+)\.pt")
+RESUME_KEYS = ("policy", "optimizer", "generator", "step", "beta", "fallback_streak", "queue")
+"""What a training checkpoint must hold to be resumed."""
 SFT_FILE = "sft.pt"
 """The weights file `rlscope sft` writes in its output directory."""
 
@@ -43,10 +64,14 @@ def _state(module: torch.nn.Module | None) -> dict[str, Any] | None:
 def save(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | None,
          ref: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
          generator: torch.Generator, state: Any) -> Path:
-    """Write ``checkpoints/step_<N>.pt`` atomically and point ``latest.pt`` at it."""
+    """Write ``checkpoints/step_<N>.pt`` atomically (see `atomic_save`), then point
+    ``latest.pt`` at it (atomically too). Earlier checkpoints are kept, so the previous one is
+    intact until the new one is complete. The payload is tensors, numbers, strings and
+    containers only, so `load` reads it with ``weights_only=True``."""
     folder = run_dir / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     payload = {
+        "format": FORMAT,
         "policy": policy.state_dict(), "value_head": _state(value_head), "ref": _state(ref),
         "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
         "step": state.step, "beta": state.beta, "fallback_streak": state.fallback_streak,
@@ -55,26 +80,58 @@ def save(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
                   for b in state.queue],
         "replay": None if state.replay is None else state.replay.state_dict(),
     }
-    path = folder / f"step_{state.step}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-    latest = folder / LATEST
-    tmp_latest = folder / "latest.tmp"
-    tmp_latest.write_text(path.name)
-    tmp_latest.replace(latest)
+    path = atomic_save(payload, folder / f"step_{state.step}.pt")
+    atomic_write_text(folder / LATEST, path.name)
     return path
+
+
+def checkpoint_files(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``checkpoints/step_<N>.pt``, newest step first."""
+    found = []
+    for path in (run_dir / "checkpoints").glob("step_*.pt"):
+        match = STEP_FILE.fullmatch(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found, reverse=True)
+
+
+def newest_intact(run_dir: Path, device: torch.device | str
+                  ) -> tuple[dict[str, Any], Path, list[str]]:
+    """The payload and file of the newest checkpoint of ``run_dir`` that loads, with one
+    notice per newer file skipped (truncated or corrupt, e.g. killed mid-write by an older
+    rlscope or damaged on disk). A file refused as unsafe is never skipped: it raises."""
+    files = checkpoint_files(run_dir)
+    if not files:
+        raise CheckpointError("--resume", run_dir, "no checkpoint to resume (no "
+                              "checkpoints/step_<N>.pt; set --checkpoint_every to write them)")
+    notices: list[str] = []
+    for step, path in files:
+        try:
+            payload = safe_load(path, "--resume", device)
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointError as error:
+            notices.append(f"skipping checkpoint {path}: {error.reason}")
+            continue
+        missing = [k for k in RESUME_KEYS if k not in payload]
+        if missing or payload["step"] != step:
+            notices.append(f"skipping checkpoint {path}: not a training checkpoint of step "
+                           f"{step} (missing {missing})" if missing else
+                           f"skipping checkpoint {path}: it holds step {payload['step']}")
+            continue
+        return payload, path, notices
+    raise CheckpointError("--resume", run_dir, f"no intact checkpoint ({'; '.join(notices)}); "
+                          "start the run again without --resume")
 
 
 def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | None,
          ref: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
-         generator: torch.Generator, state: Any, device: torch.device) -> Any:
-    """Restore everything `save` wrote; returns the restored loop state."""
-    latest = run_dir / "checkpoints" / LATEST
-    if not latest.exists():
-        raise FileNotFoundError(f"no checkpoint to resume in {run_dir} (missing {latest})")
-    payload = torch.load(run_dir / "checkpoints" / latest.read_text().strip(),
-                         map_location=device, weights_only=False)
+         generator: torch.Generator, state: Any, device: torch.device
+         ) -> tuple[Any, list[str]]:
+    """Restore everything `save` wrote from the newest intact checkpoint (`newest_intact`);
+    returns the restored loop state and the notices about skipped files. Nothing on disk
+    changes (see `adopt`)."""
+    payload, _, notices = newest_intact(run_dir, device)
     policy.load_state_dict(payload["policy"])
     for module, key in ((value_head, "value_head"), (ref, "ref")):
         if module is not None:
@@ -89,7 +146,7 @@ def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
         # checkpoints written before adaptive entropy control lack these: keep the initial c
         entropy_coef=payload.get("entropy_coef", state.entropy_coef),
         entropy_history=list(payload.get("entropy_history", [])),
-        queue=deque(RolloutBatch(**b) for b in payload["queue"]))
+        queue=deque(RolloutBatch(**b) for b in payload["queue"])), notices
 
 
 def init_weights_path(path: str) -> Path:
@@ -112,8 +169,8 @@ def init_weights_path(path: str) -> Path:
 def load_init(path: str, policy: torch.nn.Module, device: torch.device) -> dict[str, Any]:
     """Load the policy weights of ``path`` (see `init_weights_path`) into ``policy``; returns
     the whole payload. Raises ValueError, naming the parameters, when shapes differ."""
-    payload = torch.load(init_weights_path(path), map_location=device, weights_only=False)
-    if not isinstance(payload, dict) or "policy" not in payload:
+    payload = safe_load(init_weights_path(path), "--init", device)
+    if "policy" not in payload:
         raise ValueError(f"--init {path}: not an rlscope checkpoint (no 'policy' weights)")
     own = policy.state_dict()
     theirs = payload["policy"]
@@ -131,3 +188,60 @@ def load_init(path: str, policy: torch.nn.Module, device: torch.device) -> dict[
                          f"unexpected {extra[:5]}, shape mismatches {mismatched[:5]}.{hint}")
     policy.load_state_dict(theirs)
     return payload
+
+
+def adopt(run_dir: Path, step: int) -> None:
+    """Make ``checkpoints/step_<step>.pt`` the run's latest once a resume from it goes ahead:
+    newer (skipped) files are renamed ``*.corrupt``, temporary files of cut-off writes are
+    removed and ``latest.pt`` points at it, so the directory says what the run continues
+    from."""
+    folder = run_dir / "checkpoints"
+    for other_step, other in checkpoint_files(run_dir):
+        if other_step > step:
+            os.replace(other, other.with_name(other.name + ".corrupt"))
+    for stale in folder.glob("*.tmp"):
+        stale.unlink()
+    atomic_write_text(folder / LATEST, f"step_{step}.pt")
+
+
+RESUME_MAY_CHANGE: dict[str, str] = {
+    "run.num_steps": "how far to train: the run continues from the checkpoint's step",
+    "run.resume": "the directory being resumed",
+    "run.name": "names a new run's directory; --resume names the directory instead",
+    "run.runs_dir": "the parent of a new run's directory; --resume names the directory instead",
+    "run.jobs": "worker processes for several seeds; a resumed run is one seed",
+    "run.threads": "CPU threads: how the same computation is scheduled (PyTorch's CPU "
+                   "reductions may round differently in the last bits, as in sweeps)",
+    "run.progress": "the console progress bar only",
+    "run.doctor_every": "how often console alerts are checked; findings.json reads the whole "
+                        "run at the end",
+    "run.checkpoint_every": "when checkpoints are written; saving draws no random numbers",
+    "run.log_samples": "rows written to samples.jsonl; writing them changes no state",
+    "run.samples_every": "steps whose samples are written; writing them changes no state",
+}
+"""The only settings a ``--resume`` may change (dotted `TrainConfig` paths), each with why it
+cannot change what the run computes. Everything else (method, lr, task, model, seed, device,
+evaluation schedule, --output, ...) must equal the run's ``config.json``: a resumed run is the
+same run, continued."""
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(stored: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any]
+                   ) -> list[str]:
+    """``field: stored → current`` for each setting outside `RESUME_MAY_CHANGE` where the
+    ``config`` of a run's config.json (``stored``) and the resuming one differ (JSON-shaped
+    dicts). A field that ``stored`` lacks (written by an older rlscope) counts as its
+    default, ``defaults``."""
+    old, new, default = _flat(stored), _flat(current), _flat(defaults)
+    return [f"{key}: {old.get(key, default.get(key))!r} -> {new[key]!r}"
+            for key in new if key not in RESUME_MAY_CHANGE
+            and new[key] != old.get(key, default.get(key))]

@@ -53,7 +53,19 @@ def cmd_train(args: list[str]) -> int:
     table = Table(title=f"{cfg.method} on {cfg.task}")
     for col in ("seed", "status", "test_error", "entropy", "wall s", "run dir"):
         table.add_column(col)
-    for result in run_seeds(cfg):
+    from rich.markup import escape
+
+    from rlscope.checkpoint import CheckpointError
+
+    try:
+        results = run_seeds(cfg)
+    except (ConfigError, CheckpointError) as e:  # found by train: --resume, --init checks
+        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        return 2
+    for result in results:
+        if result.reason:
+            console.print(f"seed {result.seed} {result.status}: {escape(result.reason)}",
+                          highlight=False, soft_wrap=True)
         final = result.final_eval
         table.add_row(str(result.seed), result.status,
                       f"{final.get('eval/test_error', float('nan')):.4f}",
@@ -85,7 +97,13 @@ def cmd_rm(args: list[str]) -> int:
     assert isinstance(cfg, RmConfig)
     if _report_errors(validate_rm(cfg)):
         return 2
-    result = train_rm(cfg)
+    from rlscope.checkpoint import CheckpointError
+
+    try:
+        result = train_rm(cfg)
+    except CheckpointError as e:  # --init refused (unsafe, truncated or corrupt)
+        _report_errors([str(e)])
+        return 2
     _start_end_table(f"reward model on {cfg.task}", result.evals, {
         "held-out loss": "rm/heldout_loss", "held-out accuracy": "rm/heldout_accuracy",
         "probe accuracy": "rm/probe_accuracy"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,7 +23,14 @@ import torch
 
 from rlscope import checkpoint
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.config import Derived, TrainConfig, effective_config, to_dict, validate
+from rlscope.config import (
+    ConfigError,
+    Derived,
+    TrainConfig,
+    effective_config,
+    to_dict,
+    validate,
+)
 from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snapshot
 from rlscope.doctor.live import LiveDoctor, alert_line
 from rlscope.doctor.render import findings_json
@@ -38,6 +46,7 @@ from rlscope.learner import (
     wants_expected_reward,
 )
 from rlscope.learner_graphs import GraphedUpdate
+from rlscope.methods import canonical_method_name
 from rlscope.methods.regularizers import (
     adaptive_entropy_update,
     adaptive_kl_update,
@@ -61,6 +70,8 @@ from rlscope.metrics.sinks import (
     append_csv_rows,
     parse_log_to,
     read_jsonl,
+    truncate_csv_rows,
+    truncate_jsonl,
 )
 from rlscope.policy import add_lora, reference_of
 from rlscope.policy.value_head import ValueHead
@@ -74,6 +85,10 @@ from rlscope.utils import environment_info, resolve_device
 
 OUT_OF_REGIME_STREAK = 10
 GREEDY_NOISE_SEED_OFFSET = 4_000_037
+LOGS = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
+"""The run directory's per-step logs, truncated to the checkpoint's step on resume."""
+NONFINITE_PARAMS = "nonfinite_params"
+"""Not a metric: the count of non-finite parameter tensors, fetched with the step's metrics."""
 
 
 @dataclass
@@ -96,10 +111,13 @@ class RunResult:
     run_dir: Path
     seed: int
     status: str
-    """completed | out_of_regime (a run that raises writes ``failed`` to status.json)"""
+    """completed | out_of_regime | diverged (a run that raises writes ``failed`` to
+    status.json)"""
     metrics: list[dict[str, float]]
     evals: list[dict[str, float]]
     wall_time_s: float
+    reason: str = ""
+    """Why a diverged run stopped: the step and the non-finite metric or parameter."""
 
     @property
     def final_eval(self) -> dict[str, float]:
@@ -202,6 +220,8 @@ def train(cfg: TrainConfig) -> RunResult:
     spec, task, d = validate(cfg)
     cfg = effective_config(cfg, d)  # the task's stop tokens where none are given
     r = cfg.run
+    if r.resume:  # before anything is built or written
+        check_resume_config(cfg)
     overlong = dataclasses.replace(spec.overlong, name=d.overlong)  # none on fixed lengths
     device = resolve_device(r.device)
     threads_before = torch.get_num_threads()
@@ -234,16 +254,26 @@ def train(cfg: TrainConfig) -> RunResult:
     state = LoopState(beta=spec.kl.coef, entropy_coef=spec.entropy_coef,
                       replay=ReplayBuffer(cfg.replay) if cfg.replay.replay_capacity > 0 else None)
     run_dir = Path(r.resume) if r.resume else checkpoint.new_run_dir(cfg, r.runs_dir)
+    notices: list[str] = []
     if r.resume:
-        state = checkpoint.load(run_dir, policy, value_head, ref, optimizer, generator, state,
-                                device)
-    (run_dir / "config.json").write_text(json.dumps({
+        state, notices = checkpoint.load(run_dir, policy, value_head, ref, optimizer,
+                                         generator, state, device)
+        if r.num_steps < state.step:
+            raise ConfigError(f"run.num_steps={r.num_steps} is below the step of the checkpoint "
+                              f"resumed ({state.step}): set --num_steps {state.step} or more")
+        checkpoint.adopt(run_dir, state.step)
+        # records logged after the checkpoint are written again by the resumed run
+        for name in LOGS:
+            notices += truncate_jsonl(run_dir / name, state.step)
+        if r.output:
+            notices += truncate_csv_rows(Path(r.output), run_dir.name, state.step)
+        # an earlier leg's final status no longer holds: a kill from here leaves none
+        (run_dir / "status.json").unlink(missing_ok=True)
+    checkpoint.atomic_write_text(run_dir / "config.json", json.dumps({
         "config": to_dict(cfg), "derived": to_dict(d), "method_spec": to_dict(spec),
         "task_description": task.describe(), **environment_info(device)}, indent=2))
     append = bool(r.resume)
-    metrics_log = JsonlWriter(run_dir / "metrics.jsonl", append)
-    eval_log = JsonlWriter(run_dir / "eval.jsonl", append)
-    samples_log = JsonlWriter(run_dir / "samples.jsonl", append)
+    metrics_log, eval_log, samples_log = (JsonlWriter(run_dir / name, append) for name in LOGS)
     scalar_sinks = ScalarSinks(parse_log_to(r.log_to), run_dir, run_dir.name,
                                {"config": to_dict(cfg), "derived": to_dict(d)})
     eval_prompts = heldout_batch(task, r.seed).to(device)
@@ -260,7 +290,10 @@ def train(cfg: TrainConfig) -> RunResult:
     history: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     status = "completed"
+    diverged: dict[str, Any] = {}
     display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}", state.step)
+    for notice in notices:
+        display.alert(f"resume: {notice}")
     doctor = LiveDoctor(r.doctor_every, json.loads((run_dir / "config.json").read_text()),
                         run_dir.name)
     if r.resume:  # the doctor sees the whole run, not only the resumed part
@@ -381,7 +414,8 @@ def train(cfg: TrainConfig) -> RunResult:
                                 n_minibatches=-(-n_rows // mb_rows), grad_clip=cfg.optim.grad_clip)
             _sync(device)
             t_end = time.perf_counter()
-            values = _floats(m)
+            values = _floats({**m, NONFINITE_PARAMS: nonfinite_count(params)})
+            bad_params = values.pop(NONFINITE_PARAMS)
             n_gen = values["length/mean"] * n_rows
             learn_tokens = n_rows * (batch.prompt_len + inputs.tokens_BT.shape[1]) \
                 * r.inner_epochs
@@ -408,19 +442,25 @@ def train(cfg: TrainConfig) -> RunResult:
                 display.alert(alert_line(finding))
             display.update(values)
             state.step = step + 1
+            diverged = divergence(values, bad_params, params, policy, value_head, step)
+            if diverged:
+                status = "diverged"
+                display.alert(f"diverged: {diverged['reason']}")
+                break
             if r.checkpoint_every and state.step % r.checkpoint_every == 0:
                 checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
         if status == "completed":
             run_eval(r.num_steps)
-        checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
-        if cfg.model.lora_rank > 0:
+        if status != "diverged":  # non-finite weights are not saved: resume from the last good
+            checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
+        if cfg.model.lora_rank > 0 and status != "diverged":
             from rlscope.policy.hf import HFPolicy
 
             assert isinstance(policy, HFPolicy)
             policy.save_adapter(run_dir / "adapter")
     except BaseException as error:
         status = "failed"
-        (run_dir / "status.json").write_text(json.dumps(
+        checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
             {"status": status, "steps": state.step, "error": repr(error)}))
         raise
     finally:
@@ -432,10 +472,68 @@ def train(cfg: TrainConfig) -> RunResult:
     wall = time.perf_counter() - t_run
     (run_dir / "findings.json").write_text(json.dumps(findings_json(doctor.final()), indent=2,
                                                       default=float))
-    (run_dir / "status.json").write_text(json.dumps(
-        {"status": status, "steps": state.step, "wall_time_s": wall}))
+    checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
+        {"status": status, "steps": state.step, "wall_time_s": wall} | diverged))
     return RunResult(run_dir=run_dir, seed=r.seed, status=status, metrics=history, evals=evals,
-                     wall_time_s=wall)
+                     wall_time_s=wall, reason=diverged.get("reason", ""))
+
+
+def check_resume_config(cfg: TrainConfig) -> None:
+    """Refuse a ``--resume`` whose configuration differs from the run's ``config.json`` in
+    anything but `checkpoint.RESUME_MAY_CHANGE`, listing every differing field (`ConfigError`);
+    nothing is written then."""
+    config_file = Path(cfg.run.resume) / "config.json"
+    try:
+        stored = json.loads(config_file.read_text(encoding="utf-8"))["config"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ConfigError(f"--resume {cfg.run.resume}: not a run directory (cannot read "
+                          f"{config_file}: {error.__class__.__name__})") from None
+
+    def normal(config: dict[str, Any]) -> dict[str, Any]:
+        config = json.loads(json.dumps(config))
+        try:
+            config["method"] = canonical_method_name(str(config.get("method")))
+        except ValueError:
+            pass
+        return config
+
+    changes = checkpoint.config_changes(normal(stored), normal(to_dict(cfg)),
+                                        normal(to_dict(TrainConfig())))
+    if changes:
+        raise ConfigError(
+            f"--resume {cfg.run.resume}: the configuration differs from the run's config.json "
+            f"in {'; '.join(changes)}. Only {', '.join(checkpoint.RESUME_MAY_CHANGE)} may "
+            "change on resume: drop the other options, or start a new run")
+
+
+def nonfinite_count(params: list[torch.Tensor]) -> torch.Tensor:
+    """How many of ``params`` hold a NaN or an infinity (a 0-dim tensor, on their device)."""
+    if not params:
+        return torch.zeros(())
+    return (~torch.stack([torch.isfinite(p).all() for p in params])).sum()
+
+
+def divergence(values: dict[str, float], bad_params: float, params: list[torch.Tensor],
+               policy: torch.nn.Module, value_head: torch.nn.Module | None, step: int
+               ) -> dict[str, Any]:
+    """Why the run diverged at ``step`` (``{"diverged_step", "diverged_metric", "reason"}``),
+    or ``{}``: a non-finite loss (``loss/*``) or non-finite trainable parameters. A
+    non-finite gradient alone is not divergence: the eager learner skips that optimizer step
+    and counts it in ``optim/nonfinite_steps``."""
+    losses = sorted((k for k in values if k.startswith("loss/")), key=lambda k: k != "loss/total")
+    metric = next((k for k in losses if not math.isfinite(values[k])), None)
+    if metric is not None:
+        reason = f"{metric} = {values[metric]} at step {step}"
+    elif bad_params:
+        names = {id(p): f"{prefix}{n}" for prefix, m in (("", policy), ("value_head.", value_head))
+                 if m is not None for n, p in m.named_parameters()}
+        first = next(names.get(id(p), "?") for p in params if not torch.isfinite(p).all())
+        metric = "parameters"
+        reason = (f"{int(bad_params)} parameter tensors non-finite after step {step} "
+                  f"(first: {first})")
+    else:
+        return {}
+    return {"diverged_step": step, "diverged_metric": metric, "reason": reason}
 
 
 def rollout_metrics(batch: RolloutBatch, overlong: OverlongConfig, max_new_tokens: int

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,95 @@ def append_csv_rows(path: Path, rows: list[dict[str, Any]]) -> None:
             writer = csv.DictWriter(f, fieldnames=fields)
         writer.writerows(rows)
         f.flush()
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Rewrite ``path`` atomically (temporary file, fsync, rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def truncate_jsonl(path: Path, step: int) -> list[str]:
+    """Keep the records of a JSONL log logged before ``step`` (a resumed run writes the rest
+    again) and drop a line cut off by a kill; returns notices of what was dropped.
+
+    A record without a ``step`` is kept. A line that is not a JSON object (the cut-off last
+    line of a killed write, or damage) is dropped with a notice naming its line number."""
+    if not path.exists():
+        return []
+    kept: list[str] = []
+    notices: list[str] = []
+    later = 0
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            cut = number == len(lines)  # no newline after it: the write was cut off
+            notices.append(f"{path}: dropped {'the cut-off last line' if cut else 'malformed line'}"
+                           f" {number} ({len(line)} characters)")
+            continue
+        if "step" in record and int(record["step"]) >= step:
+            later += 1
+            continue
+        kept.append(line + "\n")
+    if later:
+        notices.append(f"{path}: dropped {later} records of step {step} and later (written "
+                       "after the checkpoint; the resumed run writes them again)")
+    if notices or not text.endswith("\n"):  # also end a complete but unterminated last line
+        _replace_text(path, "".join(kept))
+    return notices
+
+
+def truncate_csv_rows(path: Path, run: str, step: int) -> list[str]:
+    """Drop the `append_csv_rows` rows of run ``run`` at ``step`` or later, and a cut-off last
+    row, under the file's lock (other runs' rows stay); returns notices of what was dropped."""
+    if not path.exists():
+        return []
+    notices: list[str] = []
+    with path.open("r+", newline="", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        text = f.read()
+        if text and not text.endswith("\n"):
+            cut = text.rsplit("\n", 1)
+            text = cut[0] + "\n" if len(cut) == 2 else ""
+            notices.append(f"{path}: dropped the cut-off last row ({len(cut[-1])} characters)")
+        reader = csv.DictReader(io.StringIO(text))
+        fields = list(reader.fieldnames or [])
+        rows = list(reader)
+        kept = [row for row in rows
+                if not (row.get("run") == run and _step_at_least(row.get("step"), step))]
+        if len(kept) < len(rows):
+            notices.append(f"{path}: dropped {len(rows) - len(kept)} rows of run {run} at step "
+                           f"{step} and later (the resumed run writes them again)")
+        if notices:
+            out = io.StringIO()
+            if fields:
+                writer = csv.DictWriter(out, fieldnames=fields)
+                writer.writeheader()
+                writer.writerows(kept)
+            f.seek(0)
+            f.truncate()
+            f.write(out.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+    return notices
+
+
+def _step_at_least(value: str | None, step: int) -> bool:
+    try:
+        return value is not None and float(value) >= step
+    except ValueError:
+        return False
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlscope.files import atomic_save, safe_load
 from rlscope.policy import ModelConfig, build_policy
 from rlscope.policy.value_head import ValueHead
 
@@ -128,11 +129,7 @@ def save_reward_model(out_dir: Path, rm: RewardModel, model_cfg: ModelConfig, ta
         "task": task, "task_options": dataclasses.asdict(task_options),  # type: ignore[call-overload]
         "vocab_size": vocab_size, "prompt_len": prompt_len, "completion_len": completion_len,
         **extra}
-    path = out_dir / RM_FILE
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-    return path
+    return atomic_save(payload, out_dir / RM_FILE)
 
 
 def rm_file(path: str) -> Path:
@@ -150,8 +147,8 @@ def rm_file(path: str) -> Path:
 
 
 def _payload(path: str) -> dict[str, Any]:
-    payload = torch.load(rm_file(path), map_location="cpu", weights_only=False)
-    if not isinstance(payload, dict) or payload.get("kind") != KIND:
+    payload = safe_load(rm_file(path), "--rm_path")
+    if payload.get("kind") != KIND:
         raise ValueError(f"--rm_path {path}: not an rlscope reward model (write one with "
                          "`rlscope rm`; an sft.pt or a training checkpoint is a policy)")
     return payload

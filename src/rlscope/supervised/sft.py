@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from rlscope.batch import PromptBatch
-from rlscope.checkpoint import SFT_FILE
+from rlscope.checkpoint import SFT_FILE, atomic_save
 from rlscope.evaluation import evaluate, heldout_batch
 from rlscope.policy import ModelConfig
 from rlscope.supervised.loop import JobResult, run_job, torch_threads
@@ -237,8 +237,4 @@ def save_sft(out_dir: Path, policy: torch.nn.Module, cfg: SftConfig) -> Path:
         "policy": state, "model": dataclasses.asdict(model),
         "task": cfg.task, "task_options": dataclasses.asdict(cfg.task_options),
         "steps": cfg.num_steps}
-    path = out_dir / SFT_FILE
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-    return path
+    return atomic_save(payload, out_dir / SFT_FILE)
