@@ -68,6 +68,7 @@ class Engine:
         self.lock = threading.RLock()
         self._build_lock = threading.Lock()
         self.models: dict[str, TrainingModel] = {}
+        self._creating: set[str] = set()
         self.samplers: dict[str, Weights] = {}
         self.named_samplers: dict[str, Weights] = {}
         self.base_policies: dict[str, tuple[HFPolicy, TextCodec]] = {}
@@ -97,12 +98,30 @@ class Engine:
 
     def _new_training_model(self, model_id: str, base_model: str, lora: LoraSettings,
                             user_metadata: dict[str, str]) -> TrainingModel:
+        """A new training client; refuses an id that exists (in memory or on disk), so one
+        client can never empty another's metrics or overwrite its checkpoints."""
         spec = self.resolve(base_model)
+        run_dir = self.root / checkpoints.run_key(model_id)
+        with self.lock:
+            if model_id in self.models or model_id in self._creating \
+                    or (run_dir / "config.json").exists():
+                raise UserError(f"model_id {model_id!r} already exists; a new training "
+                                "client needs a new session or model_seq_id")
+            self._creating.add(model_id)
+        try:
+            return self._build_training_model(model_id, base_model, spec, lora, user_metadata,
+                                              run_dir)
+        finally:
+            with self.lock:
+                self._creating.discard(model_id)
+
+    def _build_training_model(self, model_id: str, base_model: str, spec: str,
+                              lora: LoraSettings, user_metadata: dict[str, str],
+                              run_dir: Path) -> TrainingModel:
         policy, codec = build_policy(self.cfg, self.device, spec, lora)
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
                                       weight_decay=0.0)
-        run_dir = self.root / checkpoints.run_key(model_id)
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         model = TrainingModel(
             model_id=model_id, base_model=base_model, spec=spec, policy=policy, codec=codec,
@@ -343,7 +362,7 @@ class Engine:
         meta = checkpoints.read_meta(ckpt, path)
         policy, codec = build_policy(self.cfg, self.device, self.resolve(meta["base_model"]),
                                      LoraSettings(**meta["lora"]))
-        checkpoints.load_trainable(policy, ckpt, self.device)
+        checkpoints.load_trainable(policy, ckpt, self.device, path)
         weights = Weights(policy=policy.requires_grad_(False), params=None,
                           base_model=meta["base_model"], codec=codec, model_path=path)
         with self.lock:
@@ -360,7 +379,8 @@ class Engine:
                              top_p=first["top_p"])
         rows = [SampleRow(prompt=r["prompt"], max_tokens=r["max_tokens"],
                           stop_ids=r["stop_ids"], stop_strings=r["stop_strings"], seed=s)
-                for r in requests for s in self._row_seeds(r["seed"], r["num_samples"])]
+                for r in requests
+                for s in self._row_seeds(r["seed"], r["num_samples"], r.get("row_offset", 0))]
         t0 = time.perf_counter()
         with LoadedWeights(weights) as policy:
             sampled = sample_rows(policy, rows, cfg, weights.codec)
@@ -377,10 +397,12 @@ class Engine:
             start += req["num_samples"]
         return out
 
-    def _row_seeds(self, seed: int | None, n: int) -> list[int]:
+    def _row_seeds(self, seed: int | None, n: int, offset: int = 0) -> list[int]:
+        """Noise seeds of rows ``offset .. offset + n - 1`` of a request (a seeded request's
+        rows get the same seeds however it is split into chunks)."""
         if seed is None:
             return [int(s) for s in self._rng.integers(0, 2**62, size=n)]
-        return [(int(seed) * 1_000_003 + i) % 2**62 for i in range(n)]
+        return [(int(seed) * 1_000_003 + i) % 2**62 for i in range(offset, offset + n)]
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -412,10 +434,14 @@ class Engine:
                                              LoraSettings(**meta["lora"]), metadata)
         else:
             model = self.model(model_id)
-        checkpoints.load_trainable(model.policy, ckpt, self.device)
+        checkpoints.load_trainable(model.policy, ckpt, self.device, path)
         if optimizer:
-            model.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt",
-                                                       map_location=self.device))
+            state = checkpoints.load_tensors(ckpt / "optimizer.pt", path, self.device)
+            try:
+                model.optimizer.load_state_dict(state)
+            except (ValueError, KeyError, TypeError) as e:
+                raise UserError(f"checkpoint {path}: its optimizer state does not fit this "
+                                "model") from e
         model.optimizer.zero_grad(set_to_none=True)
         log.info("loaded %s into %s (optimizer: %s)", path, model_id, optimizer)
         return {"type": "load_weights", "path": path, "model_id": model_id}
