@@ -22,6 +22,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import threading
 import uuid
 import zlib
@@ -87,6 +88,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = ("/api/v1/healthz",)
+SESSION_ID = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
 """Paths answered without an API key."""
 
 
@@ -290,6 +292,15 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
             raise UserError("the request body must be a JSON object")
         return body
 
+    def session_of(body: dict[str, Any]) -> str:
+        """``session_id``: it becomes part of model ids and ``tinker://`` paths, so only
+        ``A-Za-z0-9._:-`` (no ``/``), at most 128 characters."""
+        session_id: str = get_str(body, "session_id", max_chars=128)
+        if not SESSION_ID.fullmatch(session_id):
+            raise UserError(f"field 'session_id' must be 1-128 characters of A-Za-z0-9._:- "
+                            f"not starting with '.', got {session_id[:40]!r}")
+        return session_id
+
     def seq_id_of(body: dict[str, Any]) -> int:
         return int(get_int(body, "seq_id", 0, lo=0) or 0)
 
@@ -392,7 +403,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict[str, Any]:
         body = await json_body(request)
-        session_id = get_str(body, "session_id", max_chars=128)
+        session_id = session_of(body)
         model_seq_id = get_int(body, "model_seq_id", 0, lo=0)
         base_model = get_str(body, "base_model")
         lora = _lora_config(get_dict(body, "lora_config", None) or {})
@@ -487,7 +498,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
             return submit_ordered("LoadWeights", model_id, seq_id_of(body),
                                   raw, lambda: engine.load_weights(path, optimizer,
                                                                    model_id=model_id))
-        session_id = get_str(body, "session_id", max_chars=128)
+        session_id = session_of(body)
         model_seq_id = get_int(body, "model_seq_id", 0, lo=0)
         metadata = body.get("user_metadata")
         metadata = None if metadata is None else str_dict(metadata, "user_metadata")

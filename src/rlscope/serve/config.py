@@ -73,9 +73,9 @@ class ServeConfig:
     fwdbwd_max_chunk_len: int = 0
     """Datums per forward_backward chunk the SDK is told to send (0 = the SDK's default, 1024);
     chunks are posted concurrently, first chunk last, and reassembled here by seq_id."""
-    max_body_bytes: int = 64 * 2**20
+    max_body_bytes: int = 32 * 2**20
     """Largest request body accepted, as sent (compressed); larger → 413."""
-    max_decompressed_bytes: int = 256 * 2**20
+    max_decompressed_bytes: int = 128 * 2**20
     """Largest body after ``Content-Encoding: zstd`` / ``gzip`` decompression (streamed,
     stopped at this size); larger → 413."""
     max_num_samples: int = 1024
