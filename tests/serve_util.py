@@ -52,8 +52,8 @@ def running_server(tmp: Path, **overrides: Any) -> Iterator[Server]:
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
+    deadline = time.monotonic() + 60
+    while not (server.started and app.state.warm.is_set()):
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the server did not start")
         time.sleep(0.05)

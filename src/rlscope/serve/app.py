@@ -204,8 +204,18 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
         failed = store.fail_pending("the server is shutting down; the request was not run")
         log.info("shutting down: %d pending request(s) failed", failed)
 
+    warm = threading.Event()
+
+    def warm_up() -> Result:
+        try:
+            engine.warm_up()
+        finally:
+            warm.set()
+        return Result(json={})
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.put(Job(store.create("WarmUp"), warm_up, ""))
         worker.start()
 
         async def housekeeping() -> None:
@@ -232,6 +242,7 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
     app.state.store = store
     app.state.worker = worker
     app.state.begin_shutdown = begin_shutdown
+    app.state.warm = warm
 
     def fail_now(kind: str, error: str, category: str = "user",
                  model_id: str | None = None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from rlscope.serve.config import ServeConfig
 from rlscope.serve.losses import check_loss_request, tinker_loss
 from rlscope.serve.sampling import SampledRow, SampleRow, prompt_logprobs, sample_rows
 from rlscope.serve.state import (
+    TINY_SPECS,
     LoadedWeights,
     LoraSettings,
     TrainingModel,
@@ -91,6 +92,19 @@ class Engine:
         raise UserError(f"unknown base_model {base_model!r}; this server knows "
                         f"{sorted(self.aliases)} (add NAME=SPEC to --models), directories "
                         "written by --write_tokenizer, and local Hugging Face model dirs")
+
+    def warm_up(self) -> None:
+        """Import the model libraries and build one tiny model with an adapter, so the first
+        client's ``create_model`` does not pay ~10 s of imports on a slow CPU (run by the
+        worker at start; builds are deterministic, so this changes no weights)."""
+        t0 = time.perf_counter()
+        import peft  # noqa: F401
+        import transformers  # noqa: F401
+
+        tiny = [spec for spec in self.aliases.values() if spec in TINY_SPECS]
+        if tiny:
+            build_policy(self.cfg, torch.device("cpu"), tiny[0], LoraSettings(rank=1))
+        log.info("warmed up in %.1f s", time.perf_counter() - t0)
 
     def capabilities(self) -> list[dict[str, Any]]:
         return [{"model_name": name, "trainable": True, "sampleable": True}
