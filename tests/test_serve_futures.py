@@ -182,9 +182,11 @@ def test_a_huge_sample_request_is_chunked_and_does_not_starve_other_clients() ->
     while store.peek(huge.request_id) is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert worker.stop(5.0)
-    # round-robin: A's first batch (two 64-row chunks), then B, then C's training job, then A
-    assert engine.batches[0] == [("huge", 0, 64), ("huge", 64, 64)]
+    # round-robin: one chunk of A while others wait, then B, then C's training job, then the
+    # rest of A, its chunks merged up to max_sample_rows now that nobody else waits
+    assert engine.batches[0] == [("huge", 0, 64)]
     assert engine.batches[1] == [("small", 0, 3)]
+    assert engine.batches[2] == [("huge", 64, 64), ("huge", 128, 64)]
     assert ran == ["optim"]
     assert sum(n for b in engine.batches for t, _, n in b if t == "huge") == 1000
     assert all(sum(n for _, _, n in b) <= 128 for b in engine.batches)

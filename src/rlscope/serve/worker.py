@@ -7,9 +7,9 @@ request cannot starve the others: a sample request is split into chunks of at mo
 assembled when the last chunk is done. Per client, training jobs run in the order the app hands
 them over (per model that is ``seq_id`` order: `rlscope.serve.futures.SeqOrderer` releases
 them). A sample chunk picked up is merged with the other waiting chunks that share its weights
-and sampling parameters (first the same client's, then other clients'), up to
-``--max_sample_rows`` rows, into one decode batch; sample chunks may run ahead of queued
-training jobs, which is safe because a sampler snapshot never changes.
+and sampling parameters, up to ``--max_sample_rows`` rows, into one decode batch (while other
+clients wait, at most one chunk's worth of rows is the picked client's own); sample chunks may
+run ahead of queued training jobs, which is safe because a sampler snapshot never changes.
 
 `Worker.stop` (graceful shutdown) fails every queued request at once with a ``server`` error
 and waits a bounded time for the running one.
@@ -110,9 +110,15 @@ class FairQueue:
         with self._cond:
             return sum(len(q) for q in self._queues.values())
 
-    def take(self, max_rows: int) -> list[_Unit] | None:
-        """The next client's next unit (a sample chunk comes with the compatible chunks
-        waiting anywhere, up to ``max_rows`` rows); blocks; None once closed."""
+    def take(self, max_rows: int, turn_rows: int | None = None) -> list[_Unit] | None:
+        """The next client's next unit; blocks; None once closed.
+
+        A sample chunk comes with the compatible chunks waiting anywhere, up to ``max_rows``
+        rows; while other clients wait, the picked client's own chunks count at most
+        ``turn_rows`` rows of that (one turn stays short, so a huge request cannot hold the
+        worker), other clients' compatible chunks ride along. With nobody else waiting a
+        client's small requests still merge up to ``max_rows``.
+        """
         with self._cond:
             while not self._order and not self.closed:
                 self._cond.wait()
@@ -123,15 +129,18 @@ class FairQueue:
             if isinstance(unit, Job):
                 self._requeue(client)
                 return [unit]
+            own_limit = max_rows if not self._order or turn_rows is None \
+                else min(turn_rows, max_rows)
             batch: list[_Unit] = [unit]
             rows = unit.rows
             key = unit.job.key()
             for other in [client, *self._order]:
+                limit = own_limit if other == client else max_rows
                 queue = self._queues[other]
                 keep: deque[_Unit] = deque()
                 while queue:
                     u = queue.popleft()
-                    if isinstance(u, _Chunk) and u.job.key() == key and rows + u.rows <= max_rows:
+                    if isinstance(u, _Chunk) and u.job.key() == key and rows + u.rows <= limit:
                         batch.append(u)
                         rows += u.rows
                     else:
@@ -202,7 +211,8 @@ class Worker:
 
     def _loop(self) -> None:
         while True:
-            units = self.queue.take(self.engine.cfg.max_sample_rows)
+            cfg = self.engine.cfg
+            units = self.queue.take(cfg.max_sample_rows, cfg.sample_chunk_rows)
             if units is None:
                 return
             first = units[0]
