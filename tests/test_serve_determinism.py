@@ -94,3 +94,39 @@ def test_a_restored_client_is_bit_identical_while_samplers_build_concurrently(
     base = engine.base_policies["tiny-llama"][0]
     assert _equal(_state(base), _state(build_policy(cfg, CPU, "tiny-llama", None)[0]))
     engine.close()
+
+
+class _Exploit:
+    """Unpickling this runs ``touch`` (what a crafted checkpoint would do)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, ...]]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_pickle_checkpoint_is_refused_and_runs_nothing(tmp_path: Path) -> None:
+    from rlscope.serve.state import UserError
+
+    cfg = ServeConfig(root=str(tmp_path / "root"), device="cpu")
+    engine = Engine(cfg)
+    engine.create_model("s1", 0, "tiny", {"rank": 4}, None)
+    path = engine.save_weights("s1:train:0", "ck")["path"]
+    from rlscope.serve.checkpoints import checkpoint_dir
+
+    ckpt = checkpoint_dir(engine.root, path)
+    marker = tmp_path / "pwned"
+    for victim in ("trainable.pt", "optimizer.pt"):
+        original = (ckpt / victim).read_bytes()
+        torch.save({"x": _Exploit(marker)}, ckpt / victim)
+        with pytest.raises(UserError, match="refused") as err:
+            engine.load_weights(path, True, session_id=f"s-{victim}", model_seq_id=0)
+        assert str(tmp_path) not in str(err.value)
+        assert not marker.exists()
+        assert f"s-{victim}:train:0" not in engine.models  # vetted before the client exists
+        (ckpt / victim).write_bytes(original)
+    engine.load_weights(path, True, session_id="s-ok", model_seq_id=0)  # intact: loads
+    engine.close()

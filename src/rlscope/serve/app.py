@@ -26,6 +26,7 @@ import re
 import threading
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -88,6 +89,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = ("/api/v1/healthz",)
+MAX_CREATE_KEYS = 100_000
 SESSION_ID = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
 """Paths answered without an API key."""
 
@@ -193,7 +195,9 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
     store = FutureStore(cfg.future_ttl_s, cfg.retrieved_ttl_s, cfg.max_futures)
     orderer = SeqOrderer(cfg.seq_gap_timeout_s)
     worker = Worker(engine, store)
-    create_keys: dict[tuple[str, int], str] = {}
+    create_keys: OrderedDict[tuple[str, int], str] = OrderedDict()
+    """(session, model_seq_id) → the request that creates that client (retries get it back);
+    the oldest are forgotten past `MAX_CREATE_KEYS`."""
     keys_lock = threading.Lock()
     limits = SampleLimits(cfg.max_num_samples, cfg.max_sample_tokens, cfg.max_batch_tokens)
 
@@ -430,6 +434,8 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
             request_id = submit("CreateModel", lambda: engine.create_model(
                 session_id, model_seq_id, base_model, lora, metadata), session_id)
             create_keys[key] = request_id
+            while len(create_keys) > MAX_CREATE_KEYS:
+                create_keys.popitem(last=False)
         return _future(request_id, f"{session_id}:train:{model_seq_id}")
 
     @app.post("/api/v1/get_info")
@@ -521,6 +527,8 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
                 path, optimizer, session_id=session_id, model_seq_id=model_seq_id,
                 user_metadata=metadata), session_id)
             create_keys[key] = request_id
+            while len(create_keys) > MAX_CREATE_KEYS:
+                create_keys.popitem(last=False)
         return _future(request_id, f"{session_id}:train:{model_seq_id}")
 
     # ------------------------------------------------------------------ sampling

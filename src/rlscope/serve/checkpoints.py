@@ -128,20 +128,33 @@ def load_tensors(file: Path, path: str, device: torch.device) -> Any:
                         f"({type(e).__name__}); refused") from e
 
 
-def load_trainable(policy: HFPolicy, ckpt: Path, device: torch.device, path: str = "") -> None:
-    """Copy a checkpoint's trainable tensors into ``policy`` (same base and LoRA settings)."""
-    path = path or ckpt.name
+def read_trainable(ckpt: Path, path: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """A checkpoint's trainable tensors by parameter name (``weights_only`` load)."""
     state = load_tensors(ckpt / "trainable.pt", path, device)
-    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor)
-                                              for t in state.values()):
+    if not isinstance(state, dict) or not all(isinstance(n, str) and isinstance(t, torch.Tensor)
+                                              for n, t in state.items()):
         raise UserError(f"checkpoint {path}: trainable.pt is not a name → tensor mapping")
+    return state
+
+
+def copy_trainable(policy: HFPolicy, state: dict[str, torch.Tensor], path: str) -> None:
+    """Copy trainable tensors into ``policy`` (same base and LoRA settings)."""
     params = dict(policy.named_parameters())
     missing = [n for n in state if n not in params]
     if missing:
         raise UserError(f"checkpoint {path} does not fit this model: {missing[:3]} ...")
+    wrong = [n for n, t in state.items() if t.shape != params[n].shape]
+    if wrong:
+        raise UserError(f"checkpoint {path} does not fit this model: shape of {wrong[:3]}")
     with torch.no_grad():
         for n, t in state.items():
             params[n].copy_(t)
+
+
+def load_trainable(policy: HFPolicy, ckpt: Path, device: torch.device, path: str = "") -> None:
+    """`read_trainable` then `copy_trainable`."""
+    path = path or ckpt.name
+    copy_trainable(policy, read_trainable(ckpt, path, device), path)
 
 
 def record(path: str) -> dict[str, Any]:

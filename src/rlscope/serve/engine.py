@@ -437,6 +437,10 @@ class Engine:
         if optimizer and not (ckpt / "optimizer.pt").is_file():
             raise UserError(f"{path} holds no optimizer state (sampler weights?); load it with "
                             "optimizer=False")
+        # read (and vet) every file before a new training client exists
+        trainable = checkpoints.read_trainable(ckpt, path, self.device)
+        opt_state = checkpoints.load_tensors(ckpt / "optimizer.pt", path, self.device) \
+            if optimizer else None
         if model_id is None:
             if session_id is None or model_seq_id is None:
                 raise UserError("load_weights needs model_id, or session_id and model_seq_id")
@@ -448,11 +452,10 @@ class Engine:
                                              LoraSettings(**meta["lora"]), metadata)
         else:
             model = self.model(model_id)
-        checkpoints.load_trainable(model.policy, ckpt, self.device, path)
-        if optimizer:
-            state = checkpoints.load_tensors(ckpt / "optimizer.pt", path, self.device)
+        checkpoints.copy_trainable(model.policy, trainable, path)
+        if opt_state is not None:
             try:
-                model.optimizer.load_state_dict(state)
+                model.optimizer.load_state_dict(opt_state)
             except (ValueError, KeyError, TypeError) as e:
                 raise UserError(f"checkpoint {path}: its optimizer state does not fit this "
                                 "model") from e
