@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import struct
 import threading
 import time
@@ -46,11 +47,13 @@ class PeakRSS:
     """The largest resident size of this process above its value at entry, sampled every
     2 ms on a thread while the block runs."""
 
-    def __enter__(self) -> PeakRSS:
-        import psutil
+    @staticmethod
+    def rss() -> int:
+        """Resident bytes of this process (Linux ``/proc/self/statm``)."""
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-        self._proc = psutil.Process()
-        self.base = self._proc.memory_info().rss
+    def __enter__(self) -> PeakRSS:
+        self.base = self.rss()
         self.growth = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample)
@@ -59,7 +62,7 @@ class PeakRSS:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.growth = max(self.growth, self._proc.memory_info().rss - self.base)
+            self.growth = max(self.growth, self.rss() - self.base)
             time.sleep(0.002)
 
     def __exit__(self, *exc: object) -> None:
