@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -50,8 +52,8 @@ def running_server(tmp: Path, **overrides: Any) -> Iterator[Server]:
                                            log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
+    deadline = time.monotonic() + 60
+    while not (server.started and app.state.warm.is_set()):
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the server did not start")
         time.sleep(0.05)
@@ -60,3 +62,59 @@ def running_server(tmp: Path, **overrides: Any) -> Iterator[Server]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@dataclass
+class ServerProcess:
+    base_url: str
+    root: Path
+    tokenizer_dir: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def peak_rss_bytes(self) -> int:
+        """The server process's peak resident memory so far (``VmHWM``)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM in /proc/<pid>/status")
+
+
+@contextlib.contextmanager
+def server_process(tmp: Path, *flags: str, api_key: str = "") -> Iterator[ServerProcess]:
+    """``rlscope serve`` as a child process (for memory, signal and shutdown tests)."""
+    import httpx
+
+    port = free_port()
+    tok = tmp / "models" / "tiny-tok"
+    root = tmp / "serve_runs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RLSCOPE_SERVE_API_KEY", None)
+    cmd = [sys.executable, "-c", "import sys; from rlscope.cli import main; "
+           "sys.exit(main(sys.argv[1:]))", "serve", "--port", str(port), "--root", str(root),
+           "--write_tokenizer", str(tok), "--device", "cpu", "--log_level", "warning", *flags]
+    if api_key:
+        cmd += ["--api_key", api_key]
+    log = tmp / "server.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/api/v1/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the server did not start")
+        time.sleep(0.1)
+    try:
+        yield ServerProcess(url, root, tok, proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)

@@ -1,4 +1,5 @@
-"""`rlscope serve` options, its loopback warning, the tokenizer directory and model building."""
+"""`rlscope serve` options, the API key rule for non-loopback binds, the tokenizer directory
+and model building."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     for f in dataclasses.fields(ServeConfig):
         assert f"--{f.name}" in out, f.name
-    assert "no real authentication" in out
+    assert "refuses to start without one" in out
 
 
 def test_invalid_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,15 +35,26 @@ def test_invalid_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "NAME=SPEC" in err and "long_poll_s" in err
 
 
-def test_binding_beyond_loopback_warns(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
-    calls: list[dict[str, object]] = []
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append(kw))
+def test_binding_beyond_loopback_needs_an_api_key(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import uvicorn
+
+    started: list[tuple[str, int, float | None]] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: started.append(
+        (self.config.host, self.config.port, self.config.timeout_graceful_shutdown)))
+    monkeypatch.delenv("RLSCOPE_SERVE_API_KEY", raising=False)
+    assert command.run(ServeConfig(host="0.0.0.0", port=9, root=str(tmp_path))) == 2
+    assert "api_key" in capsys.readouterr().err and started == []
+    assert command.run(ServeConfig(host="0.0.0.0", port=9, root=str(tmp_path),
+                                   api_key="short")) == 2
+    assert "tml-" in capsys.readouterr().err and started == []
+    monkeypatch.setenv("RLSCOPE_SERVE_API_KEY", "tml-0123456789abcdef")
     assert command.run(ServeConfig(host="0.0.0.0", port=9, root=str(tmp_path))) == 0
-    assert calls == [{"host": "0.0.0.0", "port": 9, "log_level": "info"}]
-    assert "WARNING" in capsys.readouterr().err
+    assert started == [("0.0.0.0", 9, 5)]
+    monkeypatch.delenv("RLSCOPE_SERVE_API_KEY")
     assert command.run(ServeConfig(host="127.0.0.1", port=9, root=str(tmp_path))) == 0
-    assert "WARNING" not in capsys.readouterr().err
+    assert len(started) == 2
 
 
 def test_tokenizer_dir_loads_with_auto_tokenizer(tmp_path: Path) -> None:

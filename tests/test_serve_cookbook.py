@@ -20,6 +20,7 @@ pytest.importorskip("math_verify")  # math_rl imports its grader even for arithm
 from serve_util import Server, running_server
 
 from rlscope.cli import main as rlscope_main
+from rlscope.serve.checkpoints import run_key
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_math_rl_runs_resumes_and_the_doctor_reads_the_run(
     assert str(ckpts[-1]["state_path"]).split("/")[2] != first_run
     assert [m["step"] for m in _jsonl(log_path / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
-    run_dir = server.root / first_run.replace(":", "_")
+    run_dir = server.root / run_key(first_run)
     rows = _jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in ("loss/total", "optim/grad_norm", "sampler/logp_diff_mean",

@@ -5,10 +5,22 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 
-from rlscope.serve.futures import FutureStore, Result, SeqConflictError, SeqOrderer
+from rlscope.serve.futures import (
+    FutureStore,
+    Result,
+    SeqConflictError,
+    SeqOrderer,
+    StoreFullError,
+)
+
+if TYPE_CHECKING:
+    from rlscope.serve.sampling import SampledRow
+    from rlscope.serve.worker import SampleJob
 
 
 def test_requests_run_in_seq_order_whatever_the_arrival_order() -> None:
@@ -95,3 +107,125 @@ def test_long_poll_returns_early_or_times_out() -> None:
     assert store.peek(rid) == Result(json={"ok": 1})
     with pytest.raises(KeyError):
         asyncio.run(store.wait("nope", 0.01))
+
+
+def test_results_are_evicted_after_retrieval_or_ttl_and_the_store_is_bounded() -> None:
+    store = FutureStore(ttl_s=0.2, retrieved_ttl_s=0.05, max_entries=3)
+    a, b = store.create("Sample"), store.create("Sample")
+    store.set_result(a, Result(json={"a": 1}))
+    store.set_result(b, Result(json={"b": 1}))
+    store.mark_retrieved(a)
+    time.sleep(0.08)
+    assert store.evict() == 1  # a: retrieved, past its grace
+    assert not store.known(a) and store.known(b)
+    time.sleep(0.15)
+    assert store.evict() == 1  # b: finished, never retrieved, past the TTL
+    assert len(store) == 0
+    # bounded: pending entries are kept, the oldest finished one makes room
+    pending = [store.create("Sample") for _ in range(2)]
+    done = store.create("Sample")
+    store.set_result(done, Result(json={}))
+    newest = store.create("Sample")
+    assert not store.known(done) and all(store.known(r) for r in [*pending, newest])
+    assert len(store) == 3
+    with pytest.raises(StoreFullError):
+        store.create("Sample")  # every slot pending: the app answers 429
+    assert store.fail_pending("stop") == 3
+    assert store.peek(newest) == Result.failed("stop", "server")
+
+
+class _FakeEngine:
+    """The parts of `Engine` the worker uses: its config and a recording sample_batch."""
+
+    def __init__(self, chunk_rows: int, max_rows: int) -> None:
+        from rlscope.serve.config import ServeConfig
+
+        self.cfg = ServeConfig(sample_chunk_rows=chunk_rows, max_sample_rows=max_rows)
+        self.batches: list[list[tuple[str, int, int]]] = []
+        self.gate: threading.Event | None = None
+
+    def sample_batch(self, weights: object, requests: list[dict[str, Any]]
+                     ) -> list[tuple[list[SampledRow], None]]:
+        from rlscope.serve.sampling import SampledRow
+
+        self.batches.append([(r["tag"], r["row_offset"], r["num_samples"]) for r in requests])
+        if self.gate is not None:
+            self.gate.wait(10)
+        return [([SampledRow([r["row_offset"] + i], [0.0], "length")
+                  for i in range(r["num_samples"])], None) for r in requests]
+
+
+def _sample_job(store: FutureStore, tag: str, n: int, weights: object, client: str) -> SampleJob:
+    from rlscope.serve.worker import SampleJob
+
+    request = {"num_samples": n, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+               "prompt_logprobs": False, "tag": tag}
+    return SampleJob(store.create("Sample"), weights, request, client)  # type: ignore[arg-type]
+
+
+def test_a_huge_sample_request_is_chunked_and_does_not_starve_other_clients() -> None:
+    pytest.importorskip("tinker")
+    from rlscope.serve.worker import Job, Worker
+
+    engine = _FakeEngine(chunk_rows=64, max_rows=128)
+    store = FutureStore()
+    worker = Worker(engine, store)  # type: ignore[arg-type]
+    huge = _sample_job(store, "huge", 1000, object(), "A")
+    small = _sample_job(store, "small", 3, object(), "B")
+    ran: list[str] = []
+    job = Job(store.create("OptimStep"), lambda: ran.append("optim") or Result(json={}), "C")
+    worker.put(huge)
+    worker.put(small)
+    worker.put(job)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while store.peek(huge.request_id) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker.stop(5.0)
+    # round-robin: one chunk of A while others wait, then B, then C's training job, then the
+    # rest of A, its chunks merged up to max_sample_rows now that nobody else waits
+    assert engine.batches[0] == [("huge", 0, 64)]
+    assert engine.batches[1] == [("small", 0, 3)]
+    assert engine.batches[2] == [("huge", 64, 64), ("huge", 128, 64)]
+    assert ran == ["optim"]
+    assert sum(n for b in engine.batches for t, _, n in b if t == "huge") == 1000
+    assert all(sum(n for _, _, n in b) <= 128 for b in engine.batches)
+    out = store.peek(huge.request_id)
+    assert out is not None and out.proto is not None
+    from tinker.proto import tinker_public_pb2 as pb
+
+    msg = pb.SampleResponse()
+    msg.ParseFromString(out.proto)
+    firsts = [int(np.frombuffer(s.tokens, dtype="<i4")[0]) for s in msg.sequences]
+    assert firsts == list(range(1000))  # chunks reassembled in row order
+
+
+def test_stop_fails_queued_work_at_once() -> None:
+    pytest.importorskip("tinker")
+    from rlscope.serve.worker import SHUTDOWN_ERROR, Worker
+
+    engine = _FakeEngine(chunk_rows=8, max_rows=8)
+    engine.gate = threading.Event()  # the first batch blocks until released
+    store = FutureStore()
+    worker = Worker(engine, store)  # type: ignore[arg-type]
+    queued = [_sample_job(store, f"r{i}", 8, object(), f"c{i}") for i in range(5)]
+    for j in queued:
+        worker.put(j)
+    worker.start()
+    while not engine.batches:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert not worker.stop(0.2)  # the running batch is still blocked: bounded wait
+    assert time.monotonic() - t0 < 1.0
+    running, rest = queued[0], queued[1:]
+    assert store.peek(running.request_id) is None
+    assert [store.peek(j.request_id) for j in rest] == [
+        Result.failed(SHUTDOWN_ERROR, "server")] * 4
+    engine.gate.set()
+    assert worker.stop(5.0)
+    done = store.peek(running.request_id)
+    assert done is not None and done.proto is not None
+    assert len(engine.batches) == 1  # nothing queued ran after stop
+    late = _sample_job(store, "late", 1, object(), "x")
+    worker.put(late)
+    assert store.peek(late.request_id) == Result.failed(SHUTDOWN_ERROR, "server")

@@ -21,6 +21,7 @@ from serve_util import Server, running_server  # noqa: E402
 from tinker import types  # noqa: E402
 from tinker.proto import request_conv, response_conv  # noqa: E402
 
+from rlscope.serve.checkpoints import run_key  # noqa: E402
 from rlscope.serve.tokenizer_dir import byte_codec  # noqa: E402
 
 PROMPT = "User: What is 3 + 4?\n\nAssistant:"
@@ -149,7 +150,7 @@ def test_sdk_probe(server: Server, service: Any) -> None:
                                atol=1e-4)
     assert not np.allclose(np.array(lps[1:], dtype=np.float32),
                            np.array(before[1:], dtype=np.float32), atol=1e-4)
-    run_dir = server.root / info.model_id.replace(":", "_")
+    run_dir = server.root / run_key(info.model_id)
     assert (run_dir / "checkpoints/weights/probe/adapter/adapter_config.json").is_file()
     assert (run_dir / "checkpoints/weights/probe/adapter/adapter_model.safetensors").is_file()
 

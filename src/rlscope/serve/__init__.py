@@ -10,9 +10,12 @@ through it (docs/tinker.md). Modules:
 - `state`: training clients, sampler snapshots, model building (LoRA via PEFT), step metrics;
 - `sampling`: batched sampling with token and string stops, prompt log-probs;
 - `checkpoints`: ``tinker://`` paths, checkpoint directories, training-run records;
-- `engine`: every model operation; `worker`: the thread that runs them, batching samples;
+- `validate`: typed fields of JSON bodies (400 naming the field, never a 500);
+- `engine`: every model operation; `worker`: the thread that runs them from a fair queue
+  (round-robin across clients, sample requests in chunks), batching samples;
 - `tokenizer_dir`: the tiny models' byte-level tokenizer as a Hugging Face directory;
-- `app`: the FastAPI application; `command`: the ``rlscope serve`` entry point.
+- `app`: the FastAPI application (API key, body and decompression caps); `command`: the
+  ``rlscope serve`` entry point (graceful shutdown on SIGTERM).
 
 Nothing here is imported by the rest of the package, so ``fastapi``, ``uvicorn`` and ``tinker``
 stay optional (the ``serve`` extra).

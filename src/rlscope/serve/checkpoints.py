@@ -2,8 +2,9 @@
 
 ``tinker://<run>/weights/<name>`` is ``ROOT/<run>/checkpoints/weights/<name>/`` and
 ``tinker://<run>/sampler_weights/<name>`` is ``ROOT/<run>/checkpoints/sampler_weights/<name>/``
-(``:`` in the run id becomes ``_``). A checkpoint directory holds ``meta.json`` (base model,
-LoRA settings, step), ``trainable.pt`` (the trainable tensors by parameter name),
+(``<run>`` is `run_key` of the run id: a safe slug plus a hash of the exact id). A
+checkpoint directory holds ``meta.json`` (base model, LoRA settings, step), ``trainable.pt``
+(the trainable tensors by parameter name),
 ``optimizer.pt`` (``weights`` only) and, for LoRA, ``adapter/`` in PEFT format
 (``adapter_config.json`` + ``adapter_model.safetensors``). ``ROOT/<run>/run.json`` is the
 ``TrainingRun`` record ``GET training_runs/{id}`` answers, so both survive a restart.
@@ -11,7 +12,9 @@ LoRA settings, step), ``trainable.pt`` (the trainable tensors by parameter name)
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,30 +26,55 @@ from rlscope.policy.hf import HFPolicy
 from rlscope.serve.state import TrainingModel, UserError
 
 KINDS = ("weights", "sampler_weights")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
 
 
+MAX_ID_CHARS = 256
+"""Longest run id or checkpoint name accepted."""
+
+
 def run_key(run_id: str) -> str:
-    """The directory name of a training-run id (``:`` and ``/`` are not path-safe)."""
-    return run_id.replace(":", "_").replace("/", "_")
+    """The directory name of a training-run id: a path-safe slug of the id (every character
+    outside ``A-Za-z0-9._-`` becomes ``_``, at most 64 kept) plus ``-`` and 12 hex digits of the
+    id's SHA-256, so distinct ids never share a directory (``victim/run`` and ``victim:run``
+    get different ones) and no id can name ``.``, ``..`` or a path."""
+    slug = _UNSAFE.sub("_", run_id)[:64].lstrip(".") or "run"
+    return f"{slug}-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
 
 
 def parse_tinker_path(path: str) -> tuple[str, str, str]:
-    """``tinker://<run>/<weights|sampler_weights>/<name>`` → ``(run, kind, name)``."""
-    if not path.startswith("tinker://"):
-        raise UserError(f"checkpoint path {path!r} must start with tinker://")
+    """``tinker://<run>/<weights|sampler_weights>/<name>`` → ``(run, kind, name)``; raises
+    UserError for anything else (``..``, empty parts, control characters, overlong ids)."""
+    if not isinstance(path, str) or not path.startswith("tinker://"):
+        raise UserError(f"checkpoint path {str(path)[:300]!r} must start with tinker://")
     parts = path[len("tinker://"):].split("/")
-    if len(parts) != 3 or parts[1] not in KINDS or not parts[2]:
-        raise UserError(f"checkpoint path {path!r} must read "
+    if len(parts) != 3 or parts[1] not in KINDS or not parts[0] or not parts[2]:
+        raise UserError(f"checkpoint path {path[:300]!r} must read "
                         "tinker://<run>/weights|sampler_weights/<name>")
-    return parts[0], parts[1], parts[2]
+    run, kind, name = parts
+    if run in (".", "..") or len(run) > MAX_ID_CHARS or not run.isprintable():
+        raise UserError(f"checkpoint path {path[:300]!r}: invalid run id")
+    return run, kind, checkpoint_name(name)
 
 
 def checkpoint_name(name: str) -> str:
     """``name`` if it is safe as one directory name."""
-    if not name or "/" in name or "\\" in name or name.startswith("."):
-        raise UserError(f"checkpoint name {name!r} must be non-empty with no '/' or leading '.'")
+    if not name or "/" in name or "\\" in name or name.startswith(".") \
+            or len(name) > MAX_ID_CHARS or not name.isprintable():
+        raise UserError(f"checkpoint name {name[:300]!r} must be non-empty, at most "
+                        f"{MAX_ID_CHARS} printable characters, with no '/', '\\' or leading '.'")
     return name
+
+
+def confined(root: Path, relative: Path) -> Path:
+    """``root / relative``, resolved, after checking it stays inside ``root`` (symlinks
+    included); raises UserError, naming no server path, if it does not."""
+    base = root.resolve()
+    target = (base / relative).resolve()
+    if target != base and base not in target.parents:
+        raise UserError("checkpoint path points outside the server's root")
+    return target
 
 
 def iso(t: float) -> str:
@@ -54,8 +82,9 @@ def iso(t: float) -> str:
 
 
 def checkpoint_dir(root: Path, path: str) -> Path:
+    """The directory of a ``tinker://`` path, confined to ``root``."""
     run, kind, name = parse_tinker_path(path)
-    return root / run_key(run) / "checkpoints" / kind / checkpoint_name(name)
+    return confined(root, Path(run_key(run), "checkpoints", kind, name))
 
 
 def save(model: TrainingModel, kind: str, name: str) -> str:
@@ -78,21 +107,54 @@ def save(model: TrainingModel, kind: str, name: str) -> str:
 
 def read_meta(ckpt: Path, path: str) -> dict[str, Any]:
     if not (ckpt / "meta.json").is_file():
-        raise UserError(f"no checkpoint at {path} (looked in {ckpt})")
-    meta: dict[str, Any] = json.loads((ckpt / "meta.json").read_text())
+        raise UserError(f"no checkpoint at {path}")
+    try:
+        meta: dict[str, Any] = json.loads((ckpt / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"checkpoint {path} is unreadable ({type(e).__name__})") from e
     return meta
 
 
-def load_trainable(policy: HFPolicy, ckpt: Path, device: torch.device) -> None:
-    """Copy a checkpoint's trainable tensors into ``policy`` (same base and LoRA settings)."""
-    state = torch.load(ckpt / "trainable.pt", map_location=device)
+def load_tensors(file: Path, path: str, device: torch.device) -> Any:
+    """``torch.load(file, weights_only=True)``: tensors and plain containers only, never a
+    pickled object that runs code; raises UserError naming the tinker ``path`` (not the
+    server's file) if the file is missing, corrupt or a foreign pickle."""
+    try:
+        return torch.load(file, map_location=device, weights_only=True)
+    except FileNotFoundError as e:
+        raise UserError(f"checkpoint {path} is incomplete (no {file.name})") from e
+    except Exception as e:
+        raise UserError(f"checkpoint {path}: {file.name} is not a plain tensor file "
+                        f"({type(e).__name__}); refused") from e
+
+
+def read_trainable(ckpt: Path, path: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """A checkpoint's trainable tensors by parameter name (``weights_only`` load)."""
+    state = load_tensors(ckpt / "trainable.pt", path, device)
+    if not isinstance(state, dict) or not all(isinstance(n, str) and isinstance(t, torch.Tensor)
+                                              for n, t in state.items()):
+        raise UserError(f"checkpoint {path}: trainable.pt is not a name → tensor mapping")
+    return state
+
+
+def copy_trainable(policy: HFPolicy, state: dict[str, torch.Tensor], path: str) -> None:
+    """Copy trainable tensors into ``policy`` (same base and LoRA settings)."""
     params = dict(policy.named_parameters())
     missing = [n for n in state if n not in params]
     if missing:
-        raise UserError(f"checkpoint {ckpt} does not fit this model: {missing[:3]} ...")
+        raise UserError(f"checkpoint {path} does not fit this model: {missing[:3]} ...")
+    wrong = [n for n, t in state.items() if t.shape != params[n].shape]
+    if wrong:
+        raise UserError(f"checkpoint {path} does not fit this model: shape of {wrong[:3]}")
     with torch.no_grad():
         for n, t in state.items():
             params[n].copy_(t)
+
+
+def load_trainable(policy: HFPolicy, ckpt: Path, device: torch.device, path: str = "") -> None:
+    """`read_trainable` then `copy_trainable`."""
+    path = path or ckpt.name
+    copy_trainable(policy, read_trainable(ckpt, path, device), path)
 
 
 def record(path: str) -> dict[str, Any]:
@@ -116,6 +178,8 @@ def write_run(model: TrainingModel) -> None:
 
 
 def read_run(root: Path, run_id: str) -> dict[str, Any]:
+    if len(run_id) > MAX_ID_CHARS:
+        raise UserError("unknown training run (id too long)")
     path = root / run_key(run_id) / "run.json"
     if not path.is_file():
         raise UserError(f"unknown training run {run_id!r}")

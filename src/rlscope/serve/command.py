@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -26,18 +30,40 @@ def run(cfg: ServeConfig) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not cfg.is_loopback:
-        console.print(
-            f"[bold red]WARNING:[/bold red] binding to {cfg.host}, which is not a loopback "
-            "address. The Tinker protocol has no real authentication (any key starting with "
-            "'tml-' is accepted), so anyone who can reach this port can train, sample and "
-            "read or overwrite checkpoints under --root. Bind to 127.0.0.1 unless you mean it.")
     app = create_app(cfg)
+    key_hint = ("TINKER_API_KEY=<the server's api_key>" if cfg.resolved_api_key()
+                else "TINKER_API_KEY=tml-local (no key required on loopback)")
     console.print(f"rlscope serve: models {', '.join(cfg.models)}; runs and checkpoints under "
-                  f"{cfg.root}; point the SDK at http://{cfg.host}:{cfg.port} with "
-                  "TINKER_API_KEY=tml-local")
+                  f"{cfg.root}; point the SDK at http://{cfg.host}:{cfg.port} with {key_hint}")
     if cfg.write_tokenizer:
         console.print(f"wrote the byte-level tokenizer to {cfg.write_tokenizer} (use it as "
                       "model_name / base_model)")
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+    begin_shutdown: Callable[[], None] = app.state.begin_shutdown
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn's server, whose SIGTERM/SIGINT first fails every queued request (so long
+        polls answer at once) and arms a hard exit after ``--shutdown_timeout_s`` in case the
+        running job will not stop."""
+
+        armed = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.armed:
+                self.armed = True
+                begin_shutdown()
+                timer = threading.Timer(cfg.shutdown_timeout_s, _hard_exit,
+                                        args=(cfg.shutdown_timeout_s,))
+                timer.daemon = True
+                timer.start()
+            super().handle_exit(sig, frame)
+
+    GracefulServer(uvicorn.Config(
+        app, host=cfg.host, port=cfg.port, log_level=cfg.log_level,
+        timeout_graceful_shutdown=max(1, int(cfg.shutdown_timeout_s / 2)))).run()
     return 0
+
+
+def _hard_exit(deadline_s: float) -> None:
+    logging.getLogger("rlscope.serve").error(
+        "shutdown took longer than %.0f s (--shutdown_timeout_s); exiting now", deadline_s)
+    os._exit(1)

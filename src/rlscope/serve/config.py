@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+API_KEY_ENV = "RLSCOPE_SERVE_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -16,9 +19,13 @@ class ServeConfig:
     """
 
     host: str = "127.0.0.1"
-    """Address to bind. Loopback by default: the Tinker protocol has no real authentication
-    (the SDK only checks the key's prefix), so anyone who can reach a non-loopback address can
-    train, sample and read checkpoints. Binding elsewhere prints a warning."""
+    """Address to bind. Loopback by default. Binding any other address requires
+    ``--api_key`` (or ``$RLSCOPE_SERVE_API_KEY``): the server refuses to start without one."""
+    api_key: str = ""
+    """Key every request must carry in the ``X-API-Key`` header (the SDK sends its
+    ``api_key`` / ``$TINKER_API_KEY`` there), compared in constant time; wrong or missing → 401.
+    Must start with ``tml-`` (the SDK refuses other keys) and be at least 16 characters.
+    Empty: ``$RLSCOPE_SERVE_API_KEY``, else no key (allowed on loopback only)."""
     port: int = 8000
     """TCP port to listen on."""
     models: tuple[str, ...] = ("tiny=tiny-llama",)
@@ -66,6 +73,33 @@ class ServeConfig:
     fwdbwd_max_chunk_len: int = 0
     """Datums per forward_backward chunk the SDK is told to send (0 = the SDK's default, 1024);
     chunks are posted concurrently, first chunk last, and reassembled here by seq_id."""
+    max_body_bytes: int = 32 * 2**20
+    """Largest request body accepted, as sent (compressed); larger → 413."""
+    max_decompressed_bytes: int = 128 * 2**20
+    """Largest body after ``Content-Encoding: zstd`` / ``gzip`` decompression (streamed,
+    stopped at this size); larger → 413."""
+    max_num_samples: int = 1024
+    """Largest ``num_samples`` of one sample request; larger → 400."""
+    max_sample_tokens: int = 4096
+    """Largest ``max_tokens`` of one sample request; larger → 400."""
+    max_batch_tokens: int = 2_000_000
+    """Most tokens one request may carry: the datums of a ``forward_backward`` (summed), or
+    ``num_samples`` × (prompt + ``max_tokens``) of a sample request; more → 400."""
+    sample_chunk_rows: int = 64
+    """Sample requests are split into chunks of at most this many sequences; the worker takes
+    chunks (and training jobs) round-robin across clients, so one huge request cannot starve
+    the others."""
+    future_ttl_s: float = 3600.0
+    """A finished result nobody retrieved is dropped after this many seconds."""
+    retrieved_ttl_s: float = 60.0
+    """A retrieved result stays this long (for the SDK's retries of a lost response), then is
+    dropped."""
+    max_futures: int = 10000
+    """Most results held at once; beyond it the oldest finished ones are dropped, and when all
+    are pending new requests get 429 (the SDK backs off and retries)."""
+    shutdown_timeout_s: float = 10.0
+    """On SIGTERM/SIGINT: queued requests fail at once with a ``server`` error, the running one
+    may finish, and the process exits within about this many seconds."""
     log_level: str = "info"
     """Server log level: debug, info, warning or error."""
 
@@ -89,9 +123,29 @@ class ServeConfig:
             errors.append("fwdbwd_max_chunk_len must be >= 0 (0 = the SDK default)")
         if self.tiny_d_model % self.tiny_heads:
             errors.append("tiny_d_model must be divisible by tiny_heads")
+        key = self.resolved_api_key()
+        if key and (not key.startswith("tml-") or len(key) < 16):
+            errors.append(f"api_key (--api_key or ${API_KEY_ENV}) must start with 'tml-' "
+                          "(the tinker SDK refuses other keys) and be at least 16 characters")
+        if not self.is_loopback and not self.resolved_api_key():
+            errors.append(f"host={self.host} is not a loopback address: set --api_key (or "
+                          f"${API_KEY_ENV}) so only clients with the key can use the server")
+        for name in ("max_body_bytes", "max_decompressed_bytes", "max_num_samples",
+                     "max_sample_tokens", "max_batch_tokens", "sample_chunk_rows",
+                     "max_futures"):
+            if getattr(self, name) < 1:
+                errors.append(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("future_ttl_s", "retrieved_ttl_s", "shutdown_timeout_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                errors.append(f"{name}={value} must be a finite number > 0")
         if self.log_level not in ("debug", "info", "warning", "error"):
             errors.append(f"log_level={self.log_level!r}: use debug, info, warning or error")
         return errors
+
+    def resolved_api_key(self) -> str:
+        """``api_key``, else ``$RLSCOPE_SERVE_API_KEY``, else empty (no key)."""
+        return self.api_key or os.environ.get(API_KEY_ENV, "")
 
     @property
     def is_loopback(self) -> bool:

@@ -39,6 +39,7 @@ from rlscope.serve.config import ServeConfig
 from rlscope.serve.losses import check_loss_request, tinker_loss
 from rlscope.serve.sampling import SampledRow, SampleRow, prompt_logprobs, sample_rows
 from rlscope.serve.state import (
+    TINY_SPECS,
     LoadedWeights,
     LoraSettings,
     TrainingModel,
@@ -68,6 +69,7 @@ class Engine:
         self.lock = threading.RLock()
         self._build_lock = threading.Lock()
         self.models: dict[str, TrainingModel] = {}
+        self._creating: set[str] = set()
         self.samplers: dict[str, Weights] = {}
         self.named_samplers: dict[str, Weights] = {}
         self.base_policies: dict[str, tuple[HFPolicy, TextCodec]] = {}
@@ -91,18 +93,49 @@ class Engine:
                         f"{sorted(self.aliases)} (add NAME=SPEC to --models), directories "
                         "written by --write_tokenizer, and local Hugging Face model dirs")
 
+    def warm_up(self) -> None:
+        """Import the model libraries and build one tiny model with an adapter, so the first
+        client's ``create_model`` does not pay ~10 s of imports on a slow CPU (run by the
+        worker at start; builds are deterministic, so this changes no weights)."""
+        t0 = time.perf_counter()
+        import peft  # noqa: F401
+        import transformers  # noqa: F401
+
+        tiny = [spec for spec in self.aliases.values() if spec in TINY_SPECS]
+        if tiny:
+            build_policy(self.cfg, torch.device("cpu"), tiny[0], LoraSettings(rank=1))
+        log.info("warmed up in %.1f s", time.perf_counter() - t0)
+
     def capabilities(self) -> list[dict[str, Any]]:
         return [{"model_name": name, "trainable": True, "sampleable": True}
                 for name in self.aliases]
 
     def _new_training_model(self, model_id: str, base_model: str, lora: LoraSettings,
                             user_metadata: dict[str, str]) -> TrainingModel:
+        """A new training client; refuses an id that exists (in memory or on disk), so one
+        client can never empty another's metrics or overwrite its checkpoints."""
         spec = self.resolve(base_model)
+        run_dir = self.root / checkpoints.run_key(model_id)
+        with self.lock:
+            if model_id in self.models or model_id in self._creating \
+                    or (run_dir / "config.json").exists():
+                raise UserError(f"model_id {model_id!r} already exists; a new training "
+                                "client needs a new session or model_seq_id")
+            self._creating.add(model_id)
+        try:
+            return self._build_training_model(model_id, base_model, spec, lora, user_metadata,
+                                              run_dir)
+        finally:
+            with self.lock:
+                self._creating.discard(model_id)
+
+    def _build_training_model(self, model_id: str, base_model: str, spec: str,
+                              lora: LoraSettings, user_metadata: dict[str, str],
+                              run_dir: Path) -> TrainingModel:
         policy, codec = build_policy(self.cfg, self.device, spec, lora)
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
                                       weight_decay=0.0)
-        run_dir = self.root / checkpoints.run_key(model_id)
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         model = TrainingModel(
             model_id=model_id, base_model=base_model, spec=spec, policy=policy, codec=codec,
@@ -343,7 +376,7 @@ class Engine:
         meta = checkpoints.read_meta(ckpt, path)
         policy, codec = build_policy(self.cfg, self.device, self.resolve(meta["base_model"]),
                                      LoraSettings(**meta["lora"]))
-        checkpoints.load_trainable(policy, ckpt, self.device)
+        checkpoints.load_trainable(policy, ckpt, self.device, path)
         weights = Weights(policy=policy.requires_grad_(False), params=None,
                           base_model=meta["base_model"], codec=codec, model_path=path)
         with self.lock:
@@ -360,7 +393,8 @@ class Engine:
                              top_p=first["top_p"])
         rows = [SampleRow(prompt=r["prompt"], max_tokens=r["max_tokens"],
                           stop_ids=r["stop_ids"], stop_strings=r["stop_strings"], seed=s)
-                for r in requests for s in self._row_seeds(r["seed"], r["num_samples"])]
+                for r in requests
+                for s in self._row_seeds(r["seed"], r["num_samples"], r.get("row_offset", 0))]
         t0 = time.perf_counter()
         with LoadedWeights(weights) as policy:
             sampled = sample_rows(policy, rows, cfg, weights.codec)
@@ -377,10 +411,12 @@ class Engine:
             start += req["num_samples"]
         return out
 
-    def _row_seeds(self, seed: int | None, n: int) -> list[int]:
+    def _row_seeds(self, seed: int | None, n: int, offset: int = 0) -> list[int]:
+        """Noise seeds of rows ``offset .. offset + n - 1`` of a request (a seeded request's
+        rows get the same seeds however it is split into chunks)."""
         if seed is None:
             return [int(s) for s in self._rng.integers(0, 2**62, size=n)]
-        return [(int(seed) * 1_000_003 + i) % 2**62 for i in range(n)]
+        return [(int(seed) * 1_000_003 + i) % 2**62 for i in range(offset, offset + n)]
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -401,6 +437,10 @@ class Engine:
         if optimizer and not (ckpt / "optimizer.pt").is_file():
             raise UserError(f"{path} holds no optimizer state (sampler weights?); load it with "
                             "optimizer=False")
+        # read (and vet) every file before a new training client exists
+        trainable = checkpoints.read_trainable(ckpt, path, self.device)
+        opt_state = checkpoints.load_tensors(ckpt / "optimizer.pt", path, self.device) \
+            if optimizer else None
         if model_id is None:
             if session_id is None or model_seq_id is None:
                 raise UserError("load_weights needs model_id, or session_id and model_seq_id")
@@ -412,10 +452,13 @@ class Engine:
                                              LoraSettings(**meta["lora"]), metadata)
         else:
             model = self.model(model_id)
-        checkpoints.load_trainable(model.policy, ckpt, self.device)
-        if optimizer:
-            model.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt",
-                                                       map_location=self.device))
+        checkpoints.copy_trainable(model.policy, trainable, path)
+        if opt_state is not None:
+            try:
+                model.optimizer.load_state_dict(opt_state)
+            except (ValueError, KeyError, TypeError) as e:
+                raise UserError(f"checkpoint {path}: its optimizer state does not fit this "
+                                "model") from e
         model.optimizer.zero_grad(set_to_none=True)
         log.info("loaded %s into %s (optimizer: %s)", path, model_id, optimizer)
         return {"type": "load_weights", "path": path, "model_id": model_id}

@@ -45,29 +45,88 @@ class Result:
         return Result(error=error, category=category)
 
 
+class StoreFullError(RuntimeError):
+    """Every slot of the `FutureStore` holds a pending request (the app answers 429)."""
+
+
 @dataclass
 class _Entry:
     kind: str
     created: float
     result: Result | None = None
+    finished: float = 0.0
+    retrieved: float | None = None
     waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Result]]] = field(
         default_factory=list)
 
 
 class FutureStore:
-    """Request ids → results; thread-safe (results are set from the engine's worker)."""
+    """Request ids → results; thread-safe (results are set from the engine's worker).
 
-    def __init__(self) -> None:
+    Memory is bounded: a result is dropped ``retrieved_ttl_s`` after the client retrieved it
+    (the grace covers the SDK re-polling after a lost response), a finished result nobody
+    retrieved after ``ttl_s``, and at most ``max_entries`` entries are held (the oldest
+    finished ones go first; when every entry is pending, `create` raises `StoreFullError`).
+    """
+
+    def __init__(self, ttl_s: float = 3600.0, retrieved_ttl_s: float = 60.0,
+                 max_entries: int = 10000) -> None:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self._counter = itertools.count(1)
+        self.ttl_s = ttl_s
+        self.retrieved_ttl_s = retrieved_ttl_s
+        self.max_entries = max_entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
 
     def create(self, kind: str) -> str:
         """A new pending request id (a decimal string: the SDK needs a JSON string)."""
         with self._lock:
+            self._evict_locked(time.monotonic())
+            if len(self._entries) >= self.max_entries:
+                raise StoreFullError(f"{len(self._entries)} requests are pending; retry later")
             request_id = str(next(self._counter))
             self._entries[request_id] = _Entry(kind=kind, created=time.monotonic())
         return request_id
+
+    def mark_retrieved(self, request_id: str) -> None:
+        """The client has received the result: drop it after ``retrieved_ttl_s``."""
+        with self._lock:
+            entry = self._entries.get(request_id)
+            if entry is not None and entry.retrieved is None:
+                entry.retrieved = time.monotonic()
+
+    def evict(self) -> int:
+        """Drop expired results (called periodically and on every `create`); how many."""
+        with self._lock:
+            return self._evict_locked(time.monotonic())
+
+    def _evict_locked(self, now: float) -> int:
+        expired = [rid for rid, e in self._entries.items() if e.result is not None and (
+            (e.retrieved is not None and now - e.retrieved >= self.retrieved_ttl_s)
+            or now - e.finished >= self.ttl_s)]
+        for rid in expired:
+            del self._entries[rid]
+        excess = len(self._entries) - self.max_entries + 1
+        if excess > 0:
+            finished = sorted((e.finished, rid) for rid, e in self._entries.items()
+                              if e.result is not None and not e.waiters)
+            for _, rid in finished[:excess]:
+                del self._entries[rid]
+            expired.extend(rid for _, rid in finished[:excess])
+        return len(expired)
+
+    def fail_pending(self, error: str) -> int:
+        """Fail every pending request with ``error`` (category ``server``), waking its long
+        polls (shutdown); how many."""
+        with self._lock:
+            pending = [rid for rid, e in self._entries.items() if e.result is None]
+        for rid in pending:
+            self.set_result(rid, Result.failed(error, "server"))
+        return len(pending)
 
     def known(self, request_id: str) -> bool:
         with self._lock:
@@ -77,24 +136,29 @@ class FutureStore:
         """Store the result and wake every long poll waiting on it (idempotent: the first
         result wins)."""
         with self._lock:
-            entry = self._entries[request_id]
-            if entry.result is not None:
+            entry = self._entries.get(request_id)
+            if entry is None or entry.result is not None:
                 return
             entry.result = result
+            entry.finished = time.monotonic()
             waiters, entry.waiters = entry.waiters, []
         for loop, fut in waiters:
             loop.call_soon_threadsafe(_resolve, fut, result)
 
     def peek(self, request_id: str) -> Result | None:
+        """The result if finished, else None (also None for an unknown id)."""
         with self._lock:
-            return self._entries[request_id].result
+            entry = self._entries.get(request_id)
+            return None if entry is None else entry.result
 
     async def wait(self, request_id: str, timeout_s: float) -> Result | None:
         """The result of ``request_id``, waiting at most ``timeout_s`` seconds (None on
         timeout). Raises KeyError for an unknown id."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            entry = self._entries[request_id]
+            entry = self._entries.get(request_id)
+            if entry is None:
+                raise KeyError(request_id)
             if entry.result is not None:
                 return entry.result
             fut: asyncio.Future[Result] = loop.create_future()
@@ -116,6 +180,10 @@ def _resolve(fut: asyncio.Future[Result], result: Result) -> None:
 def body_digest(body: bytes) -> str:
     """Fingerprint of a request body, to tell a retry from a conflicting reuse of a seq_id."""
     return hashlib.blake2b(body, digest_size=16).hexdigest()
+
+
+SEEN_WINDOW = 1024
+"""Per model, how many already-run seq_ids are remembered to deduplicate retries."""
 
 
 class SeqConflictError(ValueError):
@@ -182,9 +250,17 @@ class SeqOrderer:
                 ready.extend(self._drain(queue))
                 if queue.pending and queue.waiting_since is None:
                     queue.waiting_since = time.monotonic()
+            if len(self._seen) > 2 * SEEN_WINDOW * max(len(self._queues), 1):
+                self._prune_seen()
         for job in ready:
             job()
         return request_id
+
+    def _prune_seen(self) -> None:
+        """Forget retries older than ``SEEN_WINDOW`` seq_ids behind each model's next one
+        (bounded memory: a retry arrives within seconds, never a thousand requests late)."""
+        self._seen = {(m, s): v for (m, s), v in self._seen.items()
+                      if m not in self._queues or s >= self._queues[m].next_seq - SEEN_WINDOW}
 
     def _drain(self, queue: _Queue) -> list[Callable[[], None]]:
         ready = []

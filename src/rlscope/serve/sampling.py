@@ -25,6 +25,7 @@ from rlscope.sampling.draw import SamplingConfig, draw
 from rlscope.sampling.processors import gumbel_offsets
 from rlscope.serve.state import UserError
 from rlscope.serve.tokenizer_dir import TextCodec
+from rlscope.serve.validate import get_bool, get_dict, get_float, get_int
 
 
 @dataclass(frozen=True)
@@ -137,27 +138,39 @@ def prompt_logprobs(policy: Policy, prompt: list[int], last_n: int | None = None
     return values
 
 
+@dataclass(frozen=True)
+class SampleLimits:
+    """Caps on one sample request (``--max_num_samples``, ``--max_sample_tokens``,
+    ``--max_batch_tokens``)."""
+
+    max_num_samples: int = 1024
+    max_tokens: int = 4096
+    max_batch_tokens: int = 2_000_000
+
+
 def parse_sample_request(body: dict[str, Any], codec_eos: int | None, vocab: int,
-                         max_len: int | None, prompt: list[int]) -> dict[str, Any]:
+                         max_len: int | None, prompt: list[int],
+                         limits: SampleLimits | None = None) -> dict[str, Any]:
     """Validate an ``asample`` body into the dict `Engine.sample_batch` reads; raises
-    UserError on bad or unsupported input."""
-    params = body.get("sampling_params") or {}
-    num_samples = int(body.get("num_samples", 1))
-    if num_samples < 1:
-        raise UserError(f"num_samples must be >= 1, got {num_samples}")
+    UserError (naming the field) on bad, oversized or unsupported input."""
+    limits = limits or SampleLimits()
+    params = get_dict(body, "sampling_params", None) or {}
+    num_samples = get_int(body, "num_samples", 1, lo=1, hi=limits.max_num_samples)
     if not prompt:
         raise UserError("the prompt is empty")
     if min(prompt) < 0 or max(prompt) >= vocab:
         raise UserError(f"prompt token ids must lie in 0..{vocab - 1}")
-    max_tokens = params.get("max_tokens")
+    max_tokens = get_int(params, "max_tokens", None, lo=0, hi=limits.max_tokens)
     if max_tokens is None:
-        max_tokens = (max_len or 2048) - len(prompt)
-    max_tokens = int(max_tokens)
-    if max_tokens < 0:
-        raise UserError(f"max_tokens must be >= 0, got {max_tokens}")
+        max_tokens = max(0, min((max_len or 2048) - len(prompt), limits.max_tokens))
     if max_len is not None and len(prompt) + max_tokens > max_len:
         raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
                         f"the model's {max_len} positions")
+    total = num_samples * (len(prompt) + max_tokens)
+    if total > limits.max_batch_tokens:
+        raise UserError(f"num_samples × (prompt + max_tokens) = {total} tokens exceeds this "
+                        f"server's cap of {limits.max_batch_tokens} (--max_batch_tokens); "
+                        "split the request")
     stop = params.get("stop")
     stop_ids: set[int] = set()
     stop_strings: list[str] = []
@@ -165,37 +178,44 @@ def parse_sample_request(body: dict[str, Any], codec_eos: int | None, vocab: int
         if codec_eos is not None:
             stop_ids.add(int(codec_eos))
     elif isinstance(stop, str):
+        if not stop:
+            raise UserError("field 'stop': an empty stop string would stop at once")
         stop_strings.append(stop)
     elif isinstance(stop, list):
+        if len(stop) > 64:
+            raise UserError("field 'stop' may hold at most 64 entries")
         for s in stop:
             if isinstance(s, bool) or not isinstance(s, (int, str)):
-                raise UserError(f"stop entries must be token ids or strings, got {s!r}")
+                raise UserError(f"field 'stop': entries must be token ids or strings, got {s!r}")
             if isinstance(s, str):
                 if not s:
-                    raise UserError("an empty stop string would stop at once")
+                    raise UserError("field 'stop': an empty stop string would stop at once")
+                if len(s) > 1024:
+                    raise UserError("field 'stop': a stop string is longer than 1024 characters")
                 stop_strings.append(s)
             else:
                 stop_ids.add(int(s))
     else:
-        raise UserError(f"stop must be null, a string or a list, got {stop!r}")
-    temperature = float(params.get("temperature", 1.0))
-    top_k = int(params.get("top_k", -1))
-    top_p = float(params.get("top_p", 1.0))
-    if temperature < 0 or not 0 < top_p <= 1 or top_k == 0 or top_k < -1:
-        raise UserError(f"invalid sampling params: temperature={temperature} (>= 0), "
-                        f"top_k={top_k} (-1 = off, or >= 1), top_p={top_p} (in (0, 1])")
+        raise UserError(f"field 'stop' must be null, a string or a list, got {stop!r}")
+    temperature = get_float(params, "temperature", 1.0, lo=0.0)
+    top_k = get_int(params, "top_k", -1, lo=-1)
+    top_p = get_float(params, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise UserError(f"field 'top_p' must lie in (0, 1], got {top_p}")
+    if top_k == 0:
+        raise UserError("field 'top_k' must be -1 (off) or >= 1, got 0")
     for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-        if int(body.get(key) or 0) > 0:
+        if (get_int(body, key, 0) or 0) > 0:
             raise UserError(f"{key} > 0 is not supported by rlscope serve")
     if body.get("target_prompt_logprobs") is not None:
         raise UserError("target_prompt_logprobs is not supported by rlscope serve")
-    seed = params.get("seed")
-    last_n = body.get("prompt_logprobs_last_n")
+    seed = get_int(params, "seed", None)
+    last_n = get_int(body, "prompt_logprobs_last_n", None, lo=0)
     return {
         "prompt": prompt, "num_samples": num_samples, "max_tokens": max_tokens,
         "stop_ids": frozenset(stop_ids), "stop_strings": tuple(stop_strings),
         "temperature": temperature, "top_k": 0 if top_k == -1 else top_k, "top_p": top_p,
-        "seed": None if seed is None else int(seed),
-        "prompt_logprobs": bool(body.get("prompt_logprobs", False)),
-        "prompt_logprobs_last_n": None if last_n is None else int(last_n),
+        "seed": seed,
+        "prompt_logprobs": bool(get_bool(body, "prompt_logprobs", False)),
+        "prompt_logprobs_last_n": last_n,
     }

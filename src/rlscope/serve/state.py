@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,33 +63,70 @@ class LoraSettings:
                 "train_unembed": self.train_unembed, "seed": self.seed}
 
 
+_BUILD_LOCK = threading.Lock()
+"""Serialises model construction, so the forked global RNG is restored by the same thread
+that saved it (builds run on the worker and on the app's thread pool at the same time)."""
+
+
+def _init_base(model: torch.nn.Module, gen: torch.Generator, std: float) -> None:
+    """Re-initialise every parameter of a randomly initialised model from ``gen`` (as
+    transformers' ``_init_weights`` does: normal(0, std) matrices and embeddings, zero
+    biases, unit norm weights), in parameter-name order, so the weights depend on the seed
+    only, never on the global RNG or on what other threads draw."""
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith(".bias"):
+                p.zero_()
+            elif p.ndim == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=gen)
+
+
+def _init_lora(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """PEFT's default adapter init from ``gen``: A kaiming-uniform (a = √5), B zero."""
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if ".lora_A." in name:
+                torch.nn.init.kaiming_uniform_(p, a=math.sqrt(5), generator=gen)
+            elif ".lora_B." in name:
+                p.zero_()
+
+
 def build_policy(cfg: ServeConfig, device: torch.device, spec: str,
                  lora: LoraSettings | None) -> tuple[HFPolicy, TextCodec]:
-    """The policy of ``spec`` (with LoRA adapters when ``lora.rank > 0``) and its codec."""
-    if spec in TINY_SPECS:
-        model = tiny_hf_model(TINY_SPECS[spec], VOCAB_SIZE, seed=cfg.seed,
-                              hidden_size=cfg.tiny_d_model, num_layers=cfg.tiny_layers,
-                              num_heads=cfg.tiny_heads, max_len=cfg.tiny_max_len)
-        codec = byte_codec()
-    else:
-        model = load_hf_model(spec)
-        codec = hf_codec(spec)
-    if lora is not None and lora.rank > 0:
-        from peft import LoraConfig, get_peft_model
+    """The policy of ``spec`` (with LoRA adapters when ``lora.rank > 0``) and its codec.
 
-        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-        targets = [t for t in lora.targets() if t in present]
-        if not targets:
-            raise UserError("LoRA needs at least one of train_attn, train_mlp, train_unembed "
-                            "on a module this model has")
-        config = LoraConfig(r=lora.rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                            target_modules=targets)
-        if lora.seed is None:
-            model = get_peft_model(model, config)
+    Deterministic and thread-safe: a tiny model's weights come from a private
+    ``torch.Generator`` seeded with ``--seed`` and the adapter's from one seeded with the
+    LoRA seed (``--seed`` when the client gives none), so the same spec always gives the same
+    base (a checkpoint, which stores only the trainable tensors, restores bit-identically)
+    whatever other builds run concurrently; torch's global RNG is left as it was.
+    """
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        if spec in TINY_SPECS:
+            model = tiny_hf_model(TINY_SPECS[spec], VOCAB_SIZE, seed=None,
+                                  hidden_size=cfg.tiny_d_model, num_layers=cfg.tiny_layers,
+                                  num_heads=cfg.tiny_heads, max_len=cfg.tiny_max_len)
+            _init_base(model, torch.Generator().manual_seed(cfg.seed),
+                       float(getattr(model.config, "initializer_range", 0.02)))
+            codec = byte_codec()
         else:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(lora.seed)
-                model = get_peft_model(model, config)
+            model = load_hf_model(spec)
+            codec = hf_codec(spec)
+        if lora is not None and lora.rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+            targets = [t for t in lora.targets() if t in present]
+            if not targets:
+                raise UserError("LoRA needs at least one of train_attn, train_mlp, "
+                                "train_unembed on a module this model has")
+            config = LoraConfig(r=lora.rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                target_modules=targets)
+            model = get_peft_model(model, config)
+            seed = cfg.seed if lora.seed is None else lora.seed
+            _init_lora(model, torch.Generator().manual_seed(seed))
     policy = HFPolicy(model).to(device)
     policy.eval()  # no dropout anywhere: sampler and learner compute the same numbers
     return policy, codec
