@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -216,3 +217,35 @@ def test_a_second_sweep_on_the_same_output_is_refused(tmp_path: Path,
             pass
     with OutputLock(out) as lock:  # released: free again
         assert (out / "sweep.lock").read_text() == f"{os.getpid()}\n" and lock.fd is not None
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_fails_only_its_run(tmp_path: Path) -> None:
+    """A worker killed mid-run (as the out-of-memory killer would) fails the run it had, with
+    how it ended; a new worker takes the remaining runs; the next invocation runs the failed
+    one again."""
+    out = tmp_path / "out"
+    killed: list[int] = []
+
+    def workers() -> list[int]:
+        return [p for p in _children(os.getpid())
+                if b"rlscope.sweep.processes" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+    def kill_one() -> None:
+        _wait(lambda: _metric_lines(out) >= 1 and workers(), 120, "training")
+        killed.append(workers()[0])
+        os.kill(killed[0], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    first = run_sweep(parse_manifest(FOUR, output=out), SweepOptions(jobs=2, threads=1))
+    killer.join()
+    assert killed
+    failed = [r for r in first.records if r.status == "failed"]
+    assert len(failed) == 1 and failed[0].error == "the worker process was killed by SIGKILL"
+    assert sorted(r.status for r in first.records) == ["completed"] * 3 + ["failed"]
+    again = run_sweep(parse_manifest(FOUR, output=out), SweepOptions(threads=1))
+    assert [r.status for r in again.records] == ["completed"] * 4
+    # killed before its run wrote anything (still starting up), after, or after a checkpoint
+    assert next(r.plan for r in again.records if r.run == failed[0].run) in (
+        "run", "restart", "resume")

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlscope.sweep.manifest import Manifest, ManifestError, load_manifest, name_problem
-from rlscope.sweep.processes import SweepInterrupted, SweepLocked
-from rlscope.sweep.runner import SweepOptions, plan_run, run_sweep, with_threads
+from rlscope.sweep.processes import OutputLock, SweepInterrupted, SweepLocked
+from rlscope.sweep.runner import SweepOptions, run_sweep, safe_plan, with_threads
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def dry_run(manifest: Manifest, options: SweepOptions) -> str:
     lines = [f"sweep {manifest.name}: {len(specs)} runs ({len(ids)} ids × "
              f"{len(manifest.seeds)} seeds) → {manifest.output}", ""]
     for spec in specs:
-        plan, reason = plan_run(spec)
+        plan, reason = safe_plan(spec)
         lines += [f"{spec.id}  seed {spec.seed}  {spec.run_dir}  [{plan}"
                   + (f": {reason}" if reason else "") + "]", f"  {spec.command_line}"]
     return "\n".join(lines) + "\n"
@@ -99,18 +99,23 @@ def run(cmd: SweepCommand) -> int:
         return 0
     out = Console(highlight=False, soft_wrap=True)
     t0 = time.perf_counter()
+    lock = OutputLock(manifest.output)
+    try:
+        lock.acquire()
+    except (SweepLocked, ValueError) as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        return 2
     out.print(f"sweep {manifest.name}: {len(manifest.runs)} runs, {cmd.jobs} job(s) → "
               f"{manifest.output}")
     try:
-        result = run_sweep(manifest, options, lambda line: out.print(escape(line)))
-    except SweepLocked as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}")
-        return 2
+        result = run_sweep(manifest, options, lambda line: out.print(escape(line)), lock)
     except SweepInterrupted as e:
         err.print(f"\nsweep {manifest.name}: stopped by {e}; the runs in progress were "
                   f"stopped (see {manifest.output / 'sweep.json'}); run the same command "
                   "again to resume")
         return 128 + e.signum
+    finally:
+        lock.release()
     agg = result.aggregate
     out.print(f"\nsweep {manifest.name}: {result.count('completed')} completed, "
               f"{result.count('out_of_regime')} out of regime, {result.skipped} skipped, "

@@ -79,9 +79,14 @@ class OutputLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise `SweepLocked` without waiting."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock, or raise `SweepLocked` without waiting (ValueError when the folder
+        cannot be created or written)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ValueError(f"cannot use {self.path.parent} as the sweep's output folder: "
+                             f"{e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

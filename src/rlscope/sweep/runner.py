@@ -410,6 +410,15 @@ def plan_run(spec: RunSpec) -> tuple[Plan, str]:
     return "resume", f"{why}, checkpoint at step {step}"
 
 
+def safe_plan(spec: RunSpec) -> tuple[Plan, str]:
+    """`plan_run`, with anything it raises (a directory that cannot even be listed) turned
+    into a ``fail`` plan for this run alone."""
+    try:
+        return plan_run(spec)
+    except Exception as e:  # one unusable directory fails only its run
+        return "fail", f"cannot plan it: {type(e).__name__}: {e}"
+
+
 def trim_logs(run_dir: Path, step: int) -> None:
     """Drop records at or after ``step`` from the run's JSONL logs (and a line cut off by a
     kill): the run resumed from that step writes them again."""
@@ -521,17 +530,24 @@ def write_index(manifest: Manifest, options: SweepOptions, records: Sequence[Run
 
 
 def run_sweep(manifest: Manifest, options: SweepOptions = SweepOptions(),
-              report: Callable[[str], None] = lambda line: None) -> SweepResult:
+              report: Callable[[str], None] = lambda line: None,
+              lock: OutputLock | None = None) -> SweepResult:
     """Run every unfinished run of ``manifest``, then aggregate; ``report`` receives one line
     per planned skip/resume/restart/fail and per finished run.
 
-    Holds ``<output>/sweep.lock`` throughout (`SweepLocked` when another sweep holds it).
-    SIGINT, SIGTERM and SIGHUP stop the running runs and raise `SweepInterrupted` once
-    ``sweep.json`` records them as interrupted."""
+    Holds ``<output>/sweep.lock`` throughout: ``lock`` if the caller already holds it (and
+    releases it), else one taken here (`SweepLocked` when another sweep holds it). SIGINT,
+    SIGTERM and SIGHUP stop the running runs and raise `SweepInterrupted` once ``sweep.json``
+    records them as interrupted."""
     if options.jobs < 1 or options.threads < 0:
         raise ValueError("jobs must be >= 1 and threads >= 0")
-    with OutputLock(manifest.output) as lock, stop_on_signals():
-        return _run_locked(manifest, options, report, lock)
+    if lock is not None:
+        if lock.fd is None or lock.path.parent != manifest.output:
+            raise ValueError(f"the lock given is not held on {manifest.output}")
+        with stop_on_signals():
+            return _run_locked(manifest, options, report, lock)
+    with OutputLock(manifest.output) as own, stop_on_signals():
+        return _run_locked(manifest, options, report, own)
 
 
 def _plan_all(specs: Sequence[RunSpec], report: Callable[[str], None]
@@ -541,11 +557,13 @@ def _plan_all(specs: Sequence[RunSpec], report: Callable[[str], None]
     records: list[RunRecord] = []
     todo: list[tuple[int, RunSpec]] = []
     for i, spec in enumerate(specs):
-        try:
-            plan, reason = plan_run(spec)
-            ready = prepare(spec, plan) if plan in ("run", "resume", "restart") else spec
-        except Exception as e:  # one unusable directory fails only its run
-            plan, reason = "fail", f"cannot plan it: {type(e).__name__}: {e}"
+        plan, reason = safe_plan(spec)
+        ready = spec
+        if plan in ("resume", "restart"):
+            try:
+                ready = prepare(spec, plan)
+            except Exception as e:  # one unusable directory fails only its run
+                plan, reason = "fail", f"cannot {plan} it: {type(e).__name__}: {e}"
         record = RunRecord(spec.run, spec.id, spec.entry, spec.seed, str(spec.run_dir),
                            spec.command_line, plan, reason, log=str(log_path(spec)))
         if plan == "skip":
