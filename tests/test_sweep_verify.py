@@ -73,6 +73,39 @@ def test_fresh_runs_verify_also_with_delay_and_replay(tmp_path: Path) -> None:
     assert [(r.plan, r.status) for r in second.records] == [("skip", "completed")] * 3
 
 
+def _constant_score(self: Any, batch: Any) -> Any:
+    import torch
+
+    from rlscope.tasks import Scores
+
+    zeros_BT = torch.zeros(batch.completion_tokens_BT.shape)
+    return Scores(rewards_B=torch.zeros(batch.batch_size), token_rewards_BT=zeros_BT)
+
+
+def test_a_run_out_of_regime_verifies_and_is_skipped(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that stops early by itself (out of regime at step 9 of 30: no group is mixed)
+    passes verification with the steps it logged, and is skipped, not re-run; a gap in its
+    log is found all the same."""
+    from rlscope.tasks.reversal import ReversalTask
+
+    monkeypatch.setattr(ReversalTask, "score", _constant_score)
+    text = SMALL.replace("num_steps = 4", "num_steps = 30") + "[runs.d]\nmethod = \"dapo\"\n"
+    out = tmp_path / "out"
+    first = run_sweep(parse_manifest(text, output=out))
+    assert first.records[0].status == "out_of_regime"
+    d = out / "runs" / "d_s0"
+    assert _steps(d / "metrics.jsonl") == list(range(9))
+    assert _steps(d / "eval.jsonl") == [0, 2, 4, 6, 8]
+    second = run_sweep(parse_manifest(text, output=out))
+    assert (second.records[0].plan, second.records[0].status) == ("skip", "out_of_regime")
+    lines = (d / "eval.jsonl").read_text().splitlines(keepends=True)
+    (d / "eval.jsonl").write_text("".join(lines[:2] + lines[3:]))
+    spec = parse_manifest(text, output=out).runs[0]
+    assert verify_run(spec, json.loads((d / "status.json").read_text())) == \
+        "eval.jsonl lacks step 4"
+
+
 def test_incomplete_completed_runs_run_again(tmp_path: Path) -> None:
     """Runs whose status says completed but whose files do not bear it out are re-run, never
     skipped: a missing train step (restarted: the gap lies before the checkpoint), a cut-off
