@@ -84,6 +84,18 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _workers(pid: int) -> set[int]:
+    """The sweep worker processes among ``pid``'s children (not, say, a passing git)."""
+    found = set()
+    for child in _children(pid):
+        try:
+            if b"rlscope.sweep.processes" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.add(child)
+        except OSError:
+            continue
+    return found
+
+
 def _wait(condition: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -142,9 +154,9 @@ def test_kill_9_at_startup_leaves_no_worker(tmp_path: Path) -> None:
     or after they ask to die with it): neither survives, and the lock is free again."""
     out = tmp_path / "out"
     proc = _start_sweep(tmp_path, out)
-    _wait(lambda: len(_children(proc.pid)) >= 2 or proc.poll() is not None, 120,
+    _wait(lambda: len(_workers(proc.pid)) >= 2 or proc.poll() is not None, 120,
           "two workers")
-    workers = _children(proc.pid)
+    workers = _workers(proc.pid)
     assert len(workers) == 2, (tmp_path / "sweep.out").read_text()
     proc.kill()
     proc.wait()
@@ -163,7 +175,7 @@ def test_kill_9_mid_run_then_rerun_equals_an_uninterrupted_sweep(tmp_path: Path)
     out = tmp_path / "out"
     proc = _start_sweep(tmp_path, out)
     _wait(lambda: _metric_lines(out) >= 10 or proc.poll() is not None, 120, "training")
-    workers = _children(proc.pid)
+    workers = _workers(proc.pid)
     assert workers and proc.poll() is None, (tmp_path / "sweep.out").read_text()
     proc.kill()
     proc.wait()
@@ -182,9 +194,9 @@ def test_sigterm_stops_the_workers_and_records_the_interrupted_runs(tmp_path: Pa
     resume, exits with 128 + SIGTERM and frees the lock."""
     out = tmp_path / "out"
     proc = _start_sweep(tmp_path, out)
-    _wait(lambda: len(_children(proc.pid)) >= 2 or proc.poll() is not None, 120,
+    _wait(lambda: len(_workers(proc.pid)) >= 2 or proc.poll() is not None, 120,
           "two workers")
-    workers = _children(proc.pid)
+    workers = _workers(proc.pid)
     assert len(workers) == 2 and proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
@@ -227,13 +239,9 @@ def test_a_worker_that_dies_fails_only_its_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     killed: list[int] = []
 
-    def workers() -> list[int]:
-        return [p for p in _children(os.getpid())
-                if b"rlscope.sweep.processes" in Path(f"/proc/{p}/cmdline").read_bytes()]
-
     def kill_one() -> None:
-        _wait(lambda: _metric_lines(out) >= 1 and workers(), 120, "training")
-        killed.append(workers()[0])
+        _wait(lambda: _metric_lines(out) >= 1 and _workers(os.getpid()), 120, "training")
+        killed.append(min(_workers(os.getpid())))
         os.kill(killed[0], signal.SIGKILL)
 
     killer = threading.Thread(target=kill_one)
