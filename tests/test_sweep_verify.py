@@ -15,7 +15,8 @@ from rlscope.cli import main
 from rlscope.config import TrainConfig
 from rlscope.sweep.aggregate import load_tidy
 from rlscope.sweep.manifest import ManifestError, name_problem, parse_manifest
-from rlscope.sweep.runner import expected_steps, plan_run, run_sweep, verify_run
+from rlscope.sweep.plan import expected_steps, plan_run, verify_run
+from rlscope.sweep.runner import run_sweep
 
 SMALL = """
 [defaults]

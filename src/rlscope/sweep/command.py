@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from rlscope.sweep.manifest import Manifest, ManifestError, load_manifest, name_problem
+from rlscope.sweep.plan import safe_plan
 from rlscope.sweep.processes import OutputLock, SweepInterrupted, SweepLocked
-from rlscope.sweep.runner import SweepOptions, run_sweep, safe_plan, with_threads
+from rlscope.sweep.runner import SweepOptions, run_sweep, with_threads
 
 
 @dataclass(frozen=True)
