@@ -15,7 +15,7 @@ from rich.markup import escape
 from rlscope.sweep.manifest import Manifest, ManifestError, load_manifest, name_problem
 from rlscope.sweep.plan import safe_plan
 from rlscope.sweep.processes import OutputLock, SweepInterrupted, SweepLocked
-from rlscope.sweep.runner import SweepOptions, run_sweep, with_threads
+from rlscope.sweep.runner import SweepOptions, SweepResult, run_sweep, with_threads
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ def run(cmd: SweepCommand) -> int:
               f"{manifest.output}")
     try:
         result = run_sweep(manifest, options, lambda line: out.print(escape(line)), lock)
+        return summarize(cmd, manifest, result, out, time.perf_counter() - t0)
     except SweepInterrupted as e:
         err.print(f"\nsweep {manifest.name}: stopped by {e}; the runs in progress were "
                   f"stopped (see {manifest.output / 'sweep.json'}); run the same command "
@@ -117,10 +118,16 @@ def run(cmd: SweepCommand) -> int:
         return 128 + e.signum
     finally:
         lock.release()
+
+
+def summarize(cmd: SweepCommand, manifest: Manifest, result: SweepResult, out: Console,
+              seconds: float) -> int:
+    """Print a finished sweep's summary and tables, write its report (``--report``); the exit
+    status: 1 when some run failed, else 0."""
     agg = result.aggregate
     out.print(f"\nsweep {manifest.name}: {result.count('completed')} completed, "
               f"{result.count('out_of_regime')} out of regime, {result.skipped} skipped, "
-              f"{len(result.failed)} failed in {time.perf_counter() - t0:.1f}s")
+              f"{len(result.failed)} failed in {seconds:.1f}s")
     for r in result.failed:
         out.print(f"  [red]failed[/red] {escape(r.run)}: {escape(r.error)}")
     out.print("")
