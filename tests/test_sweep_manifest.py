@@ -200,7 +200,7 @@ def test_structure_errors() -> None:
     problems = _problems("[run.r]\nmethod = \"grpo\"\n")
     assert problems[0].startswith("[run]: unknown section (did you mean 'runs'?)")
     assert "[runs] r = 3: each run is a table" in _problems("[runs]\nr = 3\n")[0]
-    assert "run names use letters" in _problems(DEFAULTS + "[runs.\"a b\"]\n")[0]
+    assert "run names must use letters" in _problems(DEFAULTS + "[runs.\"a b\"]\n")[0]
 
 
 def test_every_problem_is_reported_at_once() -> None:

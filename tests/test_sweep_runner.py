@@ -130,8 +130,8 @@ def test_manifest_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     manifest = _write(tmp_path, SMALL + "[runs.a]\nmethod = \"grpo\"\nnum_step = 3\n")
     assert main(["sweep", str(manifest), "--dry_run"]) == 2
     err = capsys.readouterr().err
-    assert "1 problem:" in err
-    assert "[runs.a] num_step: not an `rlscope train` option (did you mean 'num_steps'?)" in err
+    assert err == (f"error: {manifest}: [runs.a] num_step: not an `rlscope train` option "
+                   "(did you mean 'num_steps'?)\n")  # one problem, one line
     assert main(["sweep", str(tmp_path / "missing.toml")]) == 2
     assert "cannot read" in capsys.readouterr().err
 

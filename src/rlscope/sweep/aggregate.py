@@ -195,11 +195,21 @@ def run_rows(run_dir: Path, name: str | None = None) -> list[TidyRow]:
                         str(config["method"]), int(config["run"]["seed"]))
 
 
+def _readable_rows(run_dir: Path, name: str | None) -> list[TidyRow]:
+    """`run_rows`, or ``[]`` for a run whose files cannot be read (a corrupt config.json,
+    binary junk in a log): the sweep reports such a run as failed, with the reason."""
+    try:
+        return run_rows(run_dir, name)
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def tidy(sweep_dir: str | Path) -> list[TidyRow]:
     """Every logged value of every run of a sweep, in run order, then train before eval, then
-    step order as logged."""
+    step order as logged; a run whose files cannot be read gives no rows."""
     sweep_dir = Path(sweep_dir)
-    return [row for run_dir, name in _run_dirs(sweep_dir) for row in run_rows(run_dir, name)]
+    return [row for run_dir, name in _run_dirs(sweep_dir)
+            for row in _readable_rows(run_dir, name)]
 
 
 _COLUMNS = list(RESULTS_COLUMNS)

@@ -12,8 +12,10 @@ import tyro
 from rich.console import Console
 from rich.markup import escape
 
-from rlscope.sweep.manifest import Manifest, ManifestError, load_manifest
-from rlscope.sweep.runner import SweepOptions, plan_run, run_sweep, with_threads
+from rlscope.sweep.manifest import Manifest, ManifestError, load_manifest, name_problem
+from rlscope.sweep.plan import safe_plan
+from rlscope.sweep.processes import OutputLock, SweepInterrupted, SweepLocked
+from rlscope.sweep.runner import SweepOptions, SweepResult, run_sweep, with_threads
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,9 @@ class SweepCommand:
     equivalent `rlscope train` command); run nothing."""
     output: str = ""
     """The sweep directory (default: the manifest's [sweep] output, else sweeps/<name>)."""
+    name: str = ""
+    """The sweep's name (default: the manifest's [sweep] name, else its file name): letters,
+    digits, '_', '-', '.' and '+', not only dots."""
     report: bool = True
     """After aggregating, write figures/ and report.html into the sweep directory (needs
     matplotlib: pip install 'rlscope[report]')."""
@@ -65,7 +70,7 @@ def dry_run(manifest: Manifest, options: SweepOptions) -> str:
     lines = [f"sweep {manifest.name}: {len(specs)} runs ({len(ids)} ids × "
              f"{len(manifest.seeds)} seeds) → {manifest.output}", ""]
     for spec in specs:
-        plan, reason = plan_run(spec)
+        plan, reason = safe_plan(spec)
         lines += [f"{spec.id}  seed {spec.seed}  {spec.run_dir}  [{plan}"
                   + (f": {reason}" if reason else "") + "]", f"  {spec.command_line}"]
     return "\n".join(lines) + "\n"
@@ -73,12 +78,16 @@ def dry_run(manifest: Manifest, options: SweepOptions) -> str:
 
 def run(cmd: SweepCommand) -> int:
     """0 when every run finished, 1 when some failed, 2 for an unusable manifest."""
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     if cmd.jobs < 1 or cmd.threads < 0:
         err.print("[red]error:[/red] --jobs must be >= 1 and --threads >= 0")
         return 2
+    if cmd.name and name_problem(cmd.name):
+        err.print(f"[red]error:[/red] --name {escape(repr(cmd.name))}: "
+                  f"{escape(name_problem(cmd.name))}")
+        return 2
     try:
-        manifest = load_manifest(manifest_path(cmd), cmd.output or None)
+        manifest = load_manifest(manifest_path(cmd), cmd.output or None, cmd.name)
     except ValueError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}")
         return 2
@@ -91,13 +100,34 @@ def run(cmd: SweepCommand) -> int:
         return 0
     out = Console(highlight=False, soft_wrap=True)
     t0 = time.perf_counter()
+    lock = OutputLock(manifest.output)
+    try:
+        lock.acquire()
+    except (SweepLocked, ValueError) as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}")
+        return 2
     out.print(f"sweep {manifest.name}: {len(manifest.runs)} runs, {cmd.jobs} job(s) → "
               f"{manifest.output}")
-    result = run_sweep(manifest, options, lambda line: out.print(escape(line)))
+    try:
+        result = run_sweep(manifest, options, lambda line: out.print(escape(line)), lock)
+        return summarize(cmd, manifest, result, out, time.perf_counter() - t0)
+    except SweepInterrupted as e:
+        err.print(f"\nsweep {manifest.name}: stopped by {e}; the runs in progress were "
+                  f"stopped (see {manifest.output / 'sweep.json'}); run the same command "
+                  "again to resume")
+        return 128 + e.signum
+    finally:
+        lock.release()
+
+
+def summarize(cmd: SweepCommand, manifest: Manifest, result: SweepResult, out: Console,
+              seconds: float) -> int:
+    """Print a finished sweep's summary and tables, write its report (``--report``); the exit
+    status: 1 when some run failed, else 0."""
     agg = result.aggregate
     out.print(f"\nsweep {manifest.name}: {result.count('completed')} completed, "
               f"{result.count('out_of_regime')} out of regime, {result.skipped} skipped, "
-              f"{len(result.failed)} failed in {time.perf_counter() - t0:.1f}s")
+              f"{len(result.failed)} failed in {seconds:.1f}s")
     for r in result.failed:
         out.print(f"  [red]failed[/red] {escape(r.run)}: {escape(r.error)}")
     out.print("")
@@ -109,7 +139,8 @@ def run(cmd: SweepCommand) -> int:
         try:
             from rlscope.report.build import build_report
         except ImportError as e:  # matplotlib missing
-            out.print(f"no report: {escape(str(e))} (pip install 'rlscope[report]')")
+            out.print(f"no report: {escape(str(e))} "
+                      + escape("(pip install 'rlscope[report]')"))
         else:
             built = build_report(manifest.output)
             out.print(f"wrote {built.html} and {len(built.figures)} figures in "

@@ -72,6 +72,19 @@ RESERVED = {
 }
 """Train options the sweep sets itself, with what to do instead."""
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+NAME_RULE = "use letters, digits, '_', '-', '.' or '+' (not only dots), at most 200 characters"
+"""What `name_problem` accepts, as said in its messages."""
+
+
+def name_problem(name: object) -> str:
+    """Why ``name`` cannot name a sweep, a run or a directory inside the output ("" if it
+    can): one path component that stays where it is put, so no ``/`` or ``\\``, no absolute
+    path, no ``.`` or ``..``."""
+    if not isinstance(name, str) or not name:
+        return f"must be a non-empty string; {NAME_RULE}"
+    if len(name) > 200 or not _NAME.match(name) or not name.strip("."):
+        return NAME_RULE
+    return ""
 
 
 class ManifestError(ValueError):
@@ -80,8 +93,11 @@ class ManifestError(ValueError):
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = problems
-        super().__init__(f"{source}: {len(problems)} problem{'s' * (len(problems) != 1)}:\n"
-                         + "\n".join(f"  - {p}" for p in problems))
+        if len(problems) == 1:  # one line
+            super().__init__(f"{source}: {problems[0]}")
+        else:
+            super().__init__(f"{source}: {len(problems)} problems:\n"
+                             + "\n".join(f"  - {p}" for p in problems))
 
 
 @dataclass(frozen=True)
@@ -222,7 +238,7 @@ def _fmt(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, list):
         return ",".join(_fmt(v) for v in value)
-    return re.sub(r"[\s/\\]", "_", _token(value))
+    return re.sub(r"[\s/\\\x00]", "_", _token(value))
 
 
 @dataclass
@@ -292,9 +308,12 @@ def _read_sweep(table: Any, default_name: str, problems: list[str]
             problems.append(f"[sweep] {key}: unknown key{_suggest(key, SWEEP_KEYS)}; valid "
                             f"keys: {', '.join(SWEEP_KEYS)}")
     name = table.get("name", default_name)
-    if not isinstance(name, str) or not _NAME.match(name):
-        problems.append(f"[sweep] name = {name!r}: use letters, digits, '_', '-', '.' or '+'")
-        name = default_name
+    if name_problem(name):
+        problems.append(f"[sweep] name = {name!r}: {name_problem(name)}"
+                        if "name" in table else
+                        f"the manifest's file name gives the sweep name {name!r}, which "
+                        f"cannot name a folder: set [sweep] name ({NAME_RULE})")
+        name = "sweep"
     description = str(table.get("description", ""))
     output = table.get("output", f"sweeps/{name}")
     if not isinstance(output, str) or not output:
@@ -382,10 +401,10 @@ def _check_point(values: dict[str, tuple[Any, str]], where: str, problems: list[
 
 
 def parse_manifest(text: str, source: str = "<manifest>", output: str | Path | None = None,
-                   default_name: str = "sweep") -> Manifest:
+                   default_name: str = "sweep", name: str = "") -> Manifest:
     """Parse, check and expand a manifest's text; raise `ManifestError` with every problem.
-    ``output`` overrides ``[sweep] output``; ``default_name`` names a sweep without
-    ``[sweep] name``."""
+    ``output`` overrides ``[sweep] output``; ``name`` overrides ``[sweep] name``;
+    ``default_name`` names a sweep without either."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -395,8 +414,14 @@ def parse_manifest(text: str, source: str = "<manifest>", output: str | Path | N
         if key not in SECTIONS:
             problems.append(f"[{key}]: unknown section{_suggest(key, SECTIONS)}; valid "
                             f"sections: {', '.join(f'[{s}]' for s in SECTIONS)}")
+    sweep_table = doc.get("sweep", {})
+    if name:
+        if name_problem(name):
+            problems.append(f"--name {name!r}: {name_problem(name)}")
+        elif isinstance(sweep_table, dict):
+            sweep_table = {**sweep_table, "name": name}
     name, description, out, seeds, final_metrics, crossing_specs = _read_sweep(
-        doc.get("sweep", {}), default_name, problems)
+        sweep_table, default_name, problems)
     output_dir = Path(output) if output else Path(out)
     defaults_table = doc.get("defaults", {})
     if not isinstance(defaults_table, dict):
@@ -415,8 +440,8 @@ def parse_manifest(text: str, source: str = "<manifest>", output: str | Path | N
             problems.append(f"[runs] {entry} = {table!r}: each run is a table, "
                             f"[runs.{entry}]")
             continue
-        if not _NAME.match(entry):
-            problems.append(f"[{where}]: run names use letters, digits, '_', '-', '.' or '+'")
+        if name_problem(entry):
+            problems.append(f"[{where}]: run names must {NAME_RULE}")
             continue
         opts = _read_options(table, where, problems, defaults)
         grid_keys = list(opts.grid)
@@ -434,8 +459,16 @@ def parse_manifest(text: str, source: str = "<manifest>", output: str | Path | N
             argv, cfg = _check_point(values, label, problems)
             if cfg is None:
                 continue
+            if len(f"{run_id}_s{max(seeds)}".encode()) > 255:
+                problems.append(f"{label}: run id {run_id[:40]!r}... is too long for a "
+                                "directory name; shorten the run name or the grid values")
+                continue
             for seed in seeds:
                 run_dir = output_dir / "runs" / f"{run_id}_s{seed}"
+                if run_dir.parent != output_dir / "runs" or "\x00" in run_dir.name:
+                    problems.append(f"{label}: the run directory name {run_dir.name!r} would "
+                                    f"leave {output_dir / 'runs'}")
+                    continue
                 full = [*argv, "--seed", str(seed), "--runs_dir", str(output_dir / "runs"),
                         "--name", run_dir.name, "--no_progress"]
                 seeded = dataclasses.replace(cfg, run=dataclasses.replace(
@@ -450,13 +483,14 @@ def parse_manifest(text: str, source: str = "<manifest>", output: str | Path | N
                     crossings=crossing_specs, runs=tuple(specs))
 
 
-def load_manifest(path: str | Path, output: str | Path | None = None) -> Manifest:
-    """Read and expand a manifest file (its stem, made directory-safe, names a sweep without
-    ``[sweep] name``)."""
+def load_manifest(path: str | Path, output: str | Path | None = None, name: str = ""
+                  ) -> Manifest:
+    """Read and expand a manifest file (``name``, else ``[sweep] name``, else its stem made
+    directory-safe, names the sweep)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ManifestError(str(path), [f"cannot read: {e}"]) from None
     return parse_manifest(text, str(path), output,
-                          default_name=re.sub(r"[^A-Za-z0-9_.+-]", "_", path.stem))
+                          default_name=re.sub(r"[^A-Za-z0-9_.+-]", "_", path.stem), name=name)

@@ -1,23 +1,18 @@
 """Run a sweep's runs, resume a killed sweep, and aggregate the results.
 
-Each run is planned from what its directory holds:
+Each run is planned from what its directory holds (`rlscope.sweep.plan`: run, skip, resume,
+restart or fail). A run "completes" only when, after it ran, `verify_run` accepts its
+directory; otherwise it is recorded as failed with what is missing, and the next invocation
+runs it again.
 
-- ``skip``: ``status.json`` says completed or out_of_regime, and ``config.json`` holds the
-  same configuration the manifest now gives (settings such as threads aside, `NOT_COMPARED`);
-- ``resume``: a checkpoint (``checkpoints/latest.pt``) of the same configuration and no final
-  status: `train` continues from it with ``--resume``. Records logged after that checkpoint
-  are dropped first; the resumed run writes them again (bit for bit, every random stream
-  derives from the seed and the checkpointed state);
-- ``restart``: anything else already there (no checkpoint, or a configuration the manifest no
-  longer gives) is deleted and the run starts clean;
-- ``run``: no directory yet.
-
-Runs go one after another in this process (``jobs = 1``) or in ``jobs`` spawned worker
-processes (nothing shared; a run's results do not depend on where it ran). A run that raises is
+Runs go one after another in this process (``jobs = 1``) or in ``jobs`` worker processes
+(`rlscope.sweep.processes`: nothing shared, each in its own process group and killed by the
+kernel if the sweep dies; a run's results do not depend on where it ran). A run that raises is
 recorded as failed with its error and the others go on; each run's console output goes to
-``<output>/logs/<run>.log``. ``<output>/sweep.json`` lists every run
-with its plan, status, wall time and error, rewritten after each run, so a killed sweep leaves
-an accurate record.
+``<output>/logs/<run>.log``. ``<output>/sweep.json`` lists every run with its plan, status,
+wall time and error, rewritten after each run, so a killed sweep leaves an accurate record.
+The sweep holds ``<output>/sweep.lock`` while it runs, so a second sweep on the same folder is
+refused.
 """
 
 from __future__ import annotations
@@ -25,29 +20,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import multiprocessing
 import os
-import shutil
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from rlscope.config import to_dict
 from rlscope.sweep.aggregate import Aggregate, aggregate
 from rlscope.sweep.manifest import Manifest, RunSpec
-
-Plan = Literal["run", "skip", "resume", "restart"]
-FINAL = ("completed", "out_of_regime")
-NOT_COMPARED = ("resume", "progress", "threads", "jobs", "num_seeds", "runs_dir", "name")
-"""``run.*`` fields left out when a run directory's config is compared with the manifest's:
-where the directory lies and how the run executes, not what it computes (threads can change
-float rounding, see docs/training.md, "Several seeds", but not what the run means), so that
-another ``--jobs``, ``--threads`` or ``--output`` path does not restart finished runs."""
-LOGS = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
+from rlscope.sweep.plan import (
+    FINAL,
+    Corrupt,
+    Plan,
+    prepare,
+    read_json,
+    read_log,
+    safe_plan,
+    verify_run,
+)
+from rlscope.sweep.processes import OutputLock, Workers, stop_on_signals
 
 
 @dataclass(frozen=True)
@@ -78,11 +71,12 @@ class RunRecord:
     command: str
     """The equivalent `rlscope train` command."""
     plan: Plan
-    """What this invocation did with it: run, skip, resume or restart."""
+    """What this invocation did with it: run, skip, resume, restart or fail."""
     reason: str = ""
-    """Why it was planned so (for skip, resume and restart)."""
+    """Why it was planned so (for skip, resume, restart and fail)."""
     status: str = "pending"
-    """pending, completed, out_of_regime or failed."""
+    """pending, completed, out_of_regime, diverged, failed, or interrupted (the sweep was
+    stopped by a signal before the run finished)."""
     wall_time_s: float | None = None
     """Seconds the run took in this invocation (None when skipped or pending)."""
     final_eval: dict[str, float] = field(default_factory=dict)
@@ -102,7 +96,7 @@ class Outcome:
     """What a worker reports back about one run."""
 
     status: str
-    """completed, out_of_regime or failed."""
+    """completed, out_of_regime, diverged or failed."""
     wall_time_s: float
     """Seconds from start to finish."""
     final_eval: dict[str, float]
@@ -137,86 +131,8 @@ class SweepResult:
 
     @property
     def failed(self) -> list[RunRecord]:
-        """Runs that raised."""
+        """Runs that raised, could not be planned, or ended without a verified directory."""
         return [r for r in self.records if r.status == "failed"]
-
-
-# ----------------------------------------------------------------------------------- plan
-
-
-def _same_config(spec: RunSpec, stored: dict[str, Any]) -> bool:
-    """Whether a run directory's ``config.json`` config is the one the manifest gives now."""
-    def normal(cfg: dict[str, Any]) -> dict[str, Any]:
-        run = {k: v for k, v in cfg.get("run", {}).items() if k not in NOT_COMPARED}
-        return {**cfg, "run": run}
-
-    mine = json.loads(json.dumps(to_dict(spec.config)))
-    return normal(mine) == normal(stored)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def plan_run(spec: RunSpec) -> tuple[Plan, str]:
-    """What to do with one run given its directory, and why."""
-    d = spec.run_dir
-    if not d.exists():
-        return "run", ""
-    config = _read_json(d / "config.json")
-    status = (_read_json(d / "status.json") or {}).get("status")
-    if config is None:
-        return "restart", "no config.json"
-    if not _same_config(spec, config.get("config", {})):
-        return "restart", "the manifest now gives a different configuration"
-    if status in FINAL:
-        return "skip", str(status)
-    if (d / "checkpoints" / "latest.pt").exists():
-        step = checkpoint_step(d)
-        return "resume", f"{status or 'interrupted'}, checkpoint at step {step}"
-    return "restart", f"{status or 'interrupted'}, no checkpoint"
-
-
-def checkpoint_step(run_dir: Path) -> int:
-    """The step of a run directory's latest checkpoint (from ``latest.pt``'s pointer)."""
-    name = (run_dir / "checkpoints" / "latest.pt").read_text().strip()
-    return int(name.removeprefix("step_").removesuffix(".pt"))
-
-
-def trim_logs(run_dir: Path, step: int) -> None:
-    """Drop records at or after ``step`` from the run's JSONL logs (and a line cut off by a
-    kill): the run resumed from that step writes them again."""
-    for log in LOGS:
-        path = run_dir / log
-        if not path.exists():
-            continue
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if int(record.get("step", 0)) < step:
-                kept.append(line + "\n")
-        path.write_text("".join(kept), encoding="utf-8")
-
-
-def prepare(spec: RunSpec, plan: Plan) -> RunSpec:
-    """Ready a run's directory for its plan; the spec to train (with ``resume`` set to resume)."""
-    if plan == "restart":
-        shutil.rmtree(spec.run_dir)
-    if plan != "resume":
-        return spec
-    trim_logs(spec.run_dir, checkpoint_step(spec.run_dir))
-    cfg = spec.config
-    return dataclasses.replace(
-        spec, argv=(*spec.argv, "--resume", str(spec.run_dir)),
-        config=dataclasses.replace(cfg, run=dataclasses.replace(
-            cfg.run, resume=str(spec.run_dir))))
 
 
 # -------------------------------------------------------------------------------- execute
@@ -252,7 +168,9 @@ def execute(spec: RunSpec) -> Outcome:
 
 def _finding_ids(run_dir: Path) -> list[str]:
     """The ids of the doctor's findings on a finished run that are not merely informative."""
-    findings = (_read_json(run_dir / "findings.json") or {}).get("findings", [])
+    findings = (read_json(run_dir / "findings.json") or {}).get("findings", [])
+    if not isinstance(findings, list):
+        return []
     return [str(f.get("id")) for f in findings
             if isinstance(f, dict) and f.get("severity") != "info"]
 
@@ -300,36 +218,81 @@ def write_index(manifest: Manifest, options: SweepOptions, records: Sequence[Run
 
 
 def run_sweep(manifest: Manifest, options: SweepOptions = SweepOptions(),
-              report: Callable[[str], None] = lambda line: None) -> SweepResult:
+              report: Callable[[str], None] = lambda line: None,
+              lock: OutputLock | None = None) -> SweepResult:
     """Run every unfinished run of ``manifest``, then aggregate; ``report`` receives one line
-    per planned skip/resume/restart and per finished run."""
+    per planned skip/resume/restart/fail and per finished run.
+
+    Holds ``<output>/sweep.lock`` throughout: ``lock`` if the caller already holds it (and
+    releases it), else one taken here (`SweepLocked` when another sweep holds it). SIGINT,
+    SIGTERM and SIGHUP stop the running runs and raise `SweepInterrupted` once ``sweep.json``
+    records them as interrupted."""
     if options.jobs < 1 or options.threads < 0:
         raise ValueError("jobs must be >= 1 and threads >= 0")
-    started = time.time()
-    out = manifest.output
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    (out / "manifest.toml").write_text(manifest.text, encoding="utf-8")
-    specs = with_threads(manifest.runs, options)
+    if lock is not None:
+        if lock.fd is None or lock.path.parent != manifest.output:
+            raise ValueError(f"the lock given is not held on {manifest.output}")
+        with stop_on_signals():
+            return _run_locked(manifest, options, report, lock)
+    with OutputLock(manifest.output) as own, stop_on_signals():
+        return _run_locked(manifest, options, report, own)
+
+
+def _plan_all(specs: Sequence[RunSpec], report: Callable[[str], None]
+              ) -> tuple[list[RunRecord], list[tuple[int, RunSpec]]]:
+    """Plan and prepare every run: its record, and the runs to train with their index. A run
+    whose directory cannot be planned or prepared is failed with the reason; the others go on."""
     records: list[RunRecord] = []
     todo: list[tuple[int, RunSpec]] = []
     for i, spec in enumerate(specs):
-        plan, reason = plan_run(spec)
+        plan, reason = safe_plan(spec)
+        ready = spec
+        if plan in ("resume", "restart"):
+            try:
+                ready = prepare(spec, plan)
+            except Exception as e:  # one unusable directory fails only its run
+                plan, reason = "fail", f"cannot {plan} it: {type(e).__name__}: {e}"
         record = RunRecord(spec.run, spec.id, spec.entry, spec.seed, str(spec.run_dir),
                            spec.command_line, plan, reason, log=str(log_path(spec)))
         if plan == "skip":
             record.status = reason
             record.final_eval = _last_eval(spec.run_dir)
             record.findings = _finding_ids(spec.run_dir)
-            report(f"skip     {spec.run} ({reason})")
+        elif plan == "fail":
+            record.status, record.error = "failed", reason
         else:
-            if plan != "run":
-                report(f"{plan:<8} {spec.run} ({reason})")
-            todo.append((i, prepare(spec, plan)))
+            todo.append((i, ready))
+        if plan != "run":
+            report(f"{plan:<8} {spec.run} ({reason})")
         records.append(record)
+    return records, todo
+
+
+def _verified(spec: RunSpec, outcome: Outcome) -> Outcome:
+    """``outcome``, or a failed one when the run says it finished but `verify_run` finds its
+    directory incomplete."""
+    if outcome.status not in FINAL:
+        return outcome
+    problem = verify_run(spec, read_json(spec.run_dir / "status.json") or {})
+    if not problem:
+        return outcome
+    return dataclasses.replace(outcome, status="failed",
+                               error=f"ended {outcome.status} but {problem}")
+
+
+def _run_locked(manifest: Manifest, options: SweepOptions, report: Callable[[str], None],
+                lock: OutputLock) -> SweepResult:
+    started = time.time()
+    out = manifest.output
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "manifest.toml").write_text(manifest.text, encoding="utf-8")
+    records, todo = _plan_all(with_threads(manifest.runs, options), report)
     machine = _machine(options)
     write_index(manifest, options, records, machine, started)
+    specs = dict(todo)
 
     def finished(i: int, outcome: Outcome, k: int) -> None:
+        outcome = _verified(specs[i], outcome)
         r = records[i]
         r.status, r.wall_time_s = outcome.status, outcome.wall_time_s
         r.final_eval, r.findings = outcome.final_eval, outcome.findings
@@ -337,29 +300,37 @@ def run_sweep(manifest: Manifest, options: SweepOptions = SweepOptions(),
         write_index(manifest, options, records, machine, started)
         report(f"[{k}/{len(todo)}] {progress_line(r)}")
 
-    if options.jobs == 1 or len(todo) <= 1:
-        for k, (i, spec) in enumerate(todo, 1):
-            finished(i, execute(spec), k)
-    else:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=options.jobs, mp_context=context) as pool:
-            futures: dict[Future[Outcome], int] = {pool.submit(execute, spec): i
-                                                   for i, spec in todo}
-            for k, future in enumerate(as_completed(futures), 1):
-                try:
-                    outcome = future.result()
-                except Exception as e:  # the worker process itself died
-                    outcome = Outcome("failed", 0.0, {}, f"{type(e).__name__}: {e}")
-                finished(futures[future], outcome, k)
+    try:
+        if options.jobs == 1 or len(todo) <= 1:
+            for k, (i, spec) in enumerate(todo, 1):
+                finished(i, execute(spec), k)
+        else:
+            assert lock.fd is not None
+            workers = Workers(options.jobs, log_path, out / "logs" / "workers.log",
+                              keep_fds=(lock.fd,))
+            ended = workers.run(todo, lambda how, seconds: Outcome("failed", seconds, {}, how))
+            try:
+                for k, (i, outcome) in enumerate(ended, 1):
+                    finished(i, outcome, k)
+            finally:
+                ended.close()  # stops the workers still running, whatever happened
+    except BaseException:
+        for i, _ in todo:
+            if records[i].status == "pending":
+                records[i].status = "interrupted"
+        write_index(manifest, options, records, machine, started)
+        raise
     result = aggregate(out, manifest.final_metrics, manifest.crossings)
     write_index(manifest, options, records, machine, started)
     return SweepResult(out, records, result)
 
 
 def _last_eval(run_dir: Path) -> dict[str, float]:
-    lines = (run_dir / "eval.jsonl").read_text(encoding="utf-8").splitlines() \
-        if (run_dir / "eval.jsonl").exists() else []
-    return json.loads(lines[-1]) if lines else {}
+    try:
+        records = read_log(run_dir / "eval.jsonl").records
+    except Corrupt:
+        return {}
+    return records[-1] if records else {}
 
 
 def progress_line(record: RunRecord) -> str:
