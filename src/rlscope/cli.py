@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 COMMANDS_HELP = """usage: rlscope COMMAND [OPTIONS]
@@ -28,6 +29,11 @@ commands:
   doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
   report    a self-contained HTML report and figures for a run or sweep (`rlscope report --help`)
   serve     a local Tinker-compatible server for the tinker SDK (`rlscope serve --help`)
+
+options (before or after COMMAND):
+  --debug   show the full traceback of an error (otherwise one line: `error: ...`)
+
+exit codes: 0 success, 1 error while running, 2 invalid configuration or usage
 """
 
 
@@ -44,11 +50,10 @@ def cmd_train(args: list[str]) -> int:
 
     cfg = _tyro_parse(TrainConfig, args, "rlscope train")
     assert isinstance(cfg, TrainConfig)
-    console = Console(stderr=True)
     try:
         validate(cfg)
     except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _print_error(str(e))
         return 2
     table = Table(title=f"{cfg.method} on {cfg.task}")
     for col in ("seed", "status", "test_error", "entropy", "wall s", "run dir"):
@@ -64,11 +69,12 @@ def cmd_train(args: list[str]) -> int:
 
 
 def cmd_sft(args: list[str]) -> int:
+    from rlscope.checks import job_errors
     from rlscope.sft import SftConfig, sft, validate_sft
 
     cfg = _tyro_parse(SftConfig, args, "rlscope sft")
     assert isinstance(cfg, SftConfig)
-    if _report_errors(validate_sft(cfg)):
+    if _report_errors(job_errors(cfg) or validate_sft(cfg)):
         return 2
     result = sft(cfg)
     _start_end_table(f"sft on {cfg.task}", result.evals, {
@@ -79,11 +85,12 @@ def cmd_sft(args: list[str]) -> int:
 
 
 def cmd_rm(args: list[str]) -> int:
+    from rlscope.checks import job_errors
     from rlscope.rm.train import RmConfig, train_rm, validate_rm
 
     cfg = _tyro_parse(RmConfig, args, "rlscope rm")
     assert isinstance(cfg, RmConfig)
-    if _report_errors(validate_rm(cfg)):
+    if _report_errors(job_errors(cfg) or validate_rm(cfg)):
         return 2
     result = train_rm(cfg)
     _start_end_table(f"reward model on {cfg.task}", result.evals, {
@@ -97,9 +104,15 @@ def cmd_rm(args: list[str]) -> int:
 def _report_errors(errors: list[str]) -> bool:
     """Print a configuration's problems to stderr; True when there are any."""
     if errors:
-        Console(stderr=True).print("[red]error:[/red] invalid configuration:\n  - "
-                                   + "\n  - ".join(errors))
+        _print_error("invalid configuration:\n  - " + "\n  - ".join(errors))
     return bool(errors)
+
+
+def _print_error(message: str) -> None:
+    """``error: message`` on stderr, in red on a terminal; never wrapped (each problem stays
+    on one line) and never read as rich markup (``rlscope[hf]`` survives)."""
+    Console(stderr=True, soft_wrap=True, highlight=False).print(
+        f"[red]error:[/red] {escape(message)}")
 
 
 def _start_end_table(title: str, evals: list[dict[str, float]], columns: dict[str, str]
@@ -117,19 +130,25 @@ def _start_end_table(title: str, evals: list[dict[str, float]], columns: dict[st
 
 
 def cmd_demo(args: list[str]) -> int:
-    from rlscope.demo import DemoConfig, run_demo
+    from rlscope.checks import job_errors
+    from rlscope.demo import DemoConfig, demo_errors, run_demo
 
     cfg = _tyro_parse(DemoConfig, args, "rlscope demo")
     assert isinstance(cfg, DemoConfig)
+    if _report_errors(job_errors(cfg) + demo_errors(cfg)):
+        return 2
     run_demo(cfg, Console())
     return 0
 
 
 def cmd_bench(args: list[str]) -> int:
     from rlscope.bench import BenchConfig, run_bench
+    from rlscope.checks import job_errors
 
     cfg = _tyro_parse(BenchConfig, args, "rlscope bench")
     assert isinstance(cfg, BenchConfig)
+    if _report_errors(job_errors(cfg)):
+        return 2
     run_bench(cfg)
     return 0
 
@@ -210,14 +229,44 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; an exception it raises becomes one line ``error: Type: message`` on
+    stderr (exit code 2 for an invalid configuration or a missing optional module, 1 for any
+    other error), or its traceback with ``--debug``."""
     argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(COMMANDS_HELP)
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         sys.stderr.write(f"rlscope: unknown command {argv[0]!r}\n\n{COMMANDS_HELP}")
         return 2
-    return COMMANDS[argv[0]](argv[1:])
+    if debug:
+        return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    except Exception as e:
+        return _report_exception(e)
+
+
+def _report_exception(error: Exception) -> int:
+    """Print ``error`` as `main` describes; returns the exit code."""
+    from rlscope.checks import install_hint
+
+    hint = " (run again with --debug for the traceback)"
+    config = sys.modules.get("rlscope.config")  # loaded whenever it raised its ConfigError
+    if config is not None and isinstance(error, config.ConfigError):
+        _print_error(str(error))
+        return 2
+    if isinstance(error, ModuleNotFoundError):
+        _print_error(install_hint(error) + hint)
+        return 2
+    message = " ".join(str(error).split()) or "(no message)"
+    _print_error(f"{type(error).__name__}: {message}{hint}")
+    return 1
 
 
 if __name__ == "__main__":

@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from rlscope.checks import (
+    MemoryTerm,
+    device_errors,
+    field_errors,
+    memory_errors,
+    module_errors,
+    readable_errors,
+    writable_dir_errors,
+)
 from rlscope.diagnostics import DiagnosticsConfig
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
+from rlscope.paths import check_name_component
 from rlscope.policy import ModelConfig
 from rlscope.replay import ReplayConfig, validate_replay
 from rlscope.sampling import SamplingConfig
@@ -192,6 +203,10 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     # METHODS.md has one λ_age: the freshness gate reads --replay_age_decay
     spec = dataclasses.replace(spec, gate=dataclasses.replace(
         spec.gate, gate_age_decay=cfg.replay.replay_age_decay))
+    # non-finite floats and negative counts first: the checks below assume ordinary numbers
+    if errors := field_errors(cfg):
+        errors += environment_errors(cfg, errors)
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     task = make_task(cfg.task, cfg.task_options)
     d = derive(cfg, spec, task)
     r = cfg.run
@@ -238,9 +253,93 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
     errors += requirement_errors(cfg, spec, task)
+    errors += environment_errors(cfg, errors)
+    if not errors:
+        errors += memory_errors(step_memory(cfg, task, d), _memory_device(r.device))
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     return spec, task, d
+
+
+def environment_errors(cfg: TrainConfig, errors: list[str]) -> list[str]:
+    """Why the machine cannot run ``cfg``: the device, the files it reads (--init, --resume,
+    --rm_path), the directories it writes (--runs_dir, --output), the run name (one directory
+    inside --runs_dir) and optional modules. ``errors`` (found so far) avoids repeating one."""
+    r, out = cfg.run, []
+    out += device_errors(r.device)
+    if r.name and (problem := check_name_component(r.name, "--name")):
+        out.append(problem)
+    if r.init:
+        out += readable_errors(r.init, "--init", "give an `rlscope sft` output, a run "
+                               "directory or a checkpoint file (or drop --init)")
+    if r.resume:
+        out += readable_errors(r.resume, "--resume", "give a run directory written by "
+                               "`rlscope train` (runs/NAME)")
+        if not out and not any((Path(r.resume) / "checkpoints").glob("*.pt")):
+            out.append(f"--resume {r.resume}: no checkpoint in {Path(r.resume) / 'checkpoints'}; "
+                       "resume a run directory that saved one (--checkpoint_every N saves "
+                       "them during the run)")
+        out += writable_dir_errors(r.resume, "--resume")
+    else:
+        out += writable_dir_errors(r.runs_dir, "--runs_dir")
+    rm_path = cfg.task_options.rm_path
+    if rm_path and not any("--rm_path" in e for e in errors):
+        out += readable_errors(rm_path, "--rm_path", "train a reward model with `rlscope rm "
+                               "--task preference_rm --name NAME` and pass --rm_path runs/NAME")
+    if r.output:
+        out += writable_dir_errors(str(Path(r.output).parent), "--output")
+    if cfg.model.arch in ("llama", "qwen2", "hf"):
+        out += module_errors("transformers", f"--arch {cfg.model.arch}")
+    if cfg.model.lora_rank > 0:
+        out += module_errors("peft", "--lora_rank")
+    return out
+
+
+def _memory_device(name: str) -> str:
+    """The device a run on ``name`` uses, as a string (``auto`` resolved)."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def step_memory(cfg: TrainConfig, task: Task, d: Derived) -> list[MemoryTerm]:
+    """A lower bound on the bytes one training step holds at its peak, as parts: the model
+    with its gradients and Adam state, plus the larger of the sampler's (KV cache and logits
+    of a batch or an evaluation batch) and the learner's (logits and log-probs of a
+    micro-batch, float32, and one saved activation per layer) allocations."""
+    m = cfg.model
+    width = 8 if m.dtype == "float64" else 4
+    act = 2 if m.autocast != "none" else width
+    vocab, seq = task.vocab_size, task.prompt_len + d.max_new_tokens
+    dim, layers = m.d_model, m.n_layers
+    if m.arch == "tiny":
+        params, kv_dim = vocab * dim + seq * dim + layers * 12 * dim * dim, dim
+    elif m.arch == "hf":
+        params, kv_dim = 0, dim  # a pretrained model's size is unknown until it is loaded
+    else:
+        inner = m.intermediate_size or 2 * dim
+        kv_heads = m.n_kv_heads or (m.n_heads // 2 if m.n_heads % 2 == 0 else m.n_heads)
+        params = layers * (4 * dim * dim + 3 * dim * inner) + 2 * vocab * dim
+        kv_dim = dim * kv_heads // max(m.n_heads, 1)
+    model = MemoryTerm("the model with gradients and Adam state",
+                       params * width * (1 if m.lora_rank else 4),
+                       "--d_model or --n_layers")
+    rows, eval_rows = cfg.run.batch_size, cfg.task_options.eval_batch_size
+    sample_rows = max(rows, eval_rows)
+    sample_flag = "--batch_size" if rows >= eval_rows else "--eval_batch_size"
+    per_row = (2 * layers * seq * kv_dim * act + 2 * vocab * 4) if cfg.sampling.use_cache \
+        else 2 * seq * vocab * 4 + layers * seq * dim * act
+    sampler = MemoryTerm(f"the sampler's KV cache and logits for {sample_rows} rollouts of "
+                         f"{seq} tokens", sample_rows * per_row, sample_flag)
+    saved_layers = 1 if m.gradient_checkpointing else layers
+    learner = MemoryTerm(
+        f"the learner's logits and activations for {d.micro_batch_size} rows of {seq} tokens",
+        d.micro_batch_size * seq * (2 * vocab * 4 + saved_layers * dim * act),
+        "--micro_batch_size" if cfg.run.micro_batch_size else "--micro_batch_size (or "
+        "--batch_size)")
+    return [model, max(sampler, learner, key=lambda t: t.bytes)]
 
 
 def variable_lengths(stop_token_ids: tuple[int, ...], max_new_tokens: int) -> bool:

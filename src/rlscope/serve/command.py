@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from rich.console import Console
+from rich.markup import escape
 
 from rlscope.serve.config import ServeConfig
 
@@ -21,8 +22,8 @@ def run(cfg: ServeConfig) -> int:
 
         from rlscope.serve.app import create_app
     except ImportError as e:
-        console.print(f"[red]error:[/red] rlscope serve needs the serve extra "
-                      f"(pip install 'rlscope[serve]'): {e}")
+        console.print("[red]error:[/red] " + escape(f"rlscope serve needs the serve extra "
+                                                    f"(pip install 'rlscope[serve]'): {e}"))
         return 2
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -45,7 +45,7 @@ Direction = Literal["<=", ">="]
 
 RESULTS_CSV = "results.csv"
 RESULTS_PARQUET = "results.parquet"
-PARQUET_HINT = "pip install 'rlscope[report]' (or pyarrow) to also get results.parquet"
+PARQUET_HINT = "pip install pyarrow to also get results.parquet"
 SD_NOTE = ("sd is the sample standard deviation across seeds (ddof = 1; nan when n = 1); "
            "n is the number of seeds")
 _SEED_SUFFIX = re.compile(r"_s(\d+)$")

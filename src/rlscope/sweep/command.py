@@ -38,7 +38,7 @@ class SweepCommand:
     """The sweep directory (default: the manifest's [sweep] output, else sweeps/<name>)."""
     report: bool = True
     """After aggregating, write figures/ and report.html into the sweep directory (needs
-    matplotlib: pip install 'rlscope[report]')."""
+    matplotlib, in the base install)."""
 
 
 BUILTIN = Path(__file__).parent / "builtin"
@@ -109,7 +109,7 @@ def run(cmd: SweepCommand) -> int:
         try:
             from rlscope.report.build import build_report
         except ImportError as e:  # matplotlib missing
-            out.print(f"no report: {escape(str(e))} (pip install 'rlscope[report]')")
+            out.print(escape(f"no report: {e} (pip install matplotlib)"))
         else:
             built = build_report(manifest.output)
             out.print(f"wrote {built.html} and {len(built.figures)} figures in "
