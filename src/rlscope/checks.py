@@ -14,7 +14,7 @@ import importlib.util
 import math
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,18 +23,21 @@ EXTRAS = {"transformers": "hf", "peft": "hf", "fastapi": "serve", "uvicorn": "se
           "tinker": "serve", "tinker_cookbook": "cookbook", "selenium": "dev"}
 
 
-def field_errors(cfg: object, prefix: str = "", signed: Iterable[str] = ("seed",)) -> list[str]:
+def field_errors(cfg: object, prefix: str = "", signed: Iterable[str] = ("seed",),
+                 aliases: Mapping[str, str] | None = None) -> list[str]:
     """Every float value of the frozen dataclass ``cfg`` (nested ones and tuples included) must
     be finite and every int value >= 0, except in the fields named in ``signed`` (where a
     negative value means something); ``None`` (an unset override) and booleans pass. Messages
-    name the dotted field, its value and its flag."""
+    name the dotted field (a nested config's name replaced by its entry in ``aliases``, e.g.
+    ``components`` → ``method``), its value and its flag."""
     signed = frozenset(signed)
     errors: list[str] = []
     for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
         value = getattr(cfg, f.name)
         name = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            errors += field_errors(value, f"{name}.", signed)
+            nested = (aliases or {}).get(f.name, f.name)
+            errors += field_errors(value, f"{prefix}{nested}.", signed)
             continue
         for v in value if isinstance(value, tuple) else (value,):
             if isinstance(v, float) and not math.isfinite(v):

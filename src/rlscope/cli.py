@@ -191,11 +191,14 @@ def cmd_report(args: list[str]) -> int:
 
 
 def cmd_serve(args: list[str]) -> int:
+    from rlscope.checks import device_errors, field_errors
     from rlscope.serve.command import run
     from rlscope.serve.config import ServeConfig
 
     cfg = _tyro_parse(ServeConfig, args, "rlscope serve")
     assert isinstance(cfg, ServeConfig)
+    if _report_errors(field_errors(cfg) + device_errors(cfg.device, "device")):
+        return 2
     return run(cfg)
 
 

@@ -155,6 +155,10 @@ class Derived:
     (``task.stop_token_ids``, e.g. the newline of the text tasks), else none."""
 
 
+FIELD_ALIASES = {"components": "method", "task_options": "task"}
+"""How messages name the nested configs of `TrainConfig` (``method.kl_coef``, ``task.vocab``)."""
+
+
 class ConfigError(ValueError):
     """A configuration that cannot run; the message lists every problem and what to change."""
 
@@ -204,7 +208,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     spec = dataclasses.replace(spec, gate=dataclasses.replace(
         spec.gate, gate_age_decay=cfg.replay.replay_age_decay))
     # non-finite floats and negative counts first: the checks below assume ordinary numbers
-    if errors := field_errors(cfg):
+    if errors := field_errors(cfg, aliases=FIELD_ALIASES):
         errors += environment_errors(cfg, errors)
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     task = make_task(cfg.task, cfg.task_options)
@@ -270,15 +274,22 @@ def environment_errors(cfg: TrainConfig, errors: list[str]) -> list[str]:
     if r.name and (problem := check_name_component(r.name, "--name")):
         out.append(problem)
     if r.init:
-        out += readable_errors(r.init, "--init", "give an `rlscope sft` output, a run "
-                               "directory or a checkpoint file (or drop --init)")
+        what = "give an `rlscope sft` output, a run directory or a checkpoint file (or drop --init)"
+        out += readable_errors(r.init, "--init", what)
+        if not out and Path(r.init).is_dir():
+            from rlscope.checkpoint import init_weights_path
+
+            try:
+                init_weights_path(r.init)
+            except FileNotFoundError as e:
+                out.append(f"{e}; {what}")
     if r.resume:
         out += readable_errors(r.resume, "--resume", "give a run directory written by "
                                "`rlscope train` (runs/NAME)")
-        if not out and not any((Path(r.resume) / "checkpoints").glob("*.pt")):
-            out.append(f"--resume {r.resume}: no checkpoint in {Path(r.resume) / 'checkpoints'}; "
-                       "resume a run directory that saved one (--checkpoint_every N saves "
-                       "them during the run)")
+        saved = Path(r.resume) / "checkpoints"
+        if not out and not (saved.is_dir() and any(saved.iterdir())):
+            out.append(f"--resume {r.resume}: no checkpoint in {saved}; resume a run directory "
+                       "that saved one (--checkpoint_every N saves them during the run)")
         out += writable_dir_errors(r.resume, "--resume")
     else:
         out += writable_dir_errors(r.runs_dir, "--runs_dir")
