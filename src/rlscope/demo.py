@@ -89,5 +89,6 @@ def run_demo(cfg: DemoConfig, console: Console) -> list[dict[str, float | str]]:
         console.print("* stopped early (out_of_regime): every group's rewards were equal for "
                       "10 steps, so grouped advantages carried no signal.")
     console.print(f"Run directories: {cfg.runs_dir}/<method>_s{cfg.seed}  "
-                  "(metrics.jsonl, eval.jsonl, samples.jsonl, config.json, checkpoints/)")
+                  "(metrics.jsonl, eval.jsonl, samples.jsonl, config.json, checkpoints/)",
+                  soft_wrap=True)
     return rows

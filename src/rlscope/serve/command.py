@@ -23,7 +23,8 @@ def run(cfg: ServeConfig) -> int:
         from rlscope.serve.app import create_app
     except ImportError as e:
         console.print("[red]error:[/red] " + escape(f"rlscope serve needs the serve extra "
-                                                    f"(pip install 'rlscope[serve]'): {e}"))
+                                                    f"(pip install 'rlscope[serve]'): {e}"),
+                      soft_wrap=True)
         return 2
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
