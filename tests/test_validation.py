@@ -229,8 +229,8 @@ def test_a_40m_batch_is_rejected_at_once(tmp_path: Path) -> None:
 
 
 def test_memory_errors_states_estimate_free_and_flag(monkeypatch: pytest.MonkeyPatch) -> None:
-    terms = [MemoryTerm("the model", 2 * 2**30, "--d_model"),
-             MemoryTerm("the learner's logits", 6 * 2**30, "--micro_batch_size")]
+    terms = [MemoryTerm("the model", 2 * 2**30, "lower --d_model"),
+             MemoryTerm("the learner's logits", 6 * 2**30, "lower --micro_batch_size")]
     monkeypatch.setattr(checks, "available_memory", lambda device: 4 * 2**30)
     assert memory_errors(terms, "cpu") == [
         "memory: one step needs at least 8.0 GiB on cpu but 4.0 GiB is free; the largest part "
@@ -242,7 +242,7 @@ def test_memory_errors_states_estimate_free_and_flag(monkeypatch: pytest.MonkeyP
         raise AssertionError("a small estimate must not query the device")
 
     monkeypatch.setattr(checks, "available_memory", never)
-    assert memory_errors([MemoryTerm("tiny", 2**20, "--batch_size")], "cuda:0") == []
+    assert memory_errors([MemoryTerm("tiny", 2**20, "lower --batch_size")], "cuda:0") == []
 
 
 def test_the_default_configs_pass(tmp_path: Path) -> None:
@@ -255,3 +255,34 @@ def test_the_default_configs_pass(tmp_path: Path) -> None:
         method = "ce" if task == "digits_bandit" else "reinforce"
         validate(_with(_with(_base(tmp_path), "task", task), "method", method))  # type: ignore[arg-type]
     assert checks.available_memory("cpu") is not None
+
+
+def test_step_memory_reads_a_local_model_config(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--arch hf: the sizes come from the model's config.json (a 7B-like model: about 6.5e9
+    parameters, 16 bytes each with Adam), so the estimate names the model as the largest part."""
+    import json
+
+    from rlscope.config import derive, step_memory
+    from rlscope.methods import resolve_method
+    from rlscope.policy import ModelConfig
+    from rlscope.tasks import TaskConfig, make_task
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 11008, "vocab_size": 151936}))
+    cfg = TrainConfig(model=ModelConfig(arch="hf", path=str(tmp_path)))
+    task = make_task(cfg.task, TaskConfig())
+    terms = step_memory(cfg, task, derive(cfg, resolve_method(cfg.method), task))
+    params = 32 * (4 * 4096**2 + 3 * 4096 * 11008) + 2 * 151936 * 4096
+    assert terms[0].bytes == params * 16
+    assert terms[0].fix == "train LoRA adapters (--lora_rank 16) or use a smaller model"
+    rows, seq = 96, task.prompt_len + task.completion_len
+    assert terms[1].bytes >= rows * seq * 151936 * 4 * 2  # the learner's float32 logits
+    monkeypatch.setattr(checks, "available_memory", lambda device: 80 * 2**30)
+    [message] = memory_errors(terms, "cuda:0")
+    assert "on cuda:0 but 80.0 GiB is free" in message
+    assert message.endswith("(--lora_rank 16) or use a smaller model")
+    tiny = TrainConfig()
+    assert sum(t.bytes for t in step_memory(tiny, task, derive(
+        tiny, resolve_method(tiny.method), task))) < 256 * 2**20  # never queries the device

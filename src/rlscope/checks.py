@@ -133,8 +133,8 @@ class MemoryTerm:
     """What the bytes hold, for the message."""
     bytes: int
     """Its size (a lower bound)."""
-    flag: str
-    """The flag that shrinks it."""
+    fix: str
+    """What shrinks it, e.g. ``lower --batch_size``."""
 
 
 def available_memory(device: str) -> int | None:
@@ -168,7 +168,7 @@ def available_memory(device: str) -> int | None:
 def memory_errors(terms: list[MemoryTerm], device: str, skip_below: int = 256 * 2**20
                   ) -> list[str]:
     """Why a step whose largest allocations, held together, are ``terms`` cannot fit on
-    ``device``: the estimate, the free memory and the flag that shrinks the largest term.
+    ``device``: the estimate, the free memory and what shrinks the largest term.
     An estimate under ``skip_below`` bytes fits anywhere, so the device is not queried then
     (no CUDA context is created for a small run)."""
     total = sum(t.bytes for t in terms)
@@ -179,7 +179,7 @@ def memory_errors(terms: list[MemoryTerm], device: str, skip_below: int = 256 * 
         return []
     top = max(terms, key=lambda t: t.bytes)
     return [f"memory: one step needs at least {_gib(total)} on {device} but {_gib(free)} is "
-            f"free; the largest part is {top.what} ({_gib(top.bytes)}): lower {top.flag}"]
+            f"free; the largest part is {top.what} ({_gib(top.bytes)}): {top.fix}"]
 
 
 def _gib(n: int) -> str:

@@ -315,6 +315,19 @@ def _memory_device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _hf_sizes(path: str) -> dict[str, int]:
+    """The integer sizes in ``path/config.json`` (a local Hugging Face model; empty when it
+    cannot be read)."""
+    import json
+
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    raw = raw.get("text_config", raw) if isinstance(raw, dict) else {}
+    return {k: v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
 def step_memory(cfg: TrainConfig, task: Task, d: Derived) -> list[MemoryTerm]:
     """A lower bound on the bytes one training step holds at its peak, as parts: the model
     with its gradients and Adam state, plus the larger of the sampler's (KV cache and logits
@@ -324,22 +337,28 @@ def step_memory(cfg: TrainConfig, task: Task, d: Derived) -> list[MemoryTerm]:
     width = 8 if m.dtype == "float64" else 4
     act = 2 if m.autocast != "none" else width
     vocab, seq = task.vocab_size, task.prompt_len + d.max_new_tokens
-    dim, layers = m.d_model, m.n_layers
+    dim, layers, heads = m.d_model, m.n_layers, m.n_heads
+    inner, kv_heads = m.intermediate_size or 2 * dim, m.n_kv_heads
+    if m.arch == "hf":  # a local model: its config.json has the sizes (none: count none)
+        hf = _hf_sizes(m.path)
+        dim, layers, heads = hf.get("hidden_size", 0), hf.get("num_hidden_layers", 0), \
+            hf.get("num_attention_heads", 1)
+        vocab = max(vocab, hf.get("vocab_size", 0))
+        inner, kv_heads = hf.get("intermediate_size", 0), hf.get("num_key_value_heads", heads)
     if m.arch == "tiny":
         params, kv_dim = vocab * dim + seq * dim + layers * 12 * dim * dim, dim
-    elif m.arch == "hf":
-        params, kv_dim = 0, dim  # a pretrained model's size is unknown until it is loaded
     else:
-        inner = m.intermediate_size or 2 * dim
-        kv_heads = m.n_kv_heads or (m.n_heads // 2 if m.n_heads % 2 == 0 else m.n_heads)
+        kv_heads = kv_heads or (heads // 2 if heads % 2 == 0 else heads)
         params = layers * (4 * dim * dim + 3 * dim * inner) + 2 * vocab * dim
-        kv_dim = dim * kv_heads // max(m.n_heads, 1)
-    model = MemoryTerm("the model with gradients and Adam state",
+        kv_dim = dim * kv_heads // max(heads, 1)
+    model = MemoryTerm("the frozen model" if m.lora_rank else
+                       "the model with gradients and Adam state",
                        params * width * (1 if m.lora_rank else 4),
-                       "--d_model or --n_layers")
+                       "train LoRA adapters (--lora_rank 16) or use a smaller model"
+                       if m.arch == "hf" else "lower --d_model or --n_layers")
     rows, eval_rows = cfg.run.batch_size, cfg.task_options.eval_batch_size
     sample_rows = max(rows, eval_rows)
-    sample_flag = "--batch_size" if rows >= eval_rows else "--eval_batch_size"
+    sample_flag = "lower --batch_size" if rows >= eval_rows else "lower --eval_batch_size"
     per_row = (2 * layers * seq * kv_dim * act + 2 * vocab * 4) if cfg.sampling.use_cache \
         else 2 * seq * vocab * 4 + layers * seq * dim * act
     sampler = MemoryTerm(f"the sampler's KV cache and logits for {sample_rows} rollouts of "
@@ -348,8 +367,8 @@ def step_memory(cfg: TrainConfig, task: Task, d: Derived) -> list[MemoryTerm]:
     learner = MemoryTerm(
         f"the learner's logits and activations for {d.micro_batch_size} rows of {seq} tokens",
         d.micro_batch_size * seq * (2 * vocab * 4 + saved_layers * dim * act),
-        "--micro_batch_size" if cfg.run.micro_batch_size else "--micro_batch_size (or "
-        "--batch_size)")
+        "lower --micro_batch_size" if cfg.run.micro_batch_size else "set --micro_batch_size "
+        "below the minibatch (or lower --batch_size)")
     return [model, max(sampler, learner, key=lambda t: t.bytes)]
 
 
