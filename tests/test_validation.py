@@ -6,6 +6,7 @@ estimate that rejects a batch that cannot fit."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,3 +287,16 @@ def test_step_memory_reads_a_local_model_config(tmp_path: Path,
     tiny = TrainConfig()
     assert sum(t.bytes for t in step_memory(tiny, task, derive(
         tiny, resolve_method(tiny.method), task))) < 256 * 2**20  # never queries the device
+
+
+def test_every_environment_problem_is_listed_together(tmp_path: Path) -> None:
+    """A bad device does not hide a missing --resume checkpoint, and a run with a bad float
+    still hears about its paths (one report, every problem)."""
+    (tmp_path / "run").mkdir()
+    cfg = TrainConfig(run=RunConfig(runs_dir=str(tmp_path), device="nonsense",
+                                    resume=str(tmp_path / "run"), name="a/b"))
+    with pytest.raises(ConfigError) as info:
+        validate(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=math.nan)))
+    problems = str(info.value).splitlines()[1:]
+    assert [p.split()[1].split("=")[0] for p in problems] == [
+        "optim.lr", "run.device", "--name", "--resume"]

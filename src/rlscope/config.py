@@ -275,8 +275,9 @@ def environment_errors(cfg: TrainConfig, errors: list[str]) -> list[str]:
         out.append(problem)
     if r.init:
         what = "give an `rlscope sft` output, a run directory or a checkpoint file (or drop --init)"
-        out += readable_errors(r.init, "--init", what)
-        if not out and Path(r.init).is_dir():
+        unreadable = readable_errors(r.init, "--init", what)
+        out += unreadable
+        if not unreadable and Path(r.init).is_dir():
             from rlscope.checkpoint import init_weights_path
 
             try:
@@ -284,13 +285,14 @@ def environment_errors(cfg: TrainConfig, errors: list[str]) -> list[str]:
             except FileNotFoundError as e:
                 out.append(f"{e}; {what}")
     if r.resume:
-        out += readable_errors(r.resume, "--resume", "give a run directory written by "
-                               "`rlscope train` (runs/NAME)")
+        unreadable = readable_errors(r.resume, "--resume", "give a run directory written by "
+                                     "`rlscope train` (runs/NAME)")
         saved = Path(r.resume) / "checkpoints"
-        if not out and not (saved.is_dir() and any(saved.iterdir())):
-            out.append(f"--resume {r.resume}: no checkpoint in {saved}; resume a run directory "
-                       "that saved one (--checkpoint_every N saves them during the run)")
-        out += writable_dir_errors(r.resume, "--resume")
+        if not unreadable and not (saved.is_dir() and any(saved.iterdir())):
+            unreadable.append(f"--resume {r.resume}: no checkpoint in {saved}; resume a run "
+                              "directory that saved one (--checkpoint_every N saves them "
+                              "during the run)")
+        out += unreadable or writable_dir_errors(r.resume, "--resume")
     else:
         out += writable_dir_errors(r.runs_dir, "--runs_dir")
     rm_path = cfg.task_options.rm_path
