@@ -88,7 +88,7 @@ def test_resume_equals_straight_run(tmp_path: Path, method: str, run_kw: dict[st
 
 def test_resume_without_checkpoint_fails(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"latest\.pt"):
+    with pytest.raises(ConfigError, match=r"--resume .*empty: no checkpoint in"):
         train(_cfg(tmp_path, num_steps=2, resume=str(tmp_path / "empty")))
 
 
