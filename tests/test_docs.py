@@ -158,6 +158,8 @@ def test_readme_task_table_lists_every_task() -> None:
 
 
 def test_readme_states_the_test_time_and_a_quick_subset() -> None:
+    import re
+
     text = README.read_text()
-    assert "about 10 minutes on 2 cores" in text
+    assert re.search(r"about \d+ minutes on 2 cores", text)
     assert "python -m pytest -x tests/test_cli.py tests/test_validation.py" in text
