@@ -93,7 +93,8 @@ class RunConfig:
     runs_dir: str = "runs"
     """Parent folder of run directories."""
     name: str = ""
-    """Run directory name (default: <method>_<task>_s<seed>_<time>)."""
+    """Run directory name (default: <method>_<task>_s<seed>_<time>): one plain directory
+    inside --runs_dir (no '/', '..' or absolute path)."""
     output: str = ""
     """Append one tidy CSV row per evaluation per seed to this file."""
     log_samples: int = 4
