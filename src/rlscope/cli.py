@@ -69,12 +69,11 @@ def cmd_train(args: list[str]) -> int:
 
 
 def cmd_sft(args: list[str]) -> int:
-    from rlscope.checks import job_errors
     from rlscope.sft import SftConfig, sft, validate_sft
 
     cfg = _tyro_parse(SftConfig, args, "rlscope sft")
     assert isinstance(cfg, SftConfig)
-    if _report_errors(job_errors(cfg) or validate_sft(cfg)):
+    if _report_errors(validate_sft(cfg)):
         return 2
     result = sft(cfg)
     _start_end_table(f"sft on {cfg.task}", result.evals, {
@@ -85,12 +84,11 @@ def cmd_sft(args: list[str]) -> int:
 
 
 def cmd_rm(args: list[str]) -> int:
-    from rlscope.checks import job_errors
     from rlscope.rm.train import RmConfig, train_rm, validate_rm
 
     cfg = _tyro_parse(RmConfig, args, "rlscope rm")
     assert isinstance(cfg, RmConfig)
-    if _report_errors(job_errors(cfg) or validate_rm(cfg)):
+    if _report_errors(validate_rm(cfg)):
         return 2
     result = train_rm(cfg)
     _start_end_table(f"reward model on {cfg.task}", result.evals, {
