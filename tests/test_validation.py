@@ -212,6 +212,11 @@ def test_optional_modules_name_their_extra(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(ConfigError, match=r"--arch qwen2 needs transformers: pip install "
                                           r"'rlscope\[hf\]'"):
         validate(_with(_base(tmp_path), "model.arch", "qwen2"))  # type: ignore[arg-type]
+    from rlscope.policy import ModelConfig
+    from rlscope.sft import SftConfig, validate_sft
+
+    assert validate_sft(SftConfig(model=ModelConfig(arch="qwen2"), runs_dir=str(tmp_path))) == [
+        "--arch qwen2 needs transformers: pip install 'rlscope[hf]'"]
     assert module_errors("json", "x") == []
     assert install_hint(ModuleNotFoundError("No module named 'peft'", name="peft")) == (
         "this command needs peft: pip install 'rlscope[hf]'")

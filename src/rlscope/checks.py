@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+HF_ARCHS = ("llama", "qwen2", "hf")
+"""--arch values built with transformers."""
 # Optional modules → the extra that installs them (pyproject's optional-dependencies).
 EXTRAS = {"transformers": "hf", "peft": "hf", "fastapi": "serve", "uvicorn": "serve",
           "tinker": "serve", "tinker_cookbook": "cookbook", "selenium": "dev"}
@@ -117,6 +119,14 @@ def module_errors(module: str, needed_by: str) -> list[str]:
     return [f"{needed_by} needs {module}: {install}"]
 
 
+def model_module_errors(model: object) -> list[str]:
+    """The install hints a model config (``arch``, ``lora_rank``) needs: transformers for the
+    Hugging Face architectures, peft for LoRA."""
+    arch, rank = getattr(model, "arch", "tiny"), getattr(model, "lora_rank", 0)
+    errors = module_errors("transformers", f"--arch {arch}") if arch in HF_ARCHS else []
+    return errors + (module_errors("peft", "--lora_rank") if rank > 0 else [])
+
+
 def install_hint(error: ModuleNotFoundError) -> str:
     """One line for a missing optional module: which extra installs it."""
     module = (error.name or "").split(".")[0]
@@ -188,8 +198,9 @@ def _gib(n: int) -> str:
 
 def job_errors(cfg: object) -> list[str]:
     """`field_errors` plus, for the fields ``cfg`` has, the device (``device``), the output
-    directory (``runs_dir``) and the run name (``name``): the checks every command that writes a
-    directory shares (sft, rm, demo; train adds its own in `rlscope.config.validate`)."""
+    directory (``runs_dir``), the run name (``name``) and the model's optional modules
+    (``model``): the checks every command that writes a directory shares (sft, rm, demo;
+    train has its own in `rlscope.config.validate`)."""
     from rlscope.paths import check_name_component
 
     errors = field_errors(cfg)
@@ -202,4 +213,4 @@ def job_errors(cfg: object) -> list[str]:
     runs_dir = getattr(cfg, "runs_dir", None)
     if isinstance(runs_dir, str):
         errors += writable_dir_errors(runs_dir, "--runs_dir")
-    return errors
+    return errors + model_module_errors(getattr(cfg, "model", None))

@@ -16,7 +16,7 @@ from rlscope.checks import (
     device_errors,
     field_errors,
     memory_errors,
-    module_errors,
+    model_module_errors,
     readable_errors,
     writable_dir_errors,
 )
@@ -302,11 +302,7 @@ def environment_errors(cfg: TrainConfig, errors: list[str]) -> list[str]:
                                "--task preference_rm --name NAME` and pass --rm_path runs/NAME")
     if r.output:
         out += writable_dir_errors(str(Path(r.output).parent), "--output")
-    if cfg.model.arch in ("llama", "qwen2", "hf"):
-        out += module_errors("transformers", f"--arch {cfg.model.arch}")
-    if cfg.model.lora_rank > 0:
-        out += module_errors("peft", "--lora_rank")
-    return out
+    return out + model_module_errors(cfg.model)
 
 
 def _memory_device(name: str) -> str:
