@@ -4,7 +4,9 @@ methods and tasks."""
 from __future__ import annotations
 
 import csv
+import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -210,3 +212,154 @@ def test_parallel_seeds_equal_sequential_seeds(tmp_path: Path) -> None:
         csv_rows = list(csv.DictReader(f))
     assert sorted((r["seed"], r["step"]) for r in csv_rows) == [
         ("0", "0"), ("0", "2"), ("0", "4"), ("1", "0"), ("1", "2"), ("1", "4")]
+
+
+# ------------------------------------------------------------ bad input and error reporting
+
+def _problems(err: str) -> list[str]:
+    """The problem lines of an ``error: invalid configuration:`` report (asserting its form)."""
+    lines = err.strip().splitlines()
+    assert lines[0] == "error: invalid configuration:", err
+    assert all(line.startswith("  - ") for line in lines[1:]), err
+    assert "Traceback" not in err
+    return [line[4:] for line in lines[1:]]
+
+
+@pytest.mark.parametrize(("flags", "fragment"), [
+    (["--lr", "inf"], "optim.lr=inf must be a finite number (--lr)"),
+    (["--temperature", "nan"], "sampling.temperature=nan must be a finite number"),
+    (["--kl_coef", "nan"], "method.kl_coef=nan must be a finite number (--kl_coef)"),
+    (["--checkpoint_every", "-1"], "run.checkpoint_every=-1 must be >= 0"),
+    (["--device", "cuda:7"], "run.device='cuda:7' but "),
+    (["--device", "tpu"], "run.device='tpu' is not a device"),
+    (["--init", "{tmp}/nope"], "--init {tmp}/nope: no such file or directory"),
+    (["--init", "{tmp}"], "--init {tmp}: the directory holds neither sft.pt nor"),
+    (["--resume", "{tmp}/nope"], "--resume {tmp}/nope: no such file or directory"),
+    (["--runs_dir", "{tmp}/file/runs"], "--runs_dir {tmp}/file/runs: {tmp}/file is a file"),
+    (["--output", "{tmp}/file/r.csv"], "--output {tmp}/file: {tmp}/file is a file"),
+    (["--name", "../../x"], "--name '../../x' holds a path separator"),
+    (["--name", ".."], "--name '..' is a relative directory reference"),
+    (["--task", "preference_rm", "--method", "ppo", "--rm_path", "{tmp}/nope"],
+     "--rm_path {tmp}/nope: no reward model there"),
+    (["--batch_size", "40000000", "--seq_len", "10"], "lower --batch_size"),
+])
+def test_train_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               flags: list[str], fragment: str) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    runs = tmp_path / "sub" / "runs"
+    argv = ["train", *SMALL, "--runs_dir", str(runs), *(f.format(tmp=tmp_path) for f in flags)]
+    assert main(argv) == 2
+    problems = _problems(capsys.readouterr().err)
+    assert any(fragment.format(tmp=tmp_path) in p for p in problems), problems
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written anywhere
+
+
+def test_a_runtime_error_is_one_line_and_debug_shows_the_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "weights.pt"
+    bad.write_text("not a checkpoint")
+    argv = ["train", *SMALL, "--num_steps", "1", "--runs_dir", str(tmp_path / "runs"),
+            "--init", str(bad)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert re.match(r"error: \w+: \S", err), err  # the exception's type and message
+    assert err.rstrip().endswith("(run again with --debug for the traceback)")
+    with pytest.raises(Exception, match=r"."):  # --debug: the exception itself, anywhere in argv
+        main(["--debug", *argv])
+    with pytest.raises(Exception, match=r"."):
+        main([*argv, "--debug"])
+
+
+def test_debug_prints_the_traceback_in_a_subprocess(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    bad = tmp_path / "weights.pt"
+    bad.write_text("not a checkpoint")  # readable, so validation passes; loading it fails
+    argv = [sys.executable, "-m", "rlscope.cli", "train", *SMALL, "--runs_dir",
+            str(tmp_path / "runs"), "--init", str(bad), "--num_steps", "1"]
+    plain = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert plain.returncode == 1 and debug.returncode == 1
+    assert "Traceback" not in plain.stderr
+    [line] = plain.stderr.splitlines()
+    error_type = re.match(r"error: (\w+): ", line)
+    assert error_type, line
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].split(":")[0].endswith(error_type[1])
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["sft", "--device", "cuda:7", "--name", "a/b"], "--name 'a/b' holds a path separator"),
+    (["sft", "--lr", "nan"], "lr=nan must be a finite number (--lr)"),
+    (["rm", "--name", "../x"], "--name '../x' holds a path separator"),
+    (["rm", "--num_steps", "-3"], "num_steps=-3 must be >= 0"),
+    (["demo", "--threads", "-1", "--methods", "nope"], "threads=-1 must be >= 0"),
+    (["demo", "--methods", "nope"], "--methods: unknown method 'nope'"),
+    (["bench", "--device", "nonsense"], "device='nonsense' is not a device"),
+    (["bench", "--repeats", "-1"], "repeats=-1 must be >= 0"),
+    (["serve", "--long_poll_s", "nan"], "long_poll_s=nan must be a finite number"),
+])
+def test_every_command_checks_its_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                          fragment: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert any(fragment in p for p in _problems(capsys.readouterr().err))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["train", "sweep", "doctor", "report", "sft", "rm", "serve",
+                                     "demo", "bench", "methods", "tasks"])
+def test_every_command_reports_exceptions_in_one_line(
+        command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """Whatever a command raises becomes one line; a missing optional module names its extra."""
+    import rlscope.cli as cli
+
+    def boom(args: list[str]) -> int:
+        raise RuntimeError(f"{command} failed\nat step 3")
+
+    def missing(args: list[str]) -> int:
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
+
+    monkeypatch.setitem(cli.COMMANDS, command, boom)
+    assert main([command]) == 1
+    assert capsys.readouterr().err == (f"error: RuntimeError: {command} failed at step 3 (run "
+                                       "again with --debug for the traceback)\n")
+    monkeypatch.setitem(cli.COMMANDS, command, missing)
+    assert main([command]) == 2
+    assert capsys.readouterr().err == ("error: this command needs transformers: pip install "
+                                       "'rlscope[hf]' (run again with --debug for the "
+                                       "traceback)\n")
+
+
+def test_top_level_help_documents_debug(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--debug" in out and "exit codes" in out
+
+
+def test_demo_threads_reach_the_runs_and_the_layout_is_runs_demo_method_seed(
+        tmp_path: Path) -> None:
+    """`rlscope demo --threads N` sets torch's threads for each run (and restores them); the
+    runs land in <runs_dir>/<method>_s<seed>, the layout the README's doctor command uses."""
+    import torch
+    from rich.console import Console
+
+    from rlscope.demo import DemoConfig, run_demo
+
+    before = torch.get_num_threads()
+    cfg = DemoConfig(methods=("grpo",), num_steps=1, runs_dir=str(tmp_path / "demo"),
+                     progress=False, threads=1)
+    [row] = run_demo(cfg, Console(file=io.StringIO()))
+    assert row["method"] == "grpo" and row["steps"] == 1.0
+    run = tmp_path / "demo" / "grpo_s0"
+    config = json.loads((run / "config.json").read_text())
+    assert config["config"]["run"]["threads"] == 1
+    assert torch.get_num_threads() == before
+    assert DemoConfig().threads == 2 and DemoConfig().runs_dir == "runs/demo"

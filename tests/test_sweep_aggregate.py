@@ -178,7 +178,7 @@ def test_without_pyarrow_csv_only_and_a_hint(tmp_path: Path,
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
     files, note = write_tidy(_rows(), tmp_path)
     assert files == [tmp_path / "results.csv"] and not (tmp_path / "results.parquet").exists()
-    assert "pip install 'rlscope[report]'" in note
+    assert "pip install pyarrow" in note
 
 
 def test_aggregate_writes_every_file(tmp_path: Path) -> None:

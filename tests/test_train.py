@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 
-from rlscope.checkpoint import CheckpointError
 from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
 from rlscope.methods import METHODS, MethodConfig
 from rlscope.metrics.schema import metric_def, unregistered
@@ -82,12 +81,12 @@ def test_resume_equals_straight_run(tmp_path: Path, method: str, run_kw: dict[st
 
 def test_resume_without_checkpoint_fails(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match=r"not a run directory"):
+    with pytest.raises(ConfigError, match=r"--resume .*empty: no checkpoint in"):
         train(_cfg(tmp_path, num_steps=2, resume=str(tmp_path / "empty")))
     run = train(_cfg(tmp_path, num_steps=1, name="run"))
     for f in (run.run_dir / "checkpoints").iterdir():
         f.unlink()
-    with pytest.raises(CheckpointError, match=r"no checkpoint to resume"):
+    with pytest.raises(ConfigError, match=r"--resume .*: no checkpoint in"):
         train(_cfg(tmp_path, num_steps=2, resume=str(run.run_dir)))
 
 

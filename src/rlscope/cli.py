@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 COMMANDS_HELP = """usage: rlscope COMMAND [OPTIONS]
@@ -28,6 +29,11 @@ commands:
   doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
   report    a self-contained HTML report and figures for a run or sweep (`rlscope report --help`)
   serve     a local Tinker-compatible server for the tinker SDK (`rlscope serve --help`)
+
+options (before or after COMMAND):
+  --debug   show the full traceback of an error (otherwise one line: `error: ...`)
+
+exit codes: 0 success, 1 error while running, 2 invalid configuration or usage
 """
 
 
@@ -44,28 +50,25 @@ def cmd_train(args: list[str]) -> int:
 
     cfg = _tyro_parse(TrainConfig, args, "rlscope train")
     assert isinstance(cfg, TrainConfig)
-    console = Console(stderr=True)
     try:
         validate(cfg)
     except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _print_error(str(e))
         return 2
     table = Table(title=f"{cfg.method} on {cfg.task}")
     for col in ("seed", "status", "test_error", "entropy", "wall s", "run dir"):
         table.add_column(col)
-    from rich.markup import escape
-
-    from rlscope.checkpoint import CheckpointError
+    from rlscope.files import CheckpointError
 
     try:
         results = run_seeds(cfg)
     except (ConfigError, CheckpointError) as e:  # found by train: --resume, --init checks
-        console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        _print_error(str(e))
         return 2
     for result in results:
         if result.reason:
-            console.print(f"seed {result.seed} {result.status}: {escape(result.reason)}",
-                          highlight=False, soft_wrap=True)
+            Console(highlight=False, soft_wrap=True).print(
+                f"seed {result.seed} {result.status}: {escape(result.reason)}")
         final = result.final_eval
         table.add_row(str(result.seed), result.status,
                       f"{final.get('eval/test_error', float('nan')):.4f}",
@@ -97,7 +100,7 @@ def cmd_rm(args: list[str]) -> int:
     assert isinstance(cfg, RmConfig)
     if _report_errors(validate_rm(cfg)):
         return 2
-    from rlscope.checkpoint import CheckpointError
+    from rlscope.files import CheckpointError
 
     try:
         result = train_rm(cfg)
@@ -115,9 +118,15 @@ def cmd_rm(args: list[str]) -> int:
 def _report_errors(errors: list[str]) -> bool:
     """Print a configuration's problems to stderr; True when there are any."""
     if errors:
-        Console(stderr=True).print("[red]error:[/red] invalid configuration:\n  - "
-                                   + "\n  - ".join(errors))
+        _print_error("invalid configuration:\n  - " + "\n  - ".join(errors))
     return bool(errors)
+
+
+def _print_error(message: str) -> None:
+    """``error: message`` on stderr, in red on a terminal; never wrapped (each problem stays
+    on one line) and never read as rich markup (``rlscope[hf]`` survives)."""
+    Console(stderr=True, soft_wrap=True, highlight=False).print(
+        f"[red]error:[/red] {escape(message)}")
 
 
 def _start_end_table(title: str, evals: list[dict[str, float]], columns: dict[str, str]
@@ -135,19 +144,25 @@ def _start_end_table(title: str, evals: list[dict[str, float]], columns: dict[st
 
 
 def cmd_demo(args: list[str]) -> int:
-    from rlscope.demo import DemoConfig, run_demo
+    from rlscope.checks import job_errors
+    from rlscope.demo import DemoConfig, demo_errors, run_demo
 
     cfg = _tyro_parse(DemoConfig, args, "rlscope demo")
     assert isinstance(cfg, DemoConfig)
+    if _report_errors(job_errors(cfg) + demo_errors(cfg)):
+        return 2
     run_demo(cfg, Console())
     return 0
 
 
 def cmd_bench(args: list[str]) -> int:
     from rlscope.bench import BenchConfig, run_bench
+    from rlscope.checks import job_errors
 
     cfg = _tyro_parse(BenchConfig, args, "rlscope bench")
     assert isinstance(cfg, BenchConfig)
+    if _report_errors(job_errors(cfg)):
+        return 2
     run_bench(cfg)
     return 0
 
@@ -190,11 +205,14 @@ def cmd_report(args: list[str]) -> int:
 
 
 def cmd_serve(args: list[str]) -> int:
+    from rlscope.checks import device_errors, field_errors
     from rlscope.serve.command import run
     from rlscope.serve.config import ServeConfig
 
     cfg = _tyro_parse(ServeConfig, args, "rlscope serve")
     assert isinstance(cfg, ServeConfig)
+    if _report_errors(field_errors(cfg) + device_errors(cfg.device, "device")):
+        return 2
     return run(cfg)
 
 
@@ -214,7 +232,7 @@ def cmd_tasks(args: list[str]) -> int:
         table.add_column(col)
     for name in TASKS:
         task = make_task(name, TaskConfig())
-        doc = next(iter((type(task).__doc__ or "").strip().splitlines()), "")
+        doc = " ".join((type(task).__doc__ or "").strip().split("\n\n")[0].split())
         table.add_row(name, task.family, doc, " ".join(f"--{o}" for o in task.options))
     Console().print(table)
     return 0
@@ -228,14 +246,44 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; an exception it raises becomes one line ``error: Type: message`` on
+    stderr (exit code 2 for an invalid configuration or a missing optional module, 1 for any
+    other error), or its traceback with ``--debug``."""
     argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(COMMANDS_HELP)
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         sys.stderr.write(f"rlscope: unknown command {argv[0]!r}\n\n{COMMANDS_HELP}")
         return 2
-    return COMMANDS[argv[0]](argv[1:])
+    if debug:
+        return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    except Exception as e:
+        return _report_exception(e)
+
+
+def _report_exception(error: Exception) -> int:
+    """Print ``error`` as `main` describes; returns the exit code."""
+    from rlscope.checks import install_hint
+
+    hint = " (run again with --debug for the traceback)"
+    config = sys.modules.get("rlscope.config")  # loaded whenever it raised its ConfigError
+    if config is not None and isinstance(error, config.ConfigError):
+        _print_error(str(error))
+        return 2
+    if isinstance(error, ModuleNotFoundError):
+        _print_error(install_hint(error) + hint)
+        return 2
+    message = " ".join(str(error).split()) or "(no message)"
+    _print_error(f"{type(error).__name__}: {message}{hint}")
+    return 1
 
 
 if __name__ == "__main__":

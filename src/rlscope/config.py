@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from rlscope.checks import (
+    MemoryTerm,
+    device_errors,
+    field_errors,
+    memory_errors,
+    model_module_errors,
+    readable_errors,
+    writable_dir_errors,
+)
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
 from rlscope.metrics.sinks import parse_log_to
+from rlscope.paths import check_name_component
 from rlscope.policy import ModelConfig
 from rlscope.replay import ReplayConfig, validate_replay
 from rlscope.sampling import SamplingConfig
@@ -95,7 +106,8 @@ class RunConfig:
     runs_dir: str = "runs"
     """Parent folder of run directories."""
     name: str = ""
-    """Run directory name (default: <method>_<task>_s<seed>_<time>)."""
+    """Run directory name (default: <method>_<task>_s<seed>_<time>): one plain directory
+    inside --runs_dir (no '/', '..' or absolute path)."""
     output: str = ""
     """Append one tidy CSV row per evaluation per seed to this file."""
     log_samples: int = 4
@@ -162,6 +174,10 @@ class Derived:
     (``task.stop_token_ids``, e.g. the newline of the text tasks), else none."""
 
 
+FIELD_ALIASES = {"components": "method", "task_options": "task"}
+"""How messages name the nested configs of `TrainConfig` (``method.kl_coef``, ``task.vocab``)."""
+
+
 class ConfigError(ValueError):
     """A configuration that cannot run; the message lists every problem and what to change."""
 
@@ -210,6 +226,10 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     # METHODS.md has one λ_age: the freshness gate reads --replay_age_decay
     spec = dataclasses.replace(spec, gate=dataclasses.replace(
         spec.gate, gate_age_decay=cfg.replay.replay_age_decay))
+    # non-finite floats and negative counts first: the checks below assume ordinary numbers
+    if errors := field_errors(cfg, aliases=FIELD_ALIASES):
+        errors += environment_errors(cfg, errors)
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     task = make_task(cfg.task, cfg.task_options)
     d = derive(cfg, spec, task)
     r = cfg.run
@@ -260,9 +280,117 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
     errors += requirement_errors(cfg, spec, task)
+    errors += environment_errors(cfg, errors)
+    if not errors:
+        errors += memory_errors(step_memory(cfg, task, d), _memory_device(r.device))
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     return spec, task, d
+
+
+def environment_errors(cfg: TrainConfig, errors: list[str]) -> list[str]:
+    """Why the machine cannot run ``cfg``: the device, the files it reads (--init, --resume,
+    --rm_path), the directories it writes (--runs_dir, --output), the run name (one directory
+    inside --runs_dir) and optional modules. ``errors`` (found so far) avoids repeating one."""
+    r, out = cfg.run, []
+    out += device_errors(r.device)
+    if r.name and (problem := check_name_component(r.name, "--name")):
+        out.append(problem)
+    if r.init:
+        what = "give an `rlscope sft` output, a run directory or a checkpoint file (or drop --init)"
+        unreadable = readable_errors(r.init, "--init", what)
+        out += unreadable
+        if not unreadable and Path(r.init).is_dir():
+            from rlscope.checkpoint import init_weights_path
+
+            try:
+                init_weights_path(r.init)
+            except FileNotFoundError as e:
+                out.append(f"{e}; {what}")
+    if r.resume:
+        unreadable = readable_errors(r.resume, "--resume", "give a run directory written by "
+                                     "`rlscope train` (runs/NAME)")
+        saved = Path(r.resume) / "checkpoints"
+        if not unreadable and not (saved.is_dir() and any(saved.iterdir())):
+            unreadable.append(f"--resume {r.resume}: no checkpoint in {saved}; resume a run "
+                              "directory that saved one (--checkpoint_every N saves them "
+                              "during the run)")
+        out += unreadable or writable_dir_errors(r.resume, "--resume")
+    else:
+        out += writable_dir_errors(r.runs_dir, "--runs_dir")
+    rm_path = cfg.task_options.rm_path
+    if rm_path and not any("--rm_path" in e for e in errors):
+        out += readable_errors(rm_path, "--rm_path", "train a reward model with `rlscope rm "
+                               "--task preference_rm --name NAME` and pass --rm_path runs/NAME")
+    if r.output:
+        out += writable_dir_errors(str(Path(r.output).parent), "--output")
+    return out + model_module_errors(cfg.model)
+
+
+def _memory_device(name: str) -> str:
+    """The device a run on ``name`` uses, as a string (``auto`` resolved)."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _hf_sizes(path: str) -> dict[str, int]:
+    """The integer sizes in ``path/config.json`` (a local Hugging Face model; empty when it
+    cannot be read)."""
+    import json
+
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    raw = raw.get("text_config", raw) if isinstance(raw, dict) else {}
+    return {k: v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def step_memory(cfg: TrainConfig, task: Task, d: Derived) -> list[MemoryTerm]:
+    """A lower bound on the bytes one training step holds at its peak, as parts: the model
+    with its gradients and Adam state, plus the larger of the sampler's (KV cache and logits
+    of a batch or an evaluation batch) and the learner's (logits and log-probs of a
+    micro-batch, float32, and one saved activation per layer) allocations."""
+    m = cfg.model
+    width = 8 if m.dtype == "float64" else 4
+    act = 2 if m.autocast != "none" else width
+    vocab, seq = task.vocab_size, task.prompt_len + d.max_new_tokens
+    dim, layers, heads = m.d_model, m.n_layers, m.n_heads
+    inner, kv_heads = m.intermediate_size or 2 * dim, m.n_kv_heads
+    if m.arch == "hf":  # a local model: its config.json has the sizes (none: count none)
+        hf = _hf_sizes(m.path)
+        dim, layers, heads = hf.get("hidden_size", 0), hf.get("num_hidden_layers", 0), \
+            hf.get("num_attention_heads", 1)
+        vocab = max(vocab, hf.get("vocab_size", 0))
+        inner, kv_heads = hf.get("intermediate_size", 0), hf.get("num_key_value_heads", heads)
+    if m.arch == "tiny":
+        params, kv_dim = vocab * dim + seq * dim + layers * 12 * dim * dim, dim
+    else:
+        kv_heads = kv_heads or (heads // 2 if heads % 2 == 0 else heads)
+        params = layers * (4 * dim * dim + 3 * dim * inner) + 2 * vocab * dim
+        kv_dim = dim * kv_heads // max(heads, 1)
+    model = MemoryTerm("the frozen model" if m.lora_rank else
+                       "the model with gradients and Adam state",
+                       params * width * (1 if m.lora_rank else 4),
+                       "train LoRA adapters (--lora_rank 16) or use a smaller model"
+                       if m.arch == "hf" else "lower --d_model or --n_layers")
+    rows, eval_rows = cfg.run.batch_size, cfg.task_options.eval_batch_size
+    sample_rows = max(rows, eval_rows)
+    sample_flag = "lower --batch_size" if rows >= eval_rows else "lower --eval_batch_size"
+    per_row = (2 * layers * seq * kv_dim * act + 2 * vocab * 4) if cfg.sampling.use_cache \
+        else 2 * seq * vocab * 4 + layers * seq * dim * act
+    sampler = MemoryTerm(f"the sampler's KV cache and logits for {sample_rows} rollouts of "
+                         f"{seq} tokens", sample_rows * per_row, sample_flag)
+    saved_layers = 1 if m.gradient_checkpointing else layers
+    learner = MemoryTerm(
+        f"the learner's logits and activations for {d.micro_batch_size} rows of {seq} tokens",
+        d.micro_batch_size * seq * (2 * vocab * 4 + saved_layers * dim * act),
+        "lower --micro_batch_size" if cfg.run.micro_batch_size else "set --micro_batch_size "
+        "below the minibatch (or lower --batch_size)")
+    return [model, max(sampler, learner, key=lambda t: t.bytes)]
 
 
 def variable_lengths(stop_token_ids: tuple[int, ...], max_new_tokens: int) -> bool:

@@ -33,6 +33,28 @@ class DemoConfig:
     """Where the run directories go."""
     progress: bool = True
     """Show progress bars."""
+    threads: int = 2
+    """CPU threads for torch (0 = torch's default, one per core). Two by default: the tiny
+    model gains little from more, the README's table was measured with two, and on a machine
+    shared with other jobs one thread per core oversubscribes the CPU and runs 10–20× slower."""
+
+
+def demo_errors(cfg: DemoConfig) -> list[str]:
+    """Why ``cfg`` cannot run (empty when it can); every run's own configuration is checked
+    again by `rlscope.config.validate` before it trains."""
+    from rlscope.methods import canonical_method_name
+
+    errors = []
+    for method in cfg.methods:
+        try:
+            canonical_method_name(method)
+        except ValueError as e:
+            errors.append(f"--methods: {e}")
+    if not cfg.methods:
+        errors.append("--methods: give at least one preset (see `rlscope methods`)")
+    if cfg.num_steps < 1:
+        errors.append(f"--num_steps={cfg.num_steps} must be >= 1")
+    return errors
 
 
 def run_demo(cfg: DemoConfig, console: Console) -> list[dict[str, float | str]]:
@@ -45,7 +67,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> list[dict[str, float | str]]:
         run = RunConfig(num_steps=cfg.num_steps, seed=cfg.seed, device=cfg.device,
                         runs_dir=cfg.runs_dir, progress=cfg.progress,
                         inner_epochs=cfg.grouped_inner_epochs if grouped else 1,
-                        name=f"{method}_s{cfg.seed}", doctor_every=0)
+                        name=f"{method}_s{cfg.seed}", doctor_every=0, threads=cfg.threads)
         result = train(dataclasses.replace(TrainConfig(method=method), run=run))
         first, final = result.evals[0], result.final_eval
         rows.append({"method": method, "initial_error": first["eval/test_error"],
@@ -67,5 +89,6 @@ def run_demo(cfg: DemoConfig, console: Console) -> list[dict[str, float | str]]:
         console.print("* stopped early (out_of_regime): every group's rewards were equal for "
                       "10 steps, so grouped advantages carried no signal.")
     console.print(f"Run directories: {cfg.runs_dir}/<method>_s{cfg.seed}  "
-                  "(metrics.jsonl, eval.jsonl, samples.jsonl, config.json, checkpoints/)")
+                  "(metrics.jsonl, eval.jsonl, samples.jsonl, config.json, checkpoints/)",
+                  soft_wrap=True)
     return rows

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from rlscope.serve.config import ServeConfig
 
@@ -25,8 +26,9 @@ def run(cfg: ServeConfig) -> int:
 
         from rlscope.serve.app import create_app
     except ImportError as e:
-        console.print(f"[red]error:[/red] rlscope serve needs the serve extra "
-                      f"(pip install 'rlscope[serve]'): {e}")
+        console.print("[red]error:[/red] " + escape(f"rlscope serve needs the serve extra "
+                                                    f"(pip install 'rlscope[serve]'): {e}"),
+                      soft_wrap=True)
         return 2
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -147,6 +147,10 @@ def read_pairs(path: str, task: Task) -> list[Pair]:
 
 def validate_sft(cfg: SftConfig) -> list[str]:
     """Every problem of ``cfg`` (empty when it can run)."""
+    from rlscope.checks import job_errors
+
+    if errors := job_errors(cfg):  # finite floats, counts >= 0, device, --runs_dir, --name
+        return errors
     if cfg.task not in TASKS:
         return [f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}"]
     task = make_task(cfg.task, cfg.task_options)

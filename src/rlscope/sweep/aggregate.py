@@ -57,7 +57,7 @@ from rlscope.results import (
 Direction = Literal["<=", ">="]
 
 RESULTS_PARQUET = "results.parquet"
-PARQUET_HINT = "pip install 'rlscope[report]' (or pyarrow) to also get results.parquet"
+PARQUET_HINT = "pip install pyarrow to also get results.parquet"
 SD_NOTE = ("sd is the sample standard deviation across seeds (ddof = 1; nan when n = 1); "
            "n is the number of seeds")
 _SEED_SUFFIX = re.compile(r"_s(\d+)$")

@@ -43,7 +43,7 @@ class SweepCommand:
     digits, '_', '-', '.' and '+', not only dots."""
     report: bool = True
     """After aggregating, write figures/ and report.html into the sweep directory (needs
-    matplotlib: pip install 'rlscope[report]')."""
+    matplotlib, in the base install)."""
 
 
 BUILTIN = Path(__file__).parent / "builtin"
@@ -139,8 +139,7 @@ def summarize(cmd: SweepCommand, manifest: Manifest, result: SweepResult, out: C
         try:
             from rlscope.report.build import build_report
         except ImportError as e:  # matplotlib missing
-            out.print(f"no report: {escape(str(e))} "
-                      + escape("(pip install 'rlscope[report]')"))
+            out.print(escape(f"no report: {e} (pip install matplotlib)"))
         else:
             built = build_report(manifest.output)
             out.print(f"wrote {built.html} and {len(built.figures)} figures in "
