@@ -37,20 +37,28 @@ RuleOut = list[Finding] | Unavailable
 
 ENTROPY = ("policy/entropy", "policy/entropy_sampled")
 KL_LAST_PASS = ("policy/kl_behaviour_k3", "policy/approx_kl", "policy/kl_behaviour_k1")
-# KL estimates whose expectation is a divergence (≥ 0), so a negative mean is a signal: ours
-# to the reference, E_μ[ℓ_μ − ℓ_ref] = KL(μ‖π_ref); verl's actor/ppo_kl, mean(ℓ_old − ℓ_new);
-# tinker-cookbook's optim/kl_sample_train_v1, mean(ℓ_sampler − ℓ_train). Our
-# policy/kl_behaviour_k1 is E_μ[ℓ − ℓ_μ] = −KL(μ‖π) ≤ 0 by construction and is not checked for
-# sign (sampler_mismatch reads its first-pass value).
-KL_SIGNED = ("policy/kl_ref_k1", "policy/kl_ref_seq_k1", "actor/ppo_kl",
-             "optim/kl_sample_train_v1")
+# KL estimates whose expectation is a divergence (≥ 0) once multiplied by their sign, so a
+# negative mean of sign × value is a signal: ours to the reference, E_μ[ℓ_μ − ℓ_ref] =
+# KL(μ‖π_ref) (sign +1); our KL to the behaviour policy, E_μ[ℓ − ℓ_μ] = −KL(μ‖π) ≤ 0 (sign −1,
+# so a positive k1 is the signal), last pass and first pass. The translators store the foreign
+# estimates of the same quantity under these names with their sign already flipped to ours
+# (verl's actor/ppo_kl, TRL's ppo/policy/policykl and OpenRLHF's ppo_kl = mean(ℓ_old − ℓ_new) →
+# policy/kl_behaviour_k1; tinker-cookbook's optim/kl_sample_train_v1, verl's rollout_corr/kl
+# and OpenRLHF's vllm_kl = mean(ℓ_sampler − ℓ_learner) → policy/kl_behaviour_k1_first), so
+# sign × stored value is the foreign value as logged: the rule never flips a sign twice.
+KL_SIGNED: tuple[tuple[str, float], ...] = (
+    ("policy/kl_ref_k1", 1.0), ("policy/kl_ref_seq_k1", 1.0),
+    ("policy/kl_behaviour_k1", -1.0), ("policy/kl_behaviour_k1_first", -1.0))
 KL_REF = ("policy/kl_ref_seq_k1", "policy/kl_ref_k1", "policy/kl_ref_k3")
-# KL between the policy before and after (during) the update: how far one update moves it.
-# verl's actor/ppo_kl (mean(ℓ_old − ℓ_new) over the update) is kept under its own name by the
-# translators (its sign is the opposite of ours) and read here by magnitude.
-KL_UPDATE = ("policy/kl_behaviour_k3", "policy/approx_kl", "actor/ppo_kl",
-             "policy/kl_behaviour_k1")
+# KL between the policy before and after (during) the update: how far one update moves it,
+# read by magnitude (so the sign convention does not matter). verl's actor/ppo_kl, TRL's
+# ppo/policy/policykl and OpenRLHF's ppo_kl arrive as policy/kl_behaviour_k1 (translated), TRL's
+# policy/approxkl_avg and ppo/policy/approxkl as policy/approx_kl.
+KL_UPDATE = ("policy/kl_behaviour_k3", "policy/approx_kl", "policy/kl_behaviour_k1")
 CLIPFRAC = ("policy/clipfrac_region", "policy/clipfrac_high")
+# verl's perf/throughput (all tokens per second per GPU over the whole step) has no equivalent
+# in our schema, so the translators keep it under its own name (names/verl.toml says why) and
+# the throughput rule reads it as such: only its trend is used.
 THROUGHPUT = ("throughput/sample_tokens_per_s", "throughput/learn_tokens_per_s",
               "perf/throughput")
 MISMATCH = ("sampler/logp_diff_mean", "policy/kl_behaviour_k2_first",
@@ -228,7 +236,7 @@ def sigma_amplification(t: MetricTable, c: DoctorConfig) -> RuleOut:
     steps: standardisation inflates tiny reward gaps. Reports the first step it holds for three
     consecutive steps."""
     if not t.has("adv/amplification", 3):
-        return Unavailable(("adv/amplification",))
+        return _why(t, ("adv/amplification",), 3)
     steps, amp = t.series("adv/amplification")
     high = amp > c.amplification
     runs = np.convolve(high.astype(float), np.ones(3), "valid") >= 3
@@ -282,6 +290,16 @@ def entropy_rising(t: MetricTable, c: DoctorConfig) -> RuleOut:
          "lower the learning rate ({lr})"), 0.7, step=start)]
 
 
+def _divergence_label(t: MetricTable, name: str, sign: float) -> str:
+    """How a KL estimate is named in the negative-KL finding, in the convention its values are
+    reported in (sign × stored, a divergence): the foreign name when the importer translated it
+    (its values as logged), else ours with the sign written out."""
+    foreign = t.original.get(name)
+    if foreign is not None:
+        return foreign
+    return f"−{name}" if sign < 0 else name
+
+
 def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """KL estimates whose expectation is a divergence, negative beyond noise: the mean below
     −max(kl_negative_tol, 3 standard errors), or at least kl_dip_frac of the steps dipping far
@@ -291,13 +309,15 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
     config (filtered sampling without the kept set replayed); estimator noise only when the
     mean is within 2 standard errors of zero (so only dips fired); else a systematic gap
     (engine numerics or logprobs not of the sampling distribution)."""
-    name0 = _need(t, KL_SIGNED, 1)
+    name0 = _need(t, tuple(n for n, _ in KL_SIGNED), 1)
     if isinstance(name0, Unavailable):
         return name0
-    present = [n for n in KL_SIGNED if t.has(n)]
+    present = [(n, sign) for n, sign in KL_SIGNED if t.has(n)]
     negative: dict[str, dict[str, Any]] = {}
-    for name in present:
-        steps, values = t.series(name)
+    for name, sign in present:
+        steps, stored = t.series(name)
+        values = sign * stored  # the divergence estimate: as a foreign framework logs it
+        label = _divergence_label(t, name, sign)
         mean, se = mean_se(values)
         median = float(np.median(values))
         spread = 1.4826 * float(np.median(np.abs(values - median)))
@@ -308,8 +328,8 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
             by_mean = True  # a point check: one or two steps clearly below zero
         if by_mean or by_dips:
             worst = int(np.argmin(values))
-            negative[name] = {
-                "mean": _r(mean), "stderr": _r(se),
+            negative[label] = {
+                "stored_as": name, "sign": sign, "mean": _r(mean), "stderr": _r(se),
                 "z": _r(mean / se) if se > 0 else None,
                 "frac_negative_steps": _r(float((values < 0).mean())),
                 "frac_far_below_steps": _r(float(far.mean())),
@@ -755,16 +775,11 @@ def grad_clip_saturation(t: MetricTable, c: DoctorConfig) -> RuleOut:
         active = t.values("optim/clip_active")
     elif t.has("optim/grad_norm", c.min_steps) and facts.get("grad_clip"):
         active = (t.values("optim/grad_norm") > facts["grad_clip"]).astype(float)
-    else:
-        if t.has("optim/grad_norm", c.min_steps) or t.has("optim/clip_active"):
-            return Unavailable(("optim/grad_norm",) if t.has("optim/grad_norm") else
-                               ("optim/clip_active",),
-                               reason="config" if t.has("optim/grad_norm", c.min_steps)
-                               else "too_few_steps",
-                               detail="the gradient clip threshold is not recorded"
-                               if t.has("optim/grad_norm", c.min_steps) else
-                               f"fewer than {c.min_steps} logged steps")
-        return Unavailable(("optim/clip_active", "optim/grad_norm"))
+    elif t.has("optim/grad_norm", c.min_steps):
+        return Unavailable(("optim/grad_norm",), reason="config",
+                           detail="the gradient clip threshold is not recorded")
+    else:  # missing, or present with too few steps (never "needs" a metric that is there)
+        return _why(t, ("optim/clip_active", "optim/grad_norm"), c.min_steps)
     frac = float(active.mean())
     if frac <= c.clip_saturation:
         return []
@@ -807,7 +822,7 @@ def oscillation(t: MetricTable, c: DoctorConfig) -> RuleOut:
 def stale_replay(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """The replay buffer's mean age stale_age steps above the configured delay, or rising."""
     if not t.has("replay/age_mean", 3):
-        return Unavailable(("replay/age_mean",))
+        return _why(t, ("replay/age_mean",), 3)
     delay = _facts(t).get("delay", 0)
     tr = trend(*t.series("replay/age_mean"))
     if tr.last_mean <= delay + c.stale_age and tr.direction != "up":
