@@ -549,3 +549,21 @@ def test_a_trl_name_under_the_wandb_train_prefix_is_read_under_its_own_name(
     (table,) = load(path).tables
     assert table.values("frac_reward_zero_std").tolist() == [0.75, 0.875]
     assert table.values("frac_reward_zero_std (as logged)").tolist() == [0.5, 0.5]
+
+
+def test_a_trl_evaluation_entry_does_not_make_its_step_look_logged_twice(tmp_path: Path) -> None:
+    """transformers stamps every log entry with `epoch`: the training and the evaluation
+    entries of step 20 both carry epoch 0.5. That is one step, not a resumed run; a real
+    rewrite of the step (another epoch value) is still reported."""
+    state = {"log_history": [
+        {"step": 20, "epoch": 0.5, "reward": 0.3, "loss": 0.1},
+        {"step": 20, "epoch": 0.5, "eval_reward": 0.4},
+        {"step": 40, "epoch": 1.0, "reward": 0.5, "loss": 0.1}]}
+    path = _write(tmp_path, "trainer_state.json", json.dumps(state))
+    (table,) = load(path).tables
+    assert table.import_notes == [] and table.duplicated_steps() == {}
+    assert table.values("epoch").tolist() == [0.5, 1.0]
+    state["log_history"].append({"step": 40, "epoch": 1.5, "reward": 0.6})  # a resumed run
+    path.write_text(json.dumps(state))
+    (table,) = load(path).tables
+    assert table.duplicated_steps() == {"epoch": [40.0], "reward/mean": [40.0]}

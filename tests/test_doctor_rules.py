@@ -741,7 +741,32 @@ def test_sampler_mismatch_unavailable():
     out = RULES["sampler_mismatch"](table({"policy/ratio_mean": 1.0}, run_config()), DEFAULT)
     assert out == Unavailable(("policy/ratio_mean_first", "sampler/frac_outside_band",
                                "sampler/logp_diff_mean", "policy/kl_behaviour_k2_first",
-                               "policy/clipfrac_region_first"))
+                               "policy/clipfrac_region_first", "policy/kl_behaviour_k1_first"))
+
+
+def test_sampler_mismatch_names_a_systematic_offset_only_when_its_test_passes(tmp_path: Path):
+    """tinker-cookbook's kl_sample_train_v1 (= −our first-pass k1) and _v2 (our k2) with no
+    sampling config: a log-ratio shifted alike on every token (k1 −0.04, k2 0.0012, measured
+    on the corpus's top-p run: k1² / 2·k2 = 0.70) is a systematic offset; zero-mean numerical
+    noise (k1 ≈ −k2 = −0.002: share 0.001) is numerics."""
+    t = foreign(tmp_path, {"optim/kl_sample_train_v1": 0.0417 + noise(23, 0.002),
+                           "optim/kl_sample_train_v2": 0.00124 + noise(24, 1e-5),
+                           "env/all/reward/total": 0.4})
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert f.evidence["kl_behaviour_k1_first_mean"] == pytest.approx(-0.0417, rel=0.02)
+    assert f.evidence["cause"].startswith("a systematic offset")
+    share = 0.0417 ** 2 / (2 * 0.00124)
+    assert f"{share:.0%}" in f.evidence["cause"]
+    t = foreign(tmp_path, {"optim/kl_sample_train_v1": 0.002 + noise(23, 1e-4),
+                           "optim/kl_sample_train_v2": 0.002 + noise(24, 1e-5),
+                           "env/all/reward/total": 0.4})
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert f.evidence["cause"].startswith("numerics")
+    # the recorded sampling config, where there is one, is the cause
+    t = table({"policy/kl_behaviour_k1_first": -0.0417, "policy/kl_behaviour_k2_first": 0.00124},
+              run_config(delay=0, top_p=0.9, mask=False))
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert "top_p=0.9" in f.evidence["cause"]
 
 
 # ---------------------------------------------------------------- grad_clip_saturation

@@ -327,10 +327,18 @@ def read_trl(path: Path) -> MetricTable:
     table = MetricTable(source=path.name, fmt="trl",
                         config={k: v for k, v in state.items() if k != "log_history"})
     rename = _renamer(table, "trl")
+    epochs: dict[Any, Any] = {}
     for i, entry in enumerate(state["log_history"]):
         if not isinstance(entry, dict):
             table.problem(None, f"log_history[{i}] is not an object")
             continue
+        # transformers stamps every log entry with `epoch`: the training and the evaluation
+        # entries of one step carry the same value, which is not a step logged twice
+        step = entry.get("step")
+        if "epoch" in entry and step in epochs and epochs[step] == entry["epoch"]:
+            entry = {k: v for k, v in entry.items() if k != "epoch"}
+        elif "epoch" in entry:
+            epochs[step] = entry["epoch"]
         _add_row(table, entry, "step" if "step" in entry else None, i, rename)
     return table
 

@@ -62,7 +62,10 @@ CLIPFRAC = ("policy/clipfrac_region", "policy/clipfrac_high")
 THROUGHPUT = ("throughput/sample_tokens_per_s", "throughput/learn_tokens_per_s",
               "perf/throughput")
 MISMATCH = ("sampler/logp_diff_mean", "policy/kl_behaviour_k2_first",
-            "sampler/frac_outside_band", "sampler/logp_diff_max")
+            "sampler/frac_outside_band", "sampler/logp_diff_max", "policy/kl_behaviour_k1_first")
+OFFSET_SHARE = 0.5
+"""sampler_mismatch: the share of the mean squared first-pass log-ratio that a constant offset
+explains (k1² / 2·k2) above which the cause is a systematic offset, not numerical noise."""
 CORRECTNESS_KEYS = ("acc", "correct", "pass@", "pass_rate", "test_error", "solved", "exact")
 LENGTH_SCORED_TASKS = ("length_target",)
 """Our tasks whose reward depends on the response length by construction."""
@@ -473,10 +476,13 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
     clip = float(t.values(clip_name).mean()) if clip_name else None
     if clip is not None and clip > 0.01:
         return []
+    shown = t.original.get(name, name)  # verl's actor/ppo_kl, as the user knows it
     evidence: dict[str, Any] = {"metric": name, "median_abs": _r(float(np.median(kl))),
                                 "max_abs": _r(float(kl.max())),
                                 "frac_steps_below": _r(float(tiny.mean())),
                                 "threshold": c.kl_small, "steps": len(kl)}
+    if shown != name:
+        evidence["as_logged"] = shown  # the size is the same whatever the sign convention
     if clip_name:
         evidence[clip_name] = _r(clip or 0.0)
     lr = _lr(t)
@@ -491,7 +497,7 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
         reward_note = f"reward {rt.direction}"
     return [Finding(
         "kl_too_small", "warning" if "reward_trend" in evidence else "info",
-        f"updates are tiny: {name} ≈ {np.median(kl):.2g} on {tiny.mean():.0%} of "
+        f"updates are tiny: |{shown}| ≈ {np.median(kl):.2g} on {tiny.mean():.0%} of "
         f"{len(kl)} steps" + (f" at lr {lr:g}" if lr is not None else "")
         + f" ({reward_note})",
         evidence,
@@ -674,12 +680,15 @@ def truncation(t: MetricTable, c: DoctorConfig) -> RuleOut:
 def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """A point check from one step: on an on-policy run the first pass must see ratio 1, no
     clipping and zero KL; a first-pass ratio off by more than mismatch_tol, sampler/logp_diff
-    or the first-pass k2 above their thresholds, or sampler/frac_outside_band above
-    outside_band, means the logged behaviour log-probs are not the learner's. A mismatch metric
-    that grows mismatch_growth times over is reported with its onset step and factor."""
+    or the first-pass k1 (|mean|) or k2 above their thresholds, or sampler/frac_outside_band
+    above outside_band, means the logged behaviour log-probs are not the learner's. A mismatch
+    metric that grows mismatch_growth times over is reported with its onset step and factor.
+    The cause: the recorded sampling config; else a systematic offset when its test passes
+    (`_offset_cause`); else numerics."""
     facts = _facts(t)
     names = ("policy/ratio_mean_first", "sampler/frac_outside_band", "sampler/logp_diff_mean",
-             "policy/kl_behaviour_k2_first", "policy/clipfrac_region_first")
+             "policy/kl_behaviour_k2_first", "policy/clipfrac_region_first",
+             "policy/kl_behaviour_k1_first")
     found = _need(t, names, 1)
     if isinstance(found, Unavailable):
         return found
@@ -706,6 +715,12 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
         k2 = t.values("policy/kl_behaviour_k2_first")
         if k2.mean() > c.mismatch_k2:
             evidence["kl_behaviour_k2_first"] = _r(float(k2.mean()))
+    if t.has("policy/kl_behaviour_k1_first"):
+        # first-pass k1 (tinker-cookbook's kl_sample_train_v1, verl's rollout_corr/kl and
+        # OpenRLHF's vllm_kl, sign flipped to ours): 0 on an on-policy step
+        k1 = t.values("policy/kl_behaviour_k1_first")
+        if np.abs(k1).mean() > c.mismatch_tol:
+            evidence["kl_behaviour_k1_first_mean"] = _r(float(k1.mean()))
     step = None
     for name in MISMATCH:
         if t.has(name, c.min_steps):
@@ -721,8 +736,8 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
             c.mismatch_k2 if evidence["growth"]["metric"].endswith("k2_first")
             else c.mismatch_tol)):
         return []
-    cause = _sampling_cause(facts) or ("numerics of the sampler and the learner differ "
-                                       "(dtype, kernels, batch shapes)")
+    cause = _sampling_cause(facts) or _offset_cause(t) or (
+        "numerics of the sampler and the learner differ (dtype, kernels, batch shapes)")
     evidence["cause"] = cause
     evidence["sampling"] = facts.get("sampling", "not recorded")
     g_ev = evidence.get("growth")
@@ -739,6 +754,29 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
          "?an importance correction ({is_correction})",
          "an fp32 LM head; the same micro-batch sizes in sampler and learner"),
         0.8 if "sampling" in cause else 0.6, step=step)]
+
+
+def _offset_cause(t: MetricTable) -> str | None:
+    """A systematic offset between the sampler's and the learner's log-probs, named only when
+    its test passes: with Δ = ℓ_learner − ℓ_sampler per token on the first pass, k1 = E[Δ] and
+    k2 = ½E[Δ²], the share k1² / 2·k2 of the mean squared log-ratio that a constant offset
+    explains is at least OFFSET_SHARE (numerical noise is zero-mean: its k1 ≈ −k2, a share
+    ≈ k2/2 ≈ 0). Every token shifted alike is what a renormalised sampler gives (top-k/top-p
+    filtering or a temperature the learner does not apply). None without both metrics."""
+    if not (t.has("policy/kl_behaviour_k1_first") and t.has("policy/kl_behaviour_k2_first")):
+        return None
+    _, k1, k2 = aligned(t.series("policy/kl_behaviour_k1_first"),
+                        t.series("policy/kl_behaviour_k2_first"))
+    if len(k1) == 0 or float(k2.mean()) <= 0:
+        return None
+    share = float(k1.mean()) ** 2 / (2 * float(k2.mean()))
+    if share < OFFSET_SHARE:
+        return None
+    return (f"a systematic offset, not numerical noise: a constant shift of "
+            f"{float(k1.mean()):.3g} nats per token explains {min(share, 1.0):.0%} of the mean "
+            "squared log-ratio (k1² / 2·k2), as when the sampler draws from a renormalised "
+            "distribution (top-k/top-p filtering, a temperature) whose log-probs the learner "
+            "does not reproduce")
 
 
 def nonfinite_gradients(t: MetricTable, c: DoctorConfig) -> RuleOut:
@@ -1170,7 +1208,8 @@ def weigh_verdict(findings: list[Finding]) -> list[Finding]:
     tiny = by_id.get("kl_too_small")
     if tiny is not None:
         weighed["kl_too_small_median"] = tiny.evidence.get("median_abs")
-        caveats.append(f"updates are tiny ({tiny.evidence['metric']} ≈ "
+        shown = tiny.evidence.get("as_logged", tiny.evidence["metric"])
+        caveats.append(f"updates are tiny (|{shown}| ≈ "
                        f"{tiny.evidence.get('median_abs', 0):.2g}): progress is limited by "
                        "the step size")
     if not weighed:
