@@ -424,6 +424,13 @@ def test_negative_kl_reads_our_behaviour_k1_with_its_sign():
                                    DEFAULT), "negative_kl")
     assert list(f.evidence["metrics"]) == ["−policy/kl_behaviour_k1"]
     assert f.evidence["metrics"]["−policy/kl_behaviour_k1"]["mean"] == pytest.approx(-0.01)
+    # one pass per step: the first-pass k1 is the same series, and is not counted twice
+    k1 = alternating(0.01, 1e-3)
+    f = fired(RULES["negative_kl"](table({"policy/kl_behaviour_k1": k1,
+                                          "policy/kl_behaviour_k1_first": k1}), DEFAULT),
+              "negative_kl")
+    assert list(f.evidence["metrics"]) == ["−policy/kl_behaviour_k1"]
+    assert "more KL estimates" not in f.title
 
 
 def test_negative_kl_stays_quiet():

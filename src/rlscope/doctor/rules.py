@@ -36,7 +36,6 @@ from rlscope.doctor.table import MetricTable
 RuleOut = list[Finding] | Unavailable
 
 ENTROPY = ("policy/entropy", "policy/entropy_sampled")
-KL_LAST_PASS = ("policy/kl_behaviour_k3", "policy/approx_kl", "policy/kl_behaviour_k1")
 # KL estimates whose expectation is a divergence (≥ 0) once multiplied by their sign, so a
 # negative mean of sign × value is a signal: ours to the reference, E_μ[ℓ_μ − ℓ_ref] =
 # KL(μ‖π_ref) (sign +1); our KL to the behaviour policy, E_μ[ℓ − ℓ_μ] = −KL(μ‖π) ≤ 0 (sign −1,
@@ -319,6 +318,9 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
     negative: dict[str, dict[str, Any]] = {}
     for name, sign in present:
         steps, stored = t.series(name)
+        last = name.removesuffix("_first")
+        if last != name and t.has(last) and np.array_equal(t.values(last), stored):
+            continue  # one pass per step: the first-pass k1 is the last-pass one, counted once
         values = sign * stored  # the divergence estimate: as a foreign framework logs it
         label = _divergence_label(t, name, sign)
         mean, se = mean_se(values)
