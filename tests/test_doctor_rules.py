@@ -738,6 +738,18 @@ def test_sampler_mismatch_stays_quiet_off_policy():
     quiet(RULES["sampler_mismatch"](t, DEFAULT))
 
 
+def test_sampler_mismatch_does_not_apply_with_several_minibatches():
+    """With num_minibatches = 2 the first pass scores the second minibatch after the first
+    one's optimizer step (measured on `rlscope train --method grpo --inner_epochs 4
+    --num_minibatches 2`: first-pass k1 −0.03 and 24% clipped at step 0, which the rule called
+    a mismatch): the check says why it cannot run instead."""
+    cfg = run_config(delay=0)
+    cfg["config"]["run"]["num_minibatches"] = 2
+    out = RULES["sampler_mismatch"](table(mismatched(), cfg), DEFAULT)
+    assert isinstance(out, Unavailable) and out.reason == "config"
+    assert "num_minibatches = 2" in str(out)
+
+
 def test_sampler_mismatch_stays_quiet_when_ratios_are_one():
     t = table({"policy/ratio_mean_first": 1.0 + noise(20, 1e-5),
                "sampler/frac_outside_band": 0.001}, run_config())

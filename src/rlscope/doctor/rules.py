@@ -696,6 +696,12 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
         return found
     if facts.get("on_policy") is False:
         return []
+    minibatches = t.config.get("config", {}).get("run", {}).get("num_minibatches", 1)
+    if minibatches > 1:
+        # the first pass scores minibatch k after the optimizer steps of minibatches 1..k−1
+        return Unavailable(("a first pass before any update",), reason="config", detail=(
+            f"num_minibatches = {minibatches}: the first pass of every minibatch after the "
+            "first follows an optimizer step, so it is not expected to match the sampler"))
     evidence: dict[str, Any] = {}
     if t.has("policy/ratio_mean_first"):
         off = np.abs(t.values("policy/ratio_mean_first") - 1.0)
