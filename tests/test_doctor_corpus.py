@@ -105,3 +105,23 @@ def test_json_output_gives_each_unavailable_check_its_reason(
     assert reasons["value_instability"] == {
         "reason": "missing", "text": "needs loss/value or value/explained_var"}
     assert "kl_too_small" not in reasons  # actor/ppo_kl is there: it ran
+
+
+def test_no_unavailable_check_on_a_corpus_log_names_a_metric_the_log_has() -> None:
+    """On every real and re-emitted log of the corpus (verl, TRL, OpenRLHF, cookbook, W&B),
+    after translation: a check that could not run for a 'missing' metric names only metrics
+    absent from the table, and none of the foreign names the translators map (the rules read
+    our names: `actor/ppo_kl` is `policy/kl_behaviour_k1` by then)."""
+    from rlscope.doctor.importers import load
+    from rlscope.doctor.rules import diagnose
+
+    checked = 0
+    for case in load_corpus(CORPUS):
+        for table in load(case.log).tables:
+            _, unavailable = diagnose(table)
+            for rule_id, u in unavailable.items():
+                if u.reason == "missing":
+                    assert not any(table.has(n) for n in u.needs), (case.name, rule_id, u)
+                    assert not set(u.needs) & set(table.original.values()), (case.name, u)
+                checked += 1
+    assert checked > 100

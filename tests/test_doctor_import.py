@@ -16,6 +16,7 @@ from rich.console import Console
 from rlscope.doctor.diagnosis import run_doctor
 from rlscope.doctor.importers import FORMATS, DoctorError, load, sniff
 from rlscope.doctor.render import to_json, to_markdown, to_terminal
+from rlscope.doctor.rules import diagnose
 from rlscope.doctor.verl import parse_value
 from rlscope.metrics.readers import wait_for_wandb
 
@@ -524,3 +525,45 @@ def test_wandb_offline_run_uses_the_frameworks_own_step(tmp_path: Path,
     (record_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     assert sniff(record_file) == "wandb_run"
     assert load(record_file).tables[0].values("reward/mean").tolist() == [0.1, 0.2, 0.3]
+
+
+def test_a_trl_name_under_the_wandb_train_prefix_is_read_under_its_own_name(
+        tmp_path: Path) -> None:
+    """transformers' W&B callback logs every TRL metric as `train/<key>`. An untranslated one
+    (`frac_reward_zero_std`, 1 − our group/mixed_rate) loses the logger's prefix, so the
+    no_signal rule reads it; a bare column of the same name in the file is kept apart, never
+    merged into it."""
+    path = _write(tmp_path, "history.csv",
+                  "_step,train/reward,train/frac_reward_zero_std,train/completions/mean_length\n"
+                  "0,0.1,0.75,5\n1,0.1,0.875,5\n2,0.1,1.0,6\n")
+    (table,) = load(path).tables
+    assert table.framework == "trl"
+    assert table.values("frac_reward_zero_std").tolist() == [0.75, 0.875, 1.0]
+    assert "train/frac_reward_zero_std" not in table.names()
+    findings, _ = diagnose(table)
+    (f,) = [f for f in findings if f.id == "no_signal"]
+    assert f.evidence["metric"] == "frac_reward_zero_std"
+    path = _write(tmp_path, "both.csv",
+                  "_step,train/reward,train/frac_reward_zero_std,frac_reward_zero_std\n"
+                  "0,0.1,0.75,0.5\n1,0.1,0.875,0.5\n")
+    (table,) = load(path).tables
+    assert table.values("frac_reward_zero_std").tolist() == [0.75, 0.875]
+    assert table.values("frac_reward_zero_std (as logged)").tolist() == [0.5, 0.5]
+
+
+def test_a_trl_evaluation_entry_does_not_make_its_step_look_logged_twice(tmp_path: Path) -> None:
+    """transformers stamps every log entry with `epoch`: the training and the evaluation
+    entries of step 20 both carry epoch 0.5. That is one step, not a resumed run; a real
+    rewrite of the step (another epoch value) is still reported."""
+    state = {"log_history": [
+        {"step": 20, "epoch": 0.5, "reward": 0.3, "loss": 0.1},
+        {"step": 20, "epoch": 0.5, "eval_reward": 0.4},
+        {"step": 40, "epoch": 1.0, "reward": 0.5, "loss": 0.1}]}
+    path = _write(tmp_path, "trainer_state.json", json.dumps(state))
+    (table,) = load(path).tables
+    assert table.import_notes == [] and table.duplicated_steps() == {}
+    assert table.values("epoch").tolist() == [0.5, 1.0]
+    state["log_history"].append({"step": 40, "epoch": 1.5, "reward": 0.6})  # a resumed run
+    path.write_text(json.dumps(state))
+    (table,) = load(path).tables
+    assert table.duplicated_steps() == {"epoch": [40.0], "reward/mean": [40.0]}

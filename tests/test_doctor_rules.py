@@ -9,12 +9,14 @@ import copy
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from rlscope.doctor.findings import SEVERITIES, DoctorConfig, Finding, Unavailable
+from rlscope.doctor.importers import load
 from rlscope.doctor.rules import RULES, diagnose, link_causes
 from rlscope.doctor.table import MetricTable
 
@@ -59,6 +61,17 @@ def table(series: dict[str, Any], config: dict[str, Any] | None = None,
         values = np.broadcast_to(np.asarray(values, dtype=float), steps.shape)
         for s, v in zip(steps, values, strict=True):
             t.add(float(s), name, float(v))
+    return t
+
+
+def foreign(tmp_path: Path, series: dict[str, Any], steps: np.ndarray = STEPS) -> MetricTable:
+    """A table read as the doctor reads a foreign JSON-lines log of ``series`` (a scalar is held
+    constant): the framework guessed from its names, names translated, signs applied."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": float(s)} | {n: float(np.broadcast_to(v, steps.shape)[i])
+                                  for n, v in series.items()} for i, s in enumerate(steps)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (t,) = load(path, "jsonl").tables
     return t
 
 
@@ -117,7 +130,8 @@ def healthy_series(seed: int = 100) -> dict[str, np.ndarray]:
         "length/mean": 200.0 + nz(5.0),
         "length/clip_ratio": np.abs(0.01 + nz(0.002)),
         "policy/kl_ref_seq_k1": 4.0 + nz(0.3),
-        "policy/kl_behaviour_k1": 0.01 + nz(0.001),
+        # ours is E_μ[ℓ − ℓ_μ] = −KL(μ‖π): negative after an update
+        "policy/kl_behaviour_k1": -0.01 + nz(0.001),
         "policy/ratio_mean_first": 1.0 + nz(1e-5),
         "sampler/frac_outside_band": np.abs(0.001 + nz(1e-4)),
         "optim/grad_norm": 0.5 + nz(0.05),
@@ -367,21 +381,56 @@ def test_negative_kl_not_blamed_on_sampling_when_the_kept_set_is_replayed():
     assert f.evidence["cause"].startswith("a systematic gap")
 
 
-def test_negative_kl_large_against_its_spread_is_engine_mismatch():
+def test_negative_kl_large_against_its_spread_is_engine_mismatch(tmp_path: Path):
     # verl's actor/ppo_kl = mean(ℓ_old − ℓ_new) ≥ 0 in expectation; mean −0.01, std 1e-3:
-    # |mean| ≫ std, no sampling cause recorded
-    f = fired(RULES["negative_kl"](table({"actor/ppo_kl": alternating(-0.01, 1e-3)}),
-                                   DEFAULT), "negative_kl")
-    assert f.evidence["metrics"]["actor/ppo_kl"]["frac_negative_steps"] == 1.0
+    # |mean| ≫ std, no sampling cause recorded. The importer stores it as our
+    # policy/kl_behaviour_k1 (+0.01) and the rule reads it back with verl's sign, once.
+    t = foreign(tmp_path, {"actor/ppo_kl": alternating(-0.01, 1e-3)})
+    assert t.values("policy/kl_behaviour_k1").mean() == pytest.approx(0.01)
+    f = fired(RULES["negative_kl"](t, DEFAULT), "negative_kl")
+    ev = f.evidence["metrics"]["actor/ppo_kl"]
+    assert ev["stored_as"] == "policy/kl_behaviour_k1" and ev["sign"] == -1.0
+    assert ev["mean"] == pytest.approx(-0.01) and ev["frac_negative_steps"] == 1.0
+    assert f.title.startswith("actor/ppo_kl is negative on average (-0.01")
     assert "engine mismatch" in f.evidence["cause"]
     assert f.confidence == 0.6
 
 
-def test_negative_kl_ignores_our_behaviour_k1_whose_expectation_is_negative():
-    """policy/kl_behaviour_k1 = E_μ[ℓ − ℓ_μ] = −KL(μ‖π) ≤ 0 after an update: not a bug."""
-    out = RULES["negative_kl"](table({"policy/kl_behaviour_k1": alternating(-0.01, 1e-3)}),
-                               DEFAULT)
-    assert isinstance(out, Unavailable)
+@pytest.mark.parametrize("framework_name", ["ppo/policy/policykl", "ppo_kl",
+                                            "optim/kl_sample_train_v1", "rollout_corr/kl"])
+def test_negative_kl_reads_every_foreign_behaviour_kl_with_its_own_sign(
+        tmp_path: Path, framework_name: str):
+    """TRL's classic policykl, OpenRLHF's ppo_kl, tinker-cookbook's kl_sample_train_v1 and
+    verl's rollout_corr/kl are mean(ℓ_behaviour − ℓ_learner) ≥ 0 in expectation, translated to
+    our k1 (last or first pass) with the sign flipped: −0.01 as logged fires, +0.01 does not."""
+    companions = {"ppo/policy/policykl": {"ppo/loss/value": 0.1},  # so the framework is known
+                  "ppo_kl": {"ppo_clip_ratio": 0.0, "actor_lr": 1e-6},
+                  "optim/kl_sample_train_v1": {"env/all/reward/total": 0.5},
+                  "rollout_corr/kl": {"actor/entropy": 1.0}}[framework_name]
+    t = foreign(tmp_path, {framework_name: alternating(-0.01, 1e-3)} | companions)
+    f = fired(RULES["negative_kl"](t, DEFAULT), "negative_kl")
+    assert list(f.evidence["metrics"]) == [framework_name]
+    assert f.evidence["metrics"][framework_name]["mean"] == pytest.approx(-0.01)
+    t = foreign(tmp_path, {framework_name: alternating(0.01, 1e-3)} | companions)
+    assert RULES["negative_kl"](t, DEFAULT) == []
+
+
+def test_negative_kl_reads_our_behaviour_k1_with_its_sign():
+    """policy/kl_behaviour_k1 = E_μ[ℓ − ℓ_μ] = −KL(μ‖π) ≤ 0 after an update: a negative mean
+    is expected; a positive one beyond noise is the signal, reported as −k1 (the divergence)."""
+    quiet(RULES["negative_kl"](table({"policy/kl_behaviour_k1": alternating(-0.01, 1e-3)}),
+                               DEFAULT))
+    f = fired(RULES["negative_kl"](table({"policy/kl_behaviour_k1": alternating(0.01, 1e-3)}),
+                                   DEFAULT), "negative_kl")
+    assert list(f.evidence["metrics"]) == ["−policy/kl_behaviour_k1"]
+    assert f.evidence["metrics"]["−policy/kl_behaviour_k1"]["mean"] == pytest.approx(-0.01)
+    # one pass per step: the first-pass k1 is the same series, and is not counted twice
+    k1 = alternating(0.01, 1e-3)
+    f = fired(RULES["negative_kl"](table({"policy/kl_behaviour_k1": k1,
+                                          "policy/kl_behaviour_k1_first": k1}), DEFAULT),
+              "negative_kl")
+    assert list(f.evidence["metrics"]) == ["−policy/kl_behaviour_k1"]
+    assert "more KL estimates" not in f.title
 
 
 def test_negative_kl_stays_quiet():
@@ -395,7 +444,7 @@ def test_negative_kl_stays_quiet():
 def test_negative_kl_unavailable():
     out = RULES["negative_kl"](table({"reward/mean": 0.5}), DEFAULT)
     assert isinstance(out, Unavailable)
-    assert "policy/kl_ref_k1" in out.needs and "actor/ppo_kl" in out.needs
+    assert "policy/kl_ref_k1" in out.needs and "policy/kl_behaviour_k1" in out.needs
 
 
 # ---------------------------------------------------------------- kl_runaway
@@ -454,13 +503,16 @@ def test_kl_too_small_fires_on_tiny_updates_and_flat_reward():
     assert f.evidence["reward_trend"]["direction"] == "flat"
 
 
-def test_kl_too_small_is_a_point_check_on_verl_ppo_kl_with_the_learning_rate():
+def test_kl_too_small_is_a_point_check_on_verl_ppo_kl_with_the_learning_rate(tmp_path: Path):
     """Three steps of verl's actor/ppo_kl ~1e-5 at lr 1e-6 (the issue's verl DAPO log):
-    the check runs from the steps it has and reports the learning rate; no reward needed."""
+    the check runs from the steps it has and reports the learning rate; no reward needed.
+    The importer stores it as policy/kl_behaviour_k1 (negated); the rule reads its size."""
     steps = np.arange(3.0)
-    t = table({"actor/ppo_kl": np.array([1e-5, -2e-5, 1.5e-5]), "optim/lr": 1e-6},
-              steps=steps)
+    t = foreign(tmp_path, {"actor/ppo_kl": np.array([1e-5, -2e-5, 1.5e-5]), "actor/lr": 1e-6},
+                steps=steps)
+    assert t.values("policy/kl_behaviour_k1").tolist() == [-1e-5, 2e-5, -1.5e-5]
     f = fired(RULES["kl_too_small"](t, DEFAULT), "kl_too_small")
+    assert f.evidence["metric"] == "policy/kl_behaviour_k1"
     assert f.severity == "info"  # no reward logged: the point check alone
     assert f.evidence["lr"] == 1e-6 and "lr 1e-06" in f.title
     assert f.evidence["median_abs"] == pytest.approx(1.5e-5)
@@ -483,7 +535,7 @@ def test_kl_too_small_stays_quiet():
 def test_kl_too_small_unavailable():
     out = RULES["kl_too_small"](table({"reward/mean": 0.3}), DEFAULT)
     assert isinstance(out, Unavailable)
-    assert out.reason == "missing" and "actor/ppo_kl" in out.needs
+    assert out.reason == "missing" and "policy/kl_behaviour_k1" in out.needs
     assert "reward/mean" not in out.needs  # present: never listed as missing
     # one inner epoch of one minibatch: the config makes it inapplicable, and says so
     cfg = run_config()
@@ -686,6 +738,18 @@ def test_sampler_mismatch_stays_quiet_off_policy():
     quiet(RULES["sampler_mismatch"](t, DEFAULT))
 
 
+def test_sampler_mismatch_does_not_apply_with_several_minibatches():
+    """With num_minibatches = 2 the first pass scores the second minibatch after the first
+    one's optimizer step (measured on `rlscope train --method grpo --inner_epochs 4
+    --num_minibatches 2`: first-pass k1 −0.03 and 24% clipped at step 0, which the rule called
+    a mismatch): the check says why it cannot run instead."""
+    cfg = run_config(delay=0)
+    cfg["config"]["run"]["num_minibatches"] = 2
+    out = RULES["sampler_mismatch"](table(mismatched(), cfg), DEFAULT)
+    assert isinstance(out, Unavailable) and out.reason == "config"
+    assert "num_minibatches = 2" in str(out)
+
+
 def test_sampler_mismatch_stays_quiet_when_ratios_are_one():
     t = table({"policy/ratio_mean_first": 1.0 + noise(20, 1e-5),
                "sampler/frac_outside_band": 0.001}, run_config())
@@ -696,7 +760,32 @@ def test_sampler_mismatch_unavailable():
     out = RULES["sampler_mismatch"](table({"policy/ratio_mean": 1.0}, run_config()), DEFAULT)
     assert out == Unavailable(("policy/ratio_mean_first", "sampler/frac_outside_band",
                                "sampler/logp_diff_mean", "policy/kl_behaviour_k2_first",
-                               "policy/clipfrac_region_first"))
+                               "policy/clipfrac_region_first", "policy/kl_behaviour_k1_first"))
+
+
+def test_sampler_mismatch_names_a_systematic_offset_only_when_its_test_passes(tmp_path: Path):
+    """tinker-cookbook's kl_sample_train_v1 (= −our first-pass k1) and _v2 (our k2) with no
+    sampling config: a log-ratio shifted alike on every token (k1 −0.04, k2 0.0012, measured
+    on the corpus's top-p run: k1² / 2·k2 = 0.70) is a systematic offset; zero-mean numerical
+    noise (k1 ≈ −k2 = −0.002: share 0.001) is numerics."""
+    t = foreign(tmp_path, {"optim/kl_sample_train_v1": 0.0417 + noise(23, 0.002),
+                           "optim/kl_sample_train_v2": 0.00124 + noise(24, 1e-5),
+                           "env/all/reward/total": 0.4})
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert f.evidence["kl_behaviour_k1_first_mean"] == pytest.approx(-0.0417, rel=0.02)
+    assert f.evidence["cause"].startswith("a systematic offset")
+    share = 0.0417 ** 2 / (2 * 0.00124)
+    assert f"{share:.0%}" in f.evidence["cause"]
+    t = foreign(tmp_path, {"optim/kl_sample_train_v1": 0.002 + noise(23, 1e-4),
+                           "optim/kl_sample_train_v2": 0.002 + noise(24, 1e-5),
+                           "env/all/reward/total": 0.4})
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert f.evidence["cause"].startswith("numerics")
+    # the recorded sampling config, where there is one, is the cause
+    t = table({"policy/kl_behaviour_k1_first": -0.0417, "policy/kl_behaviour_k2_first": 0.00124},
+              run_config(delay=0, top_p=0.9, mask=False))
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert "top_p=0.9" in f.evidence["cause"]
 
 
 # ---------------------------------------------------------------- grad_clip_saturation
@@ -1011,7 +1100,8 @@ def test_every_rule_survives_constant_and_short_series(rule_id):
         # a non-finite gradient), and the verdict on a flat evaluation is "not improving"
         if rule_id == "learning_verdict":
             assert [f.evidence["verdict"] for f in out] == ["not improving beyond noise"]
-        elif rule_id in ("truncation", "sampler_mismatch", "nonfinite_gradients"):
+        elif rule_id in ("truncation", "sampler_mismatch", "nonfinite_gradients",
+                         "negative_kl"):  # k1 = +0.5: a behaviour KL of −0.5
             assert [f.id for f in out] == [rule_id]
         elif rule_id == "reward_plateau":  # a constant reward never moved: that is a plateau
             assert [f.evidence["moved_before"] for f in out] in ([], [False])
@@ -1144,7 +1234,7 @@ def test_sampler_mismatch_growing_by_orders_of_magnitude_has_onset_and_factor():
 def test_point_checks_run_on_one_step():
     one = np.array([0.0])
     t = table({"sampler/frac_outside_band": 0.3, "adv/frac_zero": 0.9,
-               "actor/ppo_kl": 1e-6, "length/clip_ratio": 0.5}, steps=one)
+               "policy/kl_behaviour_k1": -1e-6, "length/clip_ratio": 0.5}, steps=one)
     findings, unavailable = diagnose(t)
     assert {"sampler_mismatch", "no_signal", "kl_too_small", "truncation"} <= {
         f.id for f in findings}
@@ -1156,13 +1246,16 @@ def test_point_checks_run_on_one_step():
 
 
 def test_unavailable_never_lists_a_metric_that_is_present():
-    """Every rule on tables holding subsets of the healthy metrics: a 'missing' reason names
-    only metrics absent from the table."""
+    """Every rule on tables holding subsets of the healthy metrics, long and short (1, 3 and 6
+    steps, below the trend rules' minimum): a 'missing' reason names only metrics absent from
+    the table (a short one is 'too few steps')."""
     names = sorted(healthy_series())
     rng = np.random.default_rng(0)
-    for _ in range(30):
+    for i in range(40):
         keep = [n for n in names if rng.random() < 0.5]
-        t = table({n: healthy_series()[n] for n in keep})
+        n_steps = (N, 1, 3, 6)[i % 4]
+        t = table({n: healthy_series()[n][:n_steps] for n in keep},
+                  steps=STEPS[:n_steps])
         _, unavailable = diagnose(t)
         for rule_id, u in unavailable.items():
             if u.reason == "missing":
@@ -1233,10 +1326,22 @@ def test_actions_name_the_source_frameworks_settings():
     assert framework_of(t) == "trl_ppo"
 
 
-def test_kl_too_small_does_not_read_a_kl_that_is_zero_to_float_precision():
+def test_a_trl_ppo_wandb_history_with_the_train_prefix_gets_ppoconfig_advice(tmp_path: Path):
+    """transformers' W&B callback writes `train/objective/kl`, `train/ppo/loss/value`: the
+    prefix does not hide that the log is TRL's PPO trainer."""
+    from rlscope.doctor.advice import framework_of
+
+    t = foreign(tmp_path, {"train/objective/kl": 1.0, "train/ppo/loss/value": 0.1,
+                           "train/env/reward_mean": 0.3})
+    assert t.framework == "trl" and t.original["loss/value"] == "train/ppo/loss/value"
+    assert framework_of(t) == "trl_ppo"
+
+
+def test_kl_too_small_does_not_read_a_kl_that_is_zero_to_float_precision(tmp_path: Path):
     """verl's actor/ppo_kl with one epoch of one mini-batch is ~1e-9 every step: measured
     before any update, it says nothing about the update size."""
-    t = table({"actor/ppo_kl": 2e-9 * (1 + noise(47, 0.3)), "reward/mean": 0.3})
+    t = foreign(tmp_path, {"actor/ppo_kl": 2e-9 * (1 + noise(47, 0.3)),
+                           "critic/score/mean": 0.3})
     out = RULES["kl_too_small"](t, DEFAULT)
     assert isinstance(out, Unavailable) and out.reason == "config"
     assert "zero to float precision" in str(out)

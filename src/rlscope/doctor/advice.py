@@ -140,7 +140,8 @@ def framework_of(t: MetricTable) -> str:
     characteristic prefixes. ``trl_ppo`` for TRL's PPO trainer (its config differs from
     GRPO's). Falls back to ``rlscope`` (our names) for a plain CSV/JSONL in our schema."""
     tagged = getattr(t, "framework", None) or t.config.get("framework")
-    foreign = list(t.original.values()) or t.names()
+    # as the framework names them: without the train/ prefix of W&B and TensorBoard loggers
+    foreign = [n.removeprefix("train/") for n in (list(t.original.values()) or t.names())]
     if t.fmt == "run":
         return "rlscope"
     fw = tagged if isinstance(tagged, str) and tagged else {

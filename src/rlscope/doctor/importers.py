@@ -69,12 +69,20 @@ def _bare(name: str) -> str:
     return name.removeprefix("train/")
 
 
+PREFIXED = ("trl", "openrlhf")
+"""Frameworks whose W&B and TensorBoard loggers prefix every training metric with ``train/``
+(transformers' callbacks, OpenRLHF's ``logging_utils``)."""
+
+
 def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
     """Translate names of ``framework`` (recording the original name and the note).
 
     A canonical name is claimed by the first foreign name that maps to it; another foreign name
     mapping to the same canonical name is kept under its own name (two series are never merged
     into one) and `_finish` later gives the canonical name to the framework's preferred one.
+    An untranslated name of a `PREFIXED` framework loses its logger's ``train/`` prefix (TRL's
+    ``train/frac_reward_zero_std`` is read as ``frac_reward_zero_std``, the name the framework
+    documents and the rules read) unless the bare name is taken.
     """
     cache: dict[str, str] = {}
     table.framework = framework
@@ -87,10 +95,15 @@ def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
         if framework and canonical == name and name != _bare(name):
             canonical, note = translate(framework, _bare(name))
             canonical = name if canonical == _bare(name) else canonical
-        if canonical == name and name in table.original:
-            canonical = f"{name} (as logged)"  # our name, already taken by a translated one
+        if framework in PREFIXED and canonical == name and name != _bare(name) \
+                and _bare(name) not in cache.values() and _bare(name) not in table.original:
+            canonical = _bare(name)  # the logger's prefix, not part of the framework's name
+        elif canonical == name and (name in table.original or name in cache.values()):
+            # our name, already taken by a translated one (or by a prefixed one stripped)
+            canonical = f"{name} (as logged)"
+            taken_by = table.original.get(name) or next(k for k, v in cache.items() if v == name)
             table.import_notes.append(f"{name} kept as {canonical!r}: {name} comes from "
-                                      f"{table.original[name]}")
+                                      f"{taken_by}")
         elif canonical != name:
             if canonical in table.original or canonical in cache:
                 canonical = name  # taken by another foreign name, or logged as such
@@ -314,10 +327,18 @@ def read_trl(path: Path) -> MetricTable:
     table = MetricTable(source=path.name, fmt="trl",
                         config={k: v for k, v in state.items() if k != "log_history"})
     rename = _renamer(table, "trl")
+    epochs: dict[Any, Any] = {}
     for i, entry in enumerate(state["log_history"]):
         if not isinstance(entry, dict):
             table.problem(None, f"log_history[{i}] is not an object")
             continue
+        # transformers stamps every log entry with `epoch`: the training and the evaluation
+        # entries of one step carry the same value, which is not a step logged twice
+        step = entry.get("step")
+        if "epoch" in entry and step in epochs and epochs[step] == entry["epoch"]:
+            entry = {k: v for k, v in entry.items() if k != "epoch"}
+        elif "epoch" in entry:
+            epochs[step] = entry["epoch"]
         _add_row(table, entry, "step" if "step" in entry else None, i, rename)
     return table
 

@@ -36,25 +36,35 @@ from rlscope.doctor.table import MetricTable
 RuleOut = list[Finding] | Unavailable
 
 ENTROPY = ("policy/entropy", "policy/entropy_sampled")
-KL_LAST_PASS = ("policy/kl_behaviour_k3", "policy/approx_kl", "policy/kl_behaviour_k1")
-# KL estimates whose expectation is a divergence (≥ 0), so a negative mean is a signal: ours
-# to the reference, E_μ[ℓ_μ − ℓ_ref] = KL(μ‖π_ref); verl's actor/ppo_kl, mean(ℓ_old − ℓ_new);
-# tinker-cookbook's optim/kl_sample_train_v1, mean(ℓ_sampler − ℓ_train). Our
-# policy/kl_behaviour_k1 is E_μ[ℓ − ℓ_μ] = −KL(μ‖π) ≤ 0 by construction and is not checked for
-# sign (sampler_mismatch reads its first-pass value).
-KL_SIGNED = ("policy/kl_ref_k1", "policy/kl_ref_seq_k1", "actor/ppo_kl",
-             "optim/kl_sample_train_v1")
+# KL estimates whose expectation is a divergence (≥ 0) once multiplied by their sign, so a
+# negative mean of sign × value is a signal: ours to the reference, E_μ[ℓ_μ − ℓ_ref] =
+# KL(μ‖π_ref) (sign +1); our KL to the behaviour policy, E_μ[ℓ − ℓ_μ] = −KL(μ‖π) ≤ 0 (sign −1,
+# so a positive k1 is the signal), last pass and first pass. The translators store the foreign
+# estimates of the same quantity under these names with their sign already flipped to ours
+# (verl's actor/ppo_kl, TRL's ppo/policy/policykl and OpenRLHF's ppo_kl = mean(ℓ_old − ℓ_new) →
+# policy/kl_behaviour_k1; tinker-cookbook's optim/kl_sample_train_v1, verl's rollout_corr/kl
+# and OpenRLHF's vllm_kl = mean(ℓ_sampler − ℓ_learner) → policy/kl_behaviour_k1_first), so
+# sign × stored value is the foreign value as logged: the rule never flips a sign twice.
+KL_SIGNED: tuple[tuple[str, float], ...] = (
+    ("policy/kl_ref_k1", 1.0), ("policy/kl_ref_seq_k1", 1.0),
+    ("policy/kl_behaviour_k1", -1.0), ("policy/kl_behaviour_k1_first", -1.0))
 KL_REF = ("policy/kl_ref_seq_k1", "policy/kl_ref_k1", "policy/kl_ref_k3")
-# KL between the policy before and after (during) the update: how far one update moves it.
-# verl's actor/ppo_kl (mean(ℓ_old − ℓ_new) over the update) is kept under its own name by the
-# translators (its sign is the opposite of ours) and read here by magnitude.
-KL_UPDATE = ("policy/kl_behaviour_k3", "policy/approx_kl", "actor/ppo_kl",
-             "policy/kl_behaviour_k1")
+# KL between the policy before and after (during) the update: how far one update moves it,
+# read by magnitude (so the sign convention does not matter). verl's actor/ppo_kl, TRL's
+# ppo/policy/policykl and OpenRLHF's ppo_kl arrive as policy/kl_behaviour_k1 (translated), TRL's
+# policy/approxkl_avg and ppo/policy/approxkl as policy/approx_kl.
+KL_UPDATE = ("policy/kl_behaviour_k3", "policy/approx_kl", "policy/kl_behaviour_k1")
 CLIPFRAC = ("policy/clipfrac_region", "policy/clipfrac_high")
+# verl's perf/throughput (all tokens per second per GPU over the whole step) has no equivalent
+# in our schema, so the translators keep it under its own name (names/verl.toml says why) and
+# the throughput rule reads it as such: only its trend is used.
 THROUGHPUT = ("throughput/sample_tokens_per_s", "throughput/learn_tokens_per_s",
               "perf/throughput")
 MISMATCH = ("sampler/logp_diff_mean", "policy/kl_behaviour_k2_first",
-            "sampler/frac_outside_band", "sampler/logp_diff_max")
+            "sampler/frac_outside_band", "sampler/logp_diff_max", "policy/kl_behaviour_k1_first")
+OFFSET_SHARE = 0.5
+"""sampler_mismatch: the share of the mean squared first-pass log-ratio that a constant offset
+explains (k1² / 2·k2) above which the cause is a systematic offset, not numerical noise."""
 CORRECTNESS_KEYS = ("acc", "correct", "pass@", "pass_rate", "test_error", "solved", "exact")
 LENGTH_SCORED_TASKS = ("length_target",)
 """Our tasks whose reward depends on the response length by construction."""
@@ -228,7 +238,7 @@ def sigma_amplification(t: MetricTable, c: DoctorConfig) -> RuleOut:
     steps: standardisation inflates tiny reward gaps. Reports the first step it holds for three
     consecutive steps."""
     if not t.has("adv/amplification", 3):
-        return Unavailable(("adv/amplification",))
+        return _why(t, ("adv/amplification",), 3)
     steps, amp = t.series("adv/amplification")
     high = amp > c.amplification
     runs = np.convolve(high.astype(float), np.ones(3), "valid") >= 3
@@ -282,6 +292,16 @@ def entropy_rising(t: MetricTable, c: DoctorConfig) -> RuleOut:
          "lower the learning rate ({lr})"), 0.7, step=start)]
 
 
+def _divergence_label(t: MetricTable, name: str, sign: float) -> str:
+    """How a KL estimate is named in the negative-KL finding, in the convention its values are
+    reported in (sign × stored, a divergence): the foreign name when the importer translated it
+    (its values as logged), else ours with the sign written out."""
+    foreign = t.original.get(name)
+    if foreign is not None:
+        return foreign
+    return f"−{name}" if sign < 0 else name
+
+
 def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """KL estimates whose expectation is a divergence, negative beyond noise: the mean below
     −max(kl_negative_tol, 3 standard errors), or at least kl_dip_frac of the steps dipping far
@@ -291,13 +311,18 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
     config (filtered sampling without the kept set replayed); estimator noise only when the
     mean is within 2 standard errors of zero (so only dips fired); else a systematic gap
     (engine numerics or logprobs not of the sampling distribution)."""
-    name0 = _need(t, KL_SIGNED, 1)
+    name0 = _need(t, tuple(n for n, _ in KL_SIGNED), 1)
     if isinstance(name0, Unavailable):
         return name0
-    present = [n for n in KL_SIGNED if t.has(n)]
+    present = [(n, sign) for n, sign in KL_SIGNED if t.has(n)]
     negative: dict[str, dict[str, Any]] = {}
-    for name in present:
-        steps, values = t.series(name)
+    for name, sign in present:
+        steps, stored = t.series(name)
+        last = name.removesuffix("_first")
+        if last != name and t.has(last) and np.array_equal(t.values(last), stored):
+            continue  # one pass per step: the first-pass k1 is the last-pass one, counted once
+        values = sign * stored  # the divergence estimate: as a foreign framework logs it
+        label = _divergence_label(t, name, sign)
         mean, se = mean_se(values)
         median = float(np.median(values))
         spread = 1.4826 * float(np.median(np.abs(values - median)))
@@ -308,8 +333,8 @@ def negative_kl(t: MetricTable, c: DoctorConfig) -> RuleOut:
             by_mean = True  # a point check: one or two steps clearly below zero
         if by_mean or by_dips:
             worst = int(np.argmin(values))
-            negative[name] = {
-                "mean": _r(mean), "stderr": _r(se),
+            negative[label] = {
+                "stored_as": name, "sign": sign, "mean": _r(mean), "stderr": _r(se),
                 "z": _r(mean / se) if se > 0 else None,
                 "frac_negative_steps": _r(float((values < 0).mean())),
                 "frac_far_below_steps": _r(float(far.mean())),
@@ -453,10 +478,13 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
     clip = float(t.values(clip_name).mean()) if clip_name else None
     if clip is not None and clip > 0.01:
         return []
+    shown = t.original.get(name, name)  # verl's actor/ppo_kl, as the user knows it
     evidence: dict[str, Any] = {"metric": name, "median_abs": _r(float(np.median(kl))),
                                 "max_abs": _r(float(kl.max())),
                                 "frac_steps_below": _r(float(tiny.mean())),
                                 "threshold": c.kl_small, "steps": len(kl)}
+    if shown != name:
+        evidence["as_logged"] = shown  # the size is the same whatever the sign convention
     if clip_name:
         evidence[clip_name] = _r(clip or 0.0)
     lr = _lr(t)
@@ -471,7 +499,7 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
         reward_note = f"reward {rt.direction}"
     return [Finding(
         "kl_too_small", "warning" if "reward_trend" in evidence else "info",
-        f"updates are tiny: {name} ≈ {np.median(kl):.2g} on {tiny.mean():.0%} of "
+        f"updates are tiny: |{shown}| ≈ {np.median(kl):.2g} on {tiny.mean():.0%} of "
         f"{len(kl)} steps" + (f" at lr {lr:g}" if lr is not None else "")
         + f" ({reward_note})",
         evidence,
@@ -654,17 +682,26 @@ def truncation(t: MetricTable, c: DoctorConfig) -> RuleOut:
 def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """A point check from one step: on an on-policy run the first pass must see ratio 1, no
     clipping and zero KL; a first-pass ratio off by more than mismatch_tol, sampler/logp_diff
-    or the first-pass k2 above their thresholds, or sampler/frac_outside_band above
-    outside_band, means the logged behaviour log-probs are not the learner's. A mismatch metric
-    that grows mismatch_growth times over is reported with its onset step and factor."""
+    or the first-pass k1 (|mean|) or k2 above their thresholds, or sampler/frac_outside_band
+    above outside_band, means the logged behaviour log-probs are not the learner's. A mismatch
+    metric that grows mismatch_growth times over is reported with its onset step and factor.
+    The cause: the recorded sampling config; else a systematic offset when its test passes
+    (`_offset_cause`); else numerics."""
     facts = _facts(t)
     names = ("policy/ratio_mean_first", "sampler/frac_outside_band", "sampler/logp_diff_mean",
-             "policy/kl_behaviour_k2_first", "policy/clipfrac_region_first")
+             "policy/kl_behaviour_k2_first", "policy/clipfrac_region_first",
+             "policy/kl_behaviour_k1_first")
     found = _need(t, names, 1)
     if isinstance(found, Unavailable):
         return found
     if facts.get("on_policy") is False:
         return []
+    minibatches = t.config.get("config", {}).get("run", {}).get("num_minibatches", 1)
+    if minibatches > 1:
+        # the first pass scores minibatch k after the optimizer steps of minibatches 1..k−1
+        return Unavailable(("a first pass before any update",), reason="config", detail=(
+            f"num_minibatches = {minibatches}: the first pass of every minibatch after the "
+            "first follows an optimizer step, so it is not expected to match the sampler"))
     evidence: dict[str, Any] = {}
     if t.has("policy/ratio_mean_first"):
         off = np.abs(t.values("policy/ratio_mean_first") - 1.0)
@@ -686,6 +723,12 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
         k2 = t.values("policy/kl_behaviour_k2_first")
         if k2.mean() > c.mismatch_k2:
             evidence["kl_behaviour_k2_first"] = _r(float(k2.mean()))
+    if t.has("policy/kl_behaviour_k1_first"):
+        # first-pass k1 (tinker-cookbook's kl_sample_train_v1, verl's rollout_corr/kl and
+        # OpenRLHF's vllm_kl, sign flipped to ours): 0 on an on-policy step
+        k1 = t.values("policy/kl_behaviour_k1_first")
+        if np.abs(k1).mean() > c.mismatch_tol:
+            evidence["kl_behaviour_k1_first_mean"] = _r(float(k1.mean()))
     step = None
     for name in MISMATCH:
         if t.has(name, c.min_steps):
@@ -701,8 +744,8 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
             c.mismatch_k2 if evidence["growth"]["metric"].endswith("k2_first")
             else c.mismatch_tol)):
         return []
-    cause = _sampling_cause(facts) or ("numerics of the sampler and the learner differ "
-                                       "(dtype, kernels, batch shapes)")
+    cause = _sampling_cause(facts) or _offset_cause(t) or (
+        "numerics of the sampler and the learner differ (dtype, kernels, batch shapes)")
     evidence["cause"] = cause
     evidence["sampling"] = facts.get("sampling", "not recorded")
     g_ev = evidence.get("growth")
@@ -719,6 +762,29 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
          "?an importance correction ({is_correction})",
          "an fp32 LM head; the same micro-batch sizes in sampler and learner"),
         0.8 if "sampling" in cause else 0.6, step=step)]
+
+
+def _offset_cause(t: MetricTable) -> str | None:
+    """A systematic offset between the sampler's and the learner's log-probs, named only when
+    its test passes: with Δ = ℓ_learner − ℓ_sampler per token on the first pass, k1 = E[Δ] and
+    k2 = ½E[Δ²], the share k1² / 2·k2 of the mean squared log-ratio that a constant offset
+    explains is at least OFFSET_SHARE (numerical noise is zero-mean: its k1 ≈ −k2, a share
+    ≈ k2/2 ≈ 0). Every token shifted alike is what a renormalised sampler gives (top-k/top-p
+    filtering or a temperature the learner does not apply). None without both metrics."""
+    if not (t.has("policy/kl_behaviour_k1_first") and t.has("policy/kl_behaviour_k2_first")):
+        return None
+    _, k1, k2 = aligned(t.series("policy/kl_behaviour_k1_first"),
+                        t.series("policy/kl_behaviour_k2_first"))
+    if len(k1) == 0 or float(k2.mean()) <= 0:
+        return None
+    share = float(k1.mean()) ** 2 / (2 * float(k2.mean()))
+    if share < OFFSET_SHARE:
+        return None
+    return (f"a systematic offset, not numerical noise: a constant shift of "
+            f"{float(k1.mean()):.3g} nats per token explains {min(share, 1.0):.0%} of the mean "
+            "squared log-ratio (k1² / 2·k2), as when the sampler draws from a renormalised "
+            "distribution (top-k/top-p filtering, a temperature) whose log-probs the learner "
+            "does not reproduce")
 
 
 def nonfinite_gradients(t: MetricTable, c: DoctorConfig) -> RuleOut:
@@ -755,16 +821,11 @@ def grad_clip_saturation(t: MetricTable, c: DoctorConfig) -> RuleOut:
         active = t.values("optim/clip_active")
     elif t.has("optim/grad_norm", c.min_steps) and facts.get("grad_clip"):
         active = (t.values("optim/grad_norm") > facts["grad_clip"]).astype(float)
-    else:
-        if t.has("optim/grad_norm", c.min_steps) or t.has("optim/clip_active"):
-            return Unavailable(("optim/grad_norm",) if t.has("optim/grad_norm") else
-                               ("optim/clip_active",),
-                               reason="config" if t.has("optim/grad_norm", c.min_steps)
-                               else "too_few_steps",
-                               detail="the gradient clip threshold is not recorded"
-                               if t.has("optim/grad_norm", c.min_steps) else
-                               f"fewer than {c.min_steps} logged steps")
-        return Unavailable(("optim/clip_active", "optim/grad_norm"))
+    elif t.has("optim/grad_norm", c.min_steps):
+        return Unavailable(("optim/grad_norm",), reason="config",
+                           detail="the gradient clip threshold is not recorded")
+    else:  # missing, or present with too few steps (never "needs" a metric that is there)
+        return _why(t, ("optim/clip_active", "optim/grad_norm"), c.min_steps)
     frac = float(active.mean())
     if frac <= c.clip_saturation:
         return []
@@ -807,7 +868,7 @@ def oscillation(t: MetricTable, c: DoctorConfig) -> RuleOut:
 def stale_replay(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """The replay buffer's mean age stale_age steps above the configured delay, or rising."""
     if not t.has("replay/age_mean", 3):
-        return Unavailable(("replay/age_mean",))
+        return _why(t, ("replay/age_mean",), 3)
     delay = _facts(t).get("delay", 0)
     tr = trend(*t.series("replay/age_mean"))
     if tr.last_mean <= delay + c.stale_age and tr.direction != "up":
@@ -1155,7 +1216,8 @@ def weigh_verdict(findings: list[Finding]) -> list[Finding]:
     tiny = by_id.get("kl_too_small")
     if tiny is not None:
         weighed["kl_too_small_median"] = tiny.evidence.get("median_abs")
-        caveats.append(f"updates are tiny ({tiny.evidence['metric']} ≈ "
+        shown = tiny.evidence.get("as_logged", tiny.evidence["metric"])
+        caveats.append(f"updates are tiny (|{shown}| ≈ "
                        f"{tiny.evidence.get('median_abs', 0):.2g}): progress is limited by "
                        "the step size")
     if not weighed:

@@ -14,8 +14,9 @@ package is absent.
   The file is W&B's transaction log: a 7-byte header (``:W&B``, magic, version) and then records
   framed like LevelDB's log (32 KiB blocks; each chunk a 7-byte header: checksum, length, type
   full/first/middle/last), each record a ``wandb.proto.wandb_internal_pb2.Record`` protobuf.
-  The decoding uses the ``wandb`` package's own protobuf definitions; the framing is read here
-  because ``wandb`` ≥ 0.20 no longer ships a Python reader for it (its sync runs in the Go
+  The decoding uses the ``wandb`` package's own protobuf definitions; the framing is read by
+  `rlscope.metrics.wandb_log` (the W&B sink waits there for a finished file), because ``wandb``
+  ≥ 0.20 no longer ships a Python reader for it (its sync runs in the Go
   core). History rows give the step (``train/global_step`` where a framework logs one, else
   ``_step``) and every numeric item; W&B's bookkeeping keys
   (``_runtime``, ``_timestamp``, ``_wandb``...) are skipped. A truncated file (a crashed run)
@@ -26,17 +27,16 @@ from __future__ import annotations
 
 import json
 import math
-import struct
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+# BadLog and wait_for_wandb are re-exported (BadLog is raised by both readers)
+from rlscope.metrics.wandb_log import BadLog as BadLog
+from rlscope.metrics.wandb_log import wait_for_wandb as wait_for_wandb
+from rlscope.metrics.wandb_log import wandb_chunks
+
 INSTALL_HINT = "install rlscope[logging] (pip install 'rlscope[logging]')"
 TB_GLOB = "events.out.tfevents.*"
-_WANDB_HEADER = struct.Struct("<4sHB")
-_CHUNK_HEADER = struct.Struct("<IHB")
-_BLOCK = 32768
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 Point = tuple[float, str, float]
 STEP_METRICS = ("train/global_step", "trainer/global_step", "global_step")
@@ -47,10 +47,6 @@ evaluation and other log calls."""
 
 class MissingReader(ImportError):
     """The package needed to read this format is not installed."""
-
-
-class BadLog(ValueError):
-    """A file that is not what its name says (not a W&B transaction log, ...)."""
 
 
 def is_tensorboard_dir(path: Path) -> bool:
@@ -114,38 +110,6 @@ def _tensor_scalar(proto: object) -> float | None:
     return float(array.reshape(()))
 
 
-def _wandb_chunks(data: bytes) -> Iterator[bytes]:
-    """The records of a W&B transaction log (LevelDB log framing after a 7-byte header)."""
-    if len(data) < _WANDB_HEADER.size or data[:4] != b":W&B":
-        raise BadLog("not a W&B transaction log (no ':W&B' header)")
-    pos, pending = _WANDB_HEADER.size, b""
-    while pos + _CHUNK_HEADER.size <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < _CHUNK_HEADER.size:  # block trailer padding
-            pos += left
-            continue
-        _, length, kind = _CHUNK_HEADER.unpack_from(data, pos)
-        pos += _CHUNK_HEADER.size
-        if kind == 0 and length == 0:  # zero padding at the end of a block
-            pos += left - _CHUNK_HEADER.size
-            continue
-        fragment = data[pos:pos + length]
-        pos += length
-        if len(fragment) < length:
-            return  # truncated: a crashed run
-        if kind == _FULL:
-            yield fragment
-        elif kind == _FIRST:
-            pending = fragment
-        elif kind == _MIDDLE:
-            pending += fragment
-        elif kind == _LAST:
-            yield pending + fragment
-            pending = b""
-        else:
-            raise BadLog(f"unknown record type {kind} at byte {pos - length}")
-
-
 def wandb_points(path: Path) -> Iterator[Point]:
     """Numeric history items of one ``run-*.wandb`` file as (step, name, value)."""
     try:
@@ -154,7 +118,7 @@ def wandb_points(path: Path) -> Iterator[Point]:
     except ImportError:
         raise MissingReader(f"reading W&B run files needs the wandb package: "
                             f"{INSTALL_HINT}") from None
-    for index, chunk in enumerate(_wandb_chunks(path.read_bytes())):
+    for index, chunk in enumerate(wandb_chunks(path.read_bytes())):
         record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         try:
             record.ParseFromString(chunk)
@@ -185,32 +149,6 @@ def wandb_points(path: Path) -> Iterator[Point]:
             continue
         for key, value in row.items():
             yield step, key, value
-
-
-def wandb_finished(path: Path) -> bool:
-    """Whether the ``run-*.wandb`` file holds the run's exit record (W&B writes the file
-    asynchronously: right after ``finish()`` it may still be only its header)."""
-    try:
-        from wandb.proto import wandb_internal_pb2
-
-        for chunk in _wandb_chunks(path.read_bytes()):
-            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-            record.ParseFromString(chunk)
-            if record.WhichOneof("record_type") == "exit":
-                return True
-    except (ImportError, OSError, BadLog, ValueError):
-        return False
-    return False
-
-
-def wait_for_wandb(path: Path, timeout_s: float = 30.0) -> bool:
-    """Wait until `wandb_finished` (polling); False when ``timeout_s`` passed first."""
-    deadline = time.monotonic() + timeout_s
-    while not wandb_finished(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def wandb_runs(path: Path) -> dict[str, list[Point]]:

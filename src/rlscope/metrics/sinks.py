@@ -314,6 +314,6 @@ class ScalarSinks:
             self._wandb.finish()
             self._wandb = None
             if sync_file:  # W&B writes the run file in the background: return once it is whole
-                from rlscope.metrics.readers import wait_for_wandb
+                from rlscope.metrics.wandb_log import wait_for_wandb
 
                 wait_for_wandb(Path(sync_file))
