@@ -255,20 +255,34 @@ def test_train_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_a_runtime_error_is_one_line_and_debug_shows_the_traceback(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "weights.pt"
-    bad.write_text("not a checkpoint")
-    argv = ["train", *SMALL, "--num_steps", "1", "--runs_dir", str(tmp_path / "runs"),
-            "--init", str(bad)]
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    def fails_while_running(cfg: object) -> None:  # an error the checks cannot foresee
+        raise RuntimeError("the run broke at step 3")
+
+    monkeypatch.setattr("rlscope.seeds.run_seeds", fails_while_running)
+    argv = ["train", *SMALL, "--num_steps", "1", "--runs_dir", str(tmp_path / "runs")]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert re.match(r"error: \w+: \S", err), err  # the exception's type and message
+    assert err.startswith("error: RuntimeError: the run broke at step 3"), err
     assert err.rstrip().endswith("(run again with --debug for the traceback)")
-    with pytest.raises(Exception, match=r"."):  # --debug: the exception itself, anywhere in argv
+    with pytest.raises(RuntimeError, match=r"the run broke"):  # --debug, anywhere in argv
         main(["--debug", *argv])
-    with pytest.raises(Exception, match=r"."):
+    with pytest.raises(RuntimeError, match=r"the run broke"):
         main([*argv, "--debug"])
+
+
+def test_a_refused_checkpoint_is_one_line_with_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "weights.pt"
+    bad.write_text("not a checkpoint")  # readable, so validation passes; loading refuses it
+    argv = ["train", *SMALL, "--num_steps", "1", "--runs_dir", str(tmp_path / "runs"),
+            "--init", str(bad)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"--init {bad}: refused: not an rlscope checkpoint" in err, err
 
 
 def test_debug_prints_the_traceback_in_a_subprocess(tmp_path: Path) -> None:
@@ -277,10 +291,13 @@ def test_debug_prints_the_traceback_in_a_subprocess(tmp_path: Path) -> None:
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    bad = tmp_path / "weights.pt"
-    bad.write_text("not a checkpoint")  # readable, so validation passes; loading it fails
-    argv = [sys.executable, "-m", "rlscope.cli", "train", *SMALL, "--runs_dir",
-            str(tmp_path / "runs"), "--init", str(bad), "--num_steps", "1"]
+    train = ["train", *SMALL, "--runs_dir", str(tmp_path / "runs"), "--num_steps", "1"]
+    # the console script's entry point, with a training run that breaks while running
+    script = ("import sys, rlscope.seeds as seeds\n"
+              "def fails(cfg):\n    raise RuntimeError('the run broke at step 3')\n"
+              "seeds.run_seeds = fails\n"
+              "from rlscope.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    argv = [sys.executable, "-c", script, *train]
     plain = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, env=env,
                            timeout=120)
