@@ -142,8 +142,9 @@ class ServerContext:
         return future(request_id, f"{session_id}:train:{model_seq_id}")
 
 
-def context_of(request: Request) -> ServerContext:
-    """The application's `ServerContext` (a FastAPI dependency)."""
+async def context_of(request: Request) -> ServerContext:
+    """The application's `ServerContext` (a FastAPI dependency; async, so it runs on the event
+    loop rather than in a thread pool)."""
     ctx: ServerContext = request.app.state.context
     return ctx
 
