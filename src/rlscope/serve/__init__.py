@@ -14,8 +14,10 @@ through it (docs/tinker.md). Modules:
 - `engine`: every model operation; `worker`: the thread that runs them from a fair queue
   (round-robin across clients, sample requests in chunks), batching samples;
 - `tokenizer_dir`: the tiny models' byte-level tokenizer as a Hugging Face directory;
-- `app`: the FastAPI application (API key, body and decompression caps); `command`: the
-  ``rlscope serve`` entry point (graceful shutdown on SIGTERM).
+- `app`: the FastAPI application (lifespan, guard, routers); `context`: what every endpoint
+  shares (engine, futures, orderer, worker); `http`: the HTTP edge (API key, body and
+  decompression caps, errors to status codes); `routes`: one router per endpoint family;
+- `command`: the ``rlscope serve`` entry point (graceful shutdown on SIGTERM).
 
 Nothing here is imported by the rest of the package, so ``fastapi``, ``uvicorn`` and ``tinker``
 stay optional (the ``serve`` extra).

@@ -1,0 +1,90 @@
+"""The routers of `rlscope serve`: every endpoint of TINKER_PROTOCOL.md that the server speaks
+is served by exactly one router, the one of its family, and an endpoint works on the parts
+injected into it (here a stub engine: no model, no worker started)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient
+
+from rlscope.serve.app import create_app
+from rlscope.serve.config import ServeConfig
+from rlscope.serve.routes import futures, rest, sampling, session, training
+
+FAMILIES = {
+    session: {"POST /api/v1/client/config", "POST /api/v1/client/dynamic_config",
+              "POST /api/v1/create_session", "POST /api/v1/session_heartbeat",
+              "POST /api/v1/telemetry", "POST /api/v1/sessions/{session_id}/finish",
+              "GET /api/v1/healthz", "GET /api/v1/get_server_capabilities"},
+    futures: {"POST /api/v1/retrieve_future"},
+    training: {"POST /api/v1/create_model", "POST /api/v1/get_info",
+               "POST /api/v1/forward_backward", "POST /api/v1/forward",
+               "POST /api/v1/optim_step", "POST /api/v1/save_weights",
+               "POST /api/v1/save_weights_for_sampler", "POST /api/v1/load_weights"},
+    sampling: {"POST /api/v1/create_sampling_session", "GET /api/v1/samplers/{sampler_id}",
+               "POST /api/v1/asample"},
+    rest: {"GET /api/v1/training_runs", "GET /api/v1/training_runs/{run_id}",
+           "GET /api/v1/training_runs/{run_id}/checkpoints"},
+}
+"""Endpoint families, as TINKER_PROTOCOL.md groups them (§1.2-1.3 and §1.5)."""
+
+KEY = "tml-test-0123456789abcdef"
+
+
+class StubEngine:
+    """Just what the endpoints below touch."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, Any] = {}
+
+    def capabilities(self) -> list[dict[str, Any]]:
+        return [{"model_name": "stub"}]
+
+
+def _endpoints(paths: dict[str, Any]) -> set[str]:
+    """``"METHOD path"`` of an OpenAPI ``paths`` object."""
+    return {f"{method.upper()} {path}" for path, ops in paths.items() for method in ops}
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    app = create_app(ServeConfig(api_key=KEY), engine=StubEngine())  # type: ignore[arg-type]
+    return TestClient(app, headers={"X-API-Key": KEY})  # no `with`: no lifespan, no worker
+
+
+def test_each_endpoint_is_served_by_the_router_of_its_family(client: TestClient) -> None:
+    served = _endpoints(client.get("/openapi.json").json()["paths"])
+    assert served == set().union(*FAMILIES.values())
+    for module, family in FAMILIES.items():
+        assert _endpoints(_router_paths(module.router)) == family, module.__name__
+
+
+def _router_paths(router: Any) -> dict[str, dict[str, Any]]:
+    """OpenAPI-shaped ``{path: {method: {}}}`` of ``router``'s routes."""
+    out: dict[str, dict[str, Any]] = {}
+    for route in router.routes:
+        path = route.path.replace(":path}", "}")
+        out.setdefault(path, {}).update({m.lower(): {} for m in route.methods})
+    return out
+
+
+def test_endpoints_use_the_injected_engine_and_shared_error_mapping(
+        client: TestClient) -> None:
+    r = client.get("/api/v1/get_server_capabilities")
+    assert r.status_code == 200 and r.json() == {"supported_models": [{"model_name": "stub"}]}
+    r = client.post("/api/v1/optim_step", json={"model_id": "nope",
+                                                      "adam_params": {"eps": 1e-8}})
+    assert r.status_code == 200 and set(r.json()) == {"request_id", "model_id"}
+    failed = client.post("/api/v1/retrieve_future", json={"request_id": r.json()["request_id"]})
+    assert failed.json() == {"error": "unknown model_id 'nope'", "category": "user"}
+    r = client.post("/api/v1/create_session", content=b"[1]")
+    assert r.status_code == 400 and r.json() == {"detail": "the request body must be a JSON "
+                                                 "object"}
+    assert client.post("/api/v1/telemetry", content=b"x", headers={
+        "content-encoding": "br"}).status_code == 400
+    assert TestClient(client.app).post("/api/v1/telemetry").status_code == 401
