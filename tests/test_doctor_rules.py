@@ -652,6 +652,29 @@ def test_length_hacking_fires_on_collapsing_length_under_a_length_scored_task():
     assert "length_target" in f.evidence["reward_depends_on_length"]
 
 
+def test_length_hacking_fires_on_a_length_that_collapses_in_a_few_steps_and_holds():
+    """Regression (corpus case rlscope_ppo_kl_runaway, PPO at lr 1e-2 on length_target): the
+    mean length fell 76 → 7.5 → 2.2 → 1.2 in three steps and held at ~2 while the reward rose,
+    yet the first-vs-last-window trend called it flat because the jump itself inflated the
+    step-to-step noise (first window 15.1, last 2.0, noise 8.9). A change point (noise measured
+    within each segment) finds the shift."""
+    length = np.r_[76.3, 7.5, 2.2, 1.2, 1.5, 1.9, 1.4, 1.5, np.full(N - 8, 2.0)] \
+        + np.r_[np.zeros(8), noise(17, 0.2, N - 8)]
+    reward = 2.0 - length / 16 + noise(18, 0.005)
+    t = table({"length/mean": length, "reward/mean": reward}, length_scored())
+    from rlscope.doctor.stats import trend
+    assert not trend(STEPS, length).exceeds_noise  # what the rule used to rely on alone
+    f = fired(RULES["length_hacking"](t, DEFAULT), "length_hacking")
+    assert f.evidence["length_shift"]["after"] < 3.0 < 20.0 < f.evidence["length_shift"]["before"]
+    assert f.step == f.evidence["length_shift"]["step"] <= 4.0
+    assert "length down" in f.title
+    # a length that only wanders (no shift, no trend) stays quiet under the same task, even
+    # with the reward following it exactly
+    wander = 2.0 + noise(17, 0.2)
+    quiet(RULES["length_hacking"](table({"length/mean": wander, "reward/mean": 2.0 - wander / 16},
+                                        length_scored()), DEFAULT))
+
+
 def test_length_hacking_stays_quiet():
     # reward rises while length stays put: no correlation, no length trend
     t = table({"length/mean": 200.0 + noise(17, 5.0),

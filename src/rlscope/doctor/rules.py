@@ -20,6 +20,7 @@ from rlscope.doctor.findings import DoctorConfig, Finding, Unavailable
 from rlscope.doctor.stats import (
     MIN_WINDOW,
     aligned,
+    change_point,
     correlation,
     growth,
     mean_se,
@@ -594,23 +595,32 @@ def _correctness(t: MetricTable) -> str | None:
 
 
 def length_hacking(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """Length hacking, named only when its test passes: mean length trending beyond noise with
-    |correlation| to the reward ≥ length_corr, and either the reward is known to depend on
-    length (the run config's task is length-scored) or length rises while a correctness metric
-    (accuracy, pass rate, test error) does not improve beyond noise. Without either, the rule
-    says so instead of guessing."""
+    """Length hacking, named only when its test passes: mean length trending beyond noise, or
+    shifting to a new level (a change point: a collapse within a few steps that then holds,
+    whose jump inflates the trend's noise), with |correlation| to the reward ≥ length_corr, and
+    either the reward is known to depend on length (the run config's task is length-scored) or
+    length rises while a correctness metric (accuracy, pass rate, test error) does not improve
+    beyond noise. Without either, the rule says so instead of guessing."""
     missing = _need_all(t, ("length/mean", "reward/mean"), c.min_steps)
     if missing is not None:
         return missing
     tr = trend(*t.series("length/mean"))
+    direction = tr.direction
+    shift = None if tr.exceeds_noise else change_point(*t.series("length/mean"))
+    if shift is not None:
+        direction = "up" if shift.after > shift.before else "down"
     _, length, reward = aligned(t.series("length/mean"), t.series("reward/mean"))
     corr = correlation(length, reward)
-    if not tr.exceeds_noise or abs(corr) < c.length_corr:
+    if direction == "flat" or abs(corr) < c.length_corr:
         return []
     facts = _facts(t)
     evidence: dict[str, Any] = {"length_trend": tr.as_dict(), "correlation": _r(corr)}
     o = onset(*t.series("length/mean"))
     evidence["length_onset_step"] = o.step if o is not None else tr.first_step
+    if shift is not None:
+        evidence["length_shift"] = {"step": shift.step, "before": _r(shift.before),
+                                    "after": _r(shift.after), "z": _r(shift.z)}
+        evidence["length_onset_step"] = shift.step
     if facts.get("length_scored"):
         evidence["reward_depends_on_length"] = f"task {facts['task']} is scored by length"
         test = "the task's reward is a function of length (run config)"
@@ -619,7 +629,7 @@ def length_hacking(t: MetricTable, c: DoctorConfig) -> RuleOut:
         if name is None:
             return Unavailable(("a correctness metric (validation accuracy, pass rate, test "
                                 "error) or a length-scored task in the run config",))
-        if tr.direction != "up":
+        if direction != "up":
             return []
         ct = trend(*t.series(name)) if t.has(name, 3) else None
         lower = any(k in name for k in LOWER_IS_BETTER)
@@ -632,7 +642,7 @@ def length_hacking(t: MetricTable, c: DoctorConfig) -> RuleOut:
     evidence["test"] = test
     return [Finding(
         "length_hacking", "warning",
-        f"length moves with reward (correlation {corr:.2f}, length {tr.direction} from step "
+        f"length moves with reward (correlation {corr:.2f}, length {direction} from step "
         f"{evidence['length_onset_step']:g}) and {test}",
         evidence,
         "The reward tracks response length, and correctness does not explain it: the policy "
