@@ -79,7 +79,7 @@ from rlscope.replay import ReplayBuffer
 from rlscope.sampling import graphs
 from rlscope.sampling.candidates import sample_candidates
 from rlscope.sampling.sampler import SamplingConfig, generate
-from rlscope.tasks.base import Task, make_policy_for
+from rlscope.tasks.base import Task, WatchesPolicy, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
 
@@ -236,9 +236,8 @@ def train(cfg: TrainConfig) -> RunResult:
         checkpoint.load_init(r.init, policy, device)
         if lora_on_init:
             policy = add_lora(policy, cfg.model)
-        attach = getattr(task, "attach_policy", None)
-        if attach is not None:  # the task's own frozen initial copy is the loaded model
-            attach(policy)
+        if isinstance(task, WatchesPolicy):  # its frozen initial copy is the loaded model
+            task.attach_policy(policy)
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = reference_of(policy) if spec.needs_reference else None
