@@ -95,6 +95,7 @@ from rlscope.policy.value_head import ValueHead
 from rlscope.replay import BatchSource, batch_source
 from rlscope.sampling import graphs
 from rlscope.sampling.candidates import sample_candidates
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import SamplingConfig, generate
 from rlscope.tasks.base import Task, WatchesPolicy, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
@@ -194,8 +195,8 @@ def score_rollouts(rollout: RolloutBatch, policy: Policy, task: Task, cfg: Train
     if want_expected_reward and exposes_expected_reward(noise_cfg) \
             and rollout.targets_BT is not None:
         with torch.no_grad():
-            logp_BT = forward_completion(policy, rollout, rollout.targets_BT,
-                                         cfg.sampling.temperature, replay_keep=False).logp_BT
+            labels = SampledDistribution(cfg.sampling.temperature, replay_keep=False)
+            logp_BT = forward_completion(policy, rollout, rollout.targets_BT, labels).logp_BT
         expected = task.expected_reward(logp_BT)
     return dataclasses.replace(
         rollout, rewards_B=rewards_B, raw_rewards_B=raw_B, noise_B=noise_B,
@@ -289,9 +290,10 @@ def setup(cfg: TrainConfig) -> RunParts:
     # The kept set describes the sampled prefixes; label-trained methods read other tokens.
     plan = UpdatePlan(spec=spec, inner_epochs=r.inner_epochs, num_minibatches=r.num_minibatches,
                       micro_batch_size=d.micro_batch_size, max_len=d.max_new_tokens,
-                      grad_clip=cfg.optim.grad_clip, temperature=cfg.sampling.temperature,
-                      replay_keep=cfg.sampling.replay_sampling_mask and not spec.needs_labels,
-                      group_size=d.group_size)
+                      grad_clip=cfg.optim.grad_clip, group_size=d.group_size,
+                      dist=SampledDistribution(cfg.sampling.temperature,
+                                               cfg.sampling.replay_sampling_mask
+                                               and not spec.needs_labels))
     learn = GraphedUpdate(plan, policy, value_head, optimizer, r.batch_size) if use_graphs \
         else functools.partial(update, plan, policy, value_head, optimizer)
     return RunParts(
@@ -507,10 +509,10 @@ def prepare_stage(parts: RunParts, batch: RolloutBatch, state: LoopState
     p, plan = parts, parts.plan
     p.policy.eval()
     candidates = sample_candidates(p.policy, batch, p.d.group_size, p.generator,
-                                   plan.temperature, plan.replay_keep) \
+                                   plan.dist) \
         if p.spec.needs_candidates else None
     inputs, m = prepare(p.spec, batch, p.policy, p.value_head, p.ref, state.beta,
-                        p.d.group_size, plan.temperature, plan.replay_keep, candidates)
+                        p.d.group_size, plan.dist, candidates)
     assert batch.rewards_B is not None
     m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B, p.d.group_size)
     return inputs, m
@@ -525,14 +527,14 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
     m: dict[str, torch.Tensor] = {}
     if diagnose and diag.grad_diagnostics:
         m |= gradient_diagnostics(p.spec, p.policy, p.value_head, batch, inputs, state.beta,
-                                  plan.temperature, plan.replay_keep, plan.grad_clip,
+                                  plan.dist, plan.grad_clip,
                                   state.entropy_coef)
     entropy = diagnose and diag.entropy_diagnostics
-    before = snapshot(p.policy, batch, inputs, plan.temperature, plan.replay_keep) \
+    before = snapshot(p.policy, batch, inputs, plan.dist) \
         if entropy else None
     updated = p.learn(batch, inputs, state.beta, state.entropy_coef)
     if before is not None:
-        after = snapshot(p.policy, batch, inputs, plan.temperature, plan.replay_keep)
+        after = snapshot(p.policy, batch, inputs, plan.dist)
         m |= entropy_diagnostics(before, after, inputs)
     mb_rows = minibatch_rows(batch.batch_size, plan.num_minibatches, p.d.group_size)
     return m | update_metrics(updated, batch, inputs, p.spec.needs_labels,
