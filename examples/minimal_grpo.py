@@ -22,7 +22,7 @@ from rlscope.methods.objectives import PolicyTerms, ppo_clip
 from rlscope.methods.regularizers import kl_estimate
 from rlscope.methods.selection import mixed_groups
 from rlscope.policy import ModelConfig
-from rlscope.sampling import SamplingConfig, generate
+from rlscope.sampling import SampledDistribution, SamplingConfig, generate
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.tasks.base import make_policy_for
 
@@ -44,8 +44,9 @@ def grpo_step(policy, optimizer, task, generator, batch_size=96, group_size=8,
     policy.train()
     for _ in range(inner_epochs):
         # log π(a_t | prefix), teacher-forced; each group's shared prompt is computed once
-        logp_BT = forward_completion(policy, batch, batch.completion_tokens_BT, 1.0,
-                                     replay_keep=True, group_size=group_size).logp_BT
+        logp_BT = forward_completion(policy, batch, batch.completion_tokens_BT,
+                                     SampledDistribution(1.0, replay_keep=True),
+                                     group_size=group_size).logp_BT
         terms = PolicyTerms(logp_BT, batch.logp_sampler_BT, adv_BT, mask_BT)
         loss_BT, _ = ppo_clip(terms, spec.objective)
         kl_BT = kl_estimate(logp_BT, batch.logp_sampler_BT, spec.kl.estimator)

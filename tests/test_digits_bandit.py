@@ -17,6 +17,7 @@ from rlscope.learner import forward_completion
 from rlscope.policy import ModelConfig
 from rlscope.policy.mlp import MLPConfig, MLPPolicy
 from rlscope.sampling import SamplingConfig
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import generate
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.tasks.bandit import DigitsBanditTask, load_split
@@ -158,7 +159,8 @@ def test_generate_gives_one_action_per_row_with_its_logprob() -> None:
     torch.testing.assert_close(rollout.logp_raw_BT[:, 0], expected_B)
     # the learner's teacher-forced log-probs agree (the first on-policy ratio is 1)
     with torch.no_grad():
-        fwd = forward_completion(policy, rollout, rollout.completion_tokens_BT, 1.0, False)
+        fwd = forward_completion(policy, rollout, rollout.completion_tokens_BT,
+                                 SampledDistribution(1.0, False))
     torch.testing.assert_close(fwd.logp_BT, rollout.logp_sampler_BT)
     assert fwd.hidden_BTD.shape == (256, 1, 50)
     # the uncached path draws the same actions; greedy takes the argmax
@@ -190,7 +192,8 @@ def test_exact_expected_reward_matches_monte_carlo() -> None:
     reward_B = task.score(rollout).rewards_B
     with torch.no_grad():
         assert prompts.targets_BT is not None
-        logp_BT = forward_completion(policy, rollout, prompts.targets_BT, 1.0, False).logp_BT
+        logp_BT = forward_completion(policy, rollout, prompts.targets_BT,
+                                     SampledDistribution(1.0, False)).logp_BT
     exact_B = task.expected_reward(logp_BT)
     assert exact_B is not None and exact_B.shape == (20_000,)
     assert 0.2 < float(exact_B.mean()) < 0.95 and float(exact_B.std()) > 0.1

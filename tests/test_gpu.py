@@ -20,6 +20,7 @@ from rlscope.policy import ModelConfig
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
 from rlscope.policy.value_head import ValueHead
 from rlscope.sampling import SamplingConfig, generate
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.train import train
 
@@ -167,7 +168,7 @@ def test_graphed_learner_equals_eager(method: str, run_kw: dict[str, Any],
     graph_opt = torch.optim.AdamW(twin_params, lr=1e-3, capturable=True)
     plan = UpdatePlan(spec=spec, inner_epochs=3, num_minibatches=run_kw.get("num_minibatches", 1),
                       micro_batch_size=run_kw.get("micro_batch_size", 48), max_len=6,
-                      grad_clip=1.0, temperature=1.0, replay_keep=True,
+                      grad_clip=1.0, dist=SampledDistribution(1.0, True),
                       group_size=run_kw.get("group_size", 1))
     graphed = GraphedUpdate(plan, twin[0], twin[1], graph_opt, rows=48)
     tol = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else \
@@ -186,7 +187,8 @@ def test_graphed_learner_equals_eager(method: str, run_kw: dict[str, Any],
         if spec.needs_whole_groups and step % 2:  # a dropped group: padded rows every other step
             batch = batch.select(torch.arange(4, batch.batch_size, device="cuda"))
         kept.add(batch.batch_size)
-        inputs, _ = prepare(spec, batch, policy, value_head, None, 0.04, 4, 1.0, True)
+        inputs, _ = prepare(spec, batch, policy, value_head, None, 0.04, 4,
+                            SampledDistribution(1.0, True))
         a = update(plan, policy, value_head, eager_opt, batch, inputs, 0.04)
         b = graphed(batch, inputs, 0.04)
         for x, y in ((a.first.logp_BT, b.first.logp_BT), (a.last.logp_BT, b.last.logp_BT),
@@ -244,7 +246,7 @@ def test_graphed_learner_reads_changing_coefficients_and_full_kl() -> None:
     eager_opt = torch.optim.AdamW(policy.parameters(), lr=1e-3, capturable=True)
     graph_opt = torch.optim.AdamW(twin.parameters(), lr=1e-3, capturable=True)
     plan = UpdatePlan(spec=spec, inner_epochs=2, num_minibatches=1, micro_batch_size=16,
-                      max_len=6, grad_clip=1.0, temperature=1.0, replay_keep=True)
+                      max_len=6, grad_clip=1.0, dist=SampledDistribution(1.0, True))
     graphed = GraphedUpdate(plan, twin, None, graph_opt, rows=32)
     tol = {"atol": 1e-10, "rtol": 1e-8}
     g = torch.Generator().manual_seed(2)
@@ -255,7 +257,7 @@ def test_graphed_learner_reads_changing_coefficients_and_full_kl() -> None:
                          6)
         rewards_B = task.score(batch).rewards_B
         batch = dataclasses.replace(batch, rewards_B=rewards_B, raw_rewards_B=rewards_B)
-        inputs, _ = prepare(spec, batch, policy, None, ref, beta, 1, 1.0, True)
+        inputs, _ = prepare(spec, batch, policy, None, ref, beta, 1, SampledDistribution(1.0, True))
         assert inputs.ref_logp_BTV is not None
         a = update(plan, policy, None, eager_opt, batch, inputs, beta, coef)
         b = graphed(batch, inputs, beta, coef)

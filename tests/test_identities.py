@@ -40,6 +40,7 @@ from rlscope.methods.spec import (
 )
 from rlscope.policy import ModelConfig, TinyConfig, TinyTransformer, ValueHead
 from rlscope.sampling import SamplingConfig
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TaskConfig
 from rlscope.train import train
 
@@ -235,9 +236,10 @@ def _setup(agg: str) -> tuple[MethodSpec, TinyTransformer, ValueHead, RolloutBat
         completion_tokens_BT=completion, completion_mask_BT=mask,
         logp_sampler_BT=torch.zeros(B, T, dtype=F64), logp_raw_BT=torch.zeros(B, T, dtype=F64),
         finished_by_stop_B=torch.zeros(B, dtype=torch.bool), group_id_B=torch.arange(B))
+    plain = SampledDistribution(1.0, False)
     with torch.no_grad():
-        logp = forward_completion(policy, batch, completion, 1.0, False).logp_BT.to(F64)
-        ref_logp = forward_completion(ref, batch, completion, 1.0, False).logp_BT.to(F64)
+        logp = forward_completion(policy, batch, completion, plain).logp_BT.to(F64)
+        ref_logp = forward_completion(ref, batch, completion, plain).logp_BT.to(F64)
     logp_old = (logp + 0.4 * torch.randn(B, T, generator=g, dtype=F64)) * mask
     batch = dataclasses.replace(batch, logp_sampler_BT=logp_old, logp_raw_BT=logp_old)
     inputs = LearnerInputs(
@@ -268,7 +270,7 @@ def _accumulated(agg: str, micro: int, local_denominators: bool = False
             den = Denominators(n_tokens=sub.mask_BT.sum(), n_seqs=float(sub.batch_size),
                                max_len=T)
         res = micro_batch_loss(spec, policy, value_head, batch.select(rows), sub, den, 0.1,
-                               1.0, False)
+                               SampledDistribution(1.0, False))
         res.loss.backward()
         total += float(res.loss.detach())
         stats.append(res.stats)

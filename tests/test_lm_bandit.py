@@ -17,6 +17,7 @@ from rlscope.data import make_corpus
 from rlscope.learner import forward_completion
 from rlscope.policy import ModelConfig, TinyTransformer
 from rlscope.sampling import SamplingConfig
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import generate
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.tasks.base import make_policy_for
@@ -167,7 +168,8 @@ def test_exact_expected_reward_matches_monte_carlo() -> None:
     reward_B = task.score(rollout).rewards_B
     assert prompts.targets_BT is not None
     with torch.no_grad():
-        logp_BT = forward_completion(policy, rollout, prompts.targets_BT, 1.0, False).logp_BT
+        logp_BT = forward_completion(policy, rollout, prompts.targets_BT,
+                                     SampledDistribution(1.0, False)).logp_BT
     exact_B = task.expected_reward(logp_BT)
     assert exact_B is not None and exact_B.shape == (20_480,)
     assert 0.1 < float(exact_B.mean()) < 0.9 and float(exact_B.std()) > 0.1

@@ -13,6 +13,7 @@ from rlscope.learner import UpdatePlan, prepare, update
 from rlscope.methods import MethodConfig, resolve_method
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
 from rlscope.sampling import SamplingConfig, generate
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.train import train
 
@@ -32,9 +33,9 @@ def test_a_nan_gradient_skips_the_step_and_leaves_the_weights() -> None:
     policy = TinyTransformer(TinyConfig(vocab_size=3, max_len=9))
     optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
     plan = UpdatePlan(spec=spec, inner_epochs=2, num_minibatches=1, micro_batch_size=16,
-                      max_len=4, grad_clip=1.0, temperature=1.0, replay_keep=True)
+                      max_len=4, grad_clip=1.0, dist=SampledDistribution(1.0, True))
     batch, _ = _batch(policy)
-    inputs, _ = prepare(spec, batch, policy, None, None, 0.0, 1, 1.0, True)
+    inputs, _ = prepare(spec, batch, policy, None, None, 0.0, 1, SampledDistribution(1.0, True))
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     calls = {"n": 0}
 

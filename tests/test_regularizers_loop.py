@@ -19,6 +19,7 @@ from rlscope.methods.regularizers import adaptive_entropy_update, kl_full
 from rlscope.metrics.sinks import read_jsonl
 from rlscope.policy import ModelConfig
 from rlscope.sampling import SamplingConfig, generate
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TaskConfig, make_task
 from rlscope.tasks.base import make_policy_for
 from rlscope.train import RunResult, train
@@ -187,7 +188,7 @@ def _full_kl_setup() -> tuple[Any, ...]:
                      seeds_B, 4)
     rewards_B = task.score(batch).rewards_B
     batch = dataclasses.replace(batch, rewards_B=rewards_B, raw_rewards_B=rewards_B)
-    inputs, _ = prepare(spec, batch, policy, None, ref, 0.5, 1, 1.0, True)
+    inputs, _ = prepare(spec, batch, policy, None, ref, 0.5, 1, SampledDistribution(1.0, True))
     return spec, policy, batch, inputs
 
 
@@ -212,7 +213,7 @@ def _one_step(micro: int, beta: float) -> tuple[dict[str, torch.Tensor], dict[st
     # tiny gradient coordinates; SGD keeps the comparison at round-off level.
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
     plan = UpdatePlan(spec=spec, inner_epochs=1, num_minibatches=1, micro_batch_size=micro,
-                      max_len=4, grad_clip=0.0, temperature=1.0, replay_keep=True)
+                      max_len=4, grad_clip=0.0, dist=SampledDistribution(1.0, True))
     result = update(plan, policy.train(), None, optimizer, batch, inputs, beta, 0.01)
     parts = {k: float(v) for k, v in result.last.parts.items()}
     return copy.deepcopy(policy.state_dict()), parts
@@ -238,7 +239,7 @@ def test_full_kl_loss_part_is_the_aggregated_exact_kl() -> None:
     from rlscope.learner import forward_completion
 
     with torch.no_grad():
-        fwd = forward_completion(policy, batch, inputs.tokens_BT, 1.0, True)
+        fwd = forward_completion(policy, batch, inputs.tokens_BT, SampledDistribution(1.0, True))
         kl_BT = kl_full(fwd.logp_BTV, inputs.ref_logp_BTV)
         n = inputs.mask_BT.sum()
         want = float(aggregate(kl_BT, inputs.mask_BT, spec.agg, n, 8.0, 4))

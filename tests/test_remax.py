@@ -17,6 +17,7 @@ from rlscope.learner import prepare
 from rlscope.methods.spec import OverlongConfig
 from rlscope.replay import ReplayConfig
 from rlscope.sampling import SamplingConfig, generate
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TaskConfig
 from rlscope.tasks.base import make_policy_for
 from rlscope.train import greedy_rewards, sample_rollouts, score_rollouts, train
@@ -66,7 +67,8 @@ def test_advantage_is_reward_minus_the_greedy_rollouts_reward(tmp_path: Path) ->
     assert bool((greedy_B != batch.rewards_B).any()), "baseline equals every reward: vacuous"
 
     batch = dataclasses.replace(batch, greedy_rewards_B=greedy_B)
-    inputs, _ = prepare(spec, batch, policy, None, None, 0.0, d.group_size, 1.0, False)
+    inputs, _ = prepare(spec, batch, policy, None, None, 0.0, d.group_size,
+                        SampledDistribution(1.0, False))
     assert batch.rewards_B is not None
     expected_BT = (batch.rewards_B - greedy_B)[:, None] * batch.completion_mask_BT
     torch.testing.assert_close(inputs.adv_BT, expected_BT, atol=0, rtol=0)

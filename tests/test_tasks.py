@@ -16,6 +16,7 @@ from rlscope.config import OptimConfig, RunConfig, TrainConfig
 from rlscope.learner import forward_completion
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
 from rlscope.sampling import SamplingConfig, generate
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TASKS, TaskConfig, make_task
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
 from rlscope.train import train
@@ -246,8 +247,8 @@ def test_binary_expected_reward_matches_monte_carlo() -> None:
     with torch.no_grad():
         assert rollout.targets_BT is not None
         first = rollout.select(torch.tensor([0]))
-        logp_BT = forward_completion(policy, first, rollout.targets_BT[:1], 1.0,
-                                     replay_keep=False).logp_BT
+        logp_BT = forward_completion(policy, first, rollout.targets_BT[:1],
+                                     SampledDistribution(1.0, replay_keep=False)).logp_BT
     exact = float(task.expected_reward(logp_BT)[0])
     mc = float(rewards_B.mean())
     se = (exact * (1 - exact) / 4000) ** 0.5

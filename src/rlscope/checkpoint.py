@@ -15,13 +15,11 @@ import dataclasses
 import os
 import re
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlscope.batch import RolloutBatch
 from rlscope.files import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -29,6 +27,7 @@ from rlscope.files import (
     atomic_write_text,
     safe_load,
 )
+from rlscope.policy.base import Policy
 
 LATEST = "latest.pt"
 """A text file naming the newest complete checkpoint (kept for tools that read it; `load`
@@ -57,12 +56,12 @@ def new_run_dir(cfg: Any, runs_dir: str) -> Path:
     return path
 
 
-def _state(module: torch.nn.Module | None) -> dict[str, Any] | None:
+def _state(module: Policy | torch.nn.Module | None) -> dict[str, Any] | None:
     return None if module is None else module.state_dict()
 
 
-def save(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | None,
-         ref: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
+def save(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
+         ref: Policy | None, optimizer: torch.optim.Optimizer,
          generator: torch.Generator, state: Any) -> Path:
     """Write ``checkpoints/step_<N>.pt`` atomically (see `atomic_save`), then point
     ``latest.pt`` at it (atomically too). Earlier checkpoints are kept, so the previous one is
@@ -76,9 +75,7 @@ def save(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
         "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
         "step": state.step, "beta": state.beta, "fallback_streak": state.fallback_streak,
         "entropy_coef": state.entropy_coef, "entropy_history": list(state.entropy_history),
-        "queue": [{f.name: getattr(b, f.name) for f in dataclasses.fields(b)}
-                  for b in state.queue],
-        "replay": None if state.replay is None else state.replay.state_dict(),
+        **state.source.state_dict(),  # the batch source: "queue" and "replay"
     }
     path = atomic_save(payload, folder / f"step_{state.step}.pt")
     atomic_write_text(folder / LATEST, path.name)
@@ -124,8 +121,8 @@ def newest_intact(run_dir: Path, device: torch.device | str
                           "start the run again without --resume")
 
 
-def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | None,
-         ref: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
+def load(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
+         ref: Policy | None, optimizer: torch.optim.Optimizer,
          generator: torch.Generator, state: Any, device: torch.device
          ) -> tuple[Any, list[str]]:
     """Restore everything `save` wrote from the newest intact checkpoint (`newest_intact`);
@@ -138,15 +135,13 @@ def load(run_dir: Path, policy: torch.nn.Module, value_head: torch.nn.Module | N
             module.load_state_dict(payload[key])
     optimizer.load_state_dict(payload["optimizer"])
     generator.set_state(payload["generator"])
-    if state.replay is not None:
-        state.replay.load_state_dict(payload["replay"])
+    state.source.load_state_dict(payload)
     return dataclasses.replace(
         state, step=payload["step"], beta=payload["beta"],
         fallback_streak=payload["fallback_streak"],
         # checkpoints written before adaptive entropy control lack these: keep the initial c
         entropy_coef=payload.get("entropy_coef", state.entropy_coef),
-        entropy_history=list(payload.get("entropy_history", [])),
-        queue=deque(RolloutBatch(**b) for b in payload["queue"])), notices
+        entropy_history=list(payload.get("entropy_history", []))), notices
 
 
 def init_weights_path(path: str) -> Path:
@@ -166,7 +161,7 @@ def init_weights_path(path: str) -> Path:
     return p
 
 
-def load_init(path: str, policy: torch.nn.Module, device: torch.device) -> dict[str, Any]:
+def load_init(path: str, policy: Policy | torch.nn.Module, device: torch.device) -> dict[str, Any]:
     """Load the policy weights of ``path`` (see `init_weights_path`) into ``policy``; returns
     the whole payload. Raises ValueError, naming the parameters, when shapes differ."""
     payload = safe_load(init_weights_path(path), "--init", device)

@@ -28,6 +28,7 @@ from rlscope.policy import ModelConfig
 from rlscope.replay import ReplayConfig, validate_replay
 from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
+from rlscope.tasks.base import TrainingChecks
 from rlscope.tasks.noise import validate_noise
 
 
@@ -201,7 +202,7 @@ def derive(cfg: TrainConfig, spec: MethodSpec, task: Task) -> Derived:
 def stop_tokens(cfg: TrainConfig, task: Task) -> tuple[int, ...]:
     """--stop_token_ids where given, else the task's default stop tokens (none for the token
     sandbox, the newline for the byte-level text tasks)."""
-    return tuple(cfg.sampling.stop_token_ids) or tuple(getattr(task, "stop_token_ids", ()))
+    return tuple(cfg.sampling.stop_token_ids) or task.traits.stop_token_ids
 
 
 def effective_config(cfg: TrainConfig, d: Derived) -> TrainConfig:
@@ -276,7 +277,8 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
         errors.append("optim.lr must be > 0 and optim.grad_clip >= 0")
     errors += task.validate() + cfg.sampling.validate() + cfg.model.validate()
     # what only RL training needs (preference_rm: a reward model); sft and rm skip this
-    errors += getattr(task, "validate_training", list)()
+    if isinstance(task, TrainingChecks):
+        errors += task.validate_training()
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
     errors += requirement_errors(cfg, spec, task)
@@ -425,12 +427,12 @@ def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[s
         "staleness": (replay or cfg.run.delay > 0,
                       "weighs batches by age, so it needs staleness: set --delay > 0 or "
                       "--replay_capacity > 0"),
-        "token_rewards": (getattr(task, "decomposable_token_rewards", False) and not noisy
+        "token_rewards": (task.traits.decomposable_token_rewards and not noisy
                           and not cfg.task_options.binary_reward,
                           "needs clean, non-binary rewards that decompose over tokens "
                           "(token_reversal or masked_reversal, no --binary_reward, no "
                           "--reward_noise)"),
-        "binary_rewards": (getattr(task, "binary_rewards", False),
+        "binary_rewards": (task.traits.binary_rewards,
                            "needs binary rewards (a bandit task, or --binary_reward)"),
         "clean_rewards": (not noisy, "needs clean rewards: drop --reward_noise"),
         "bandit": (task.family == "bandit", "is for one-action (bandit) tasks: use "

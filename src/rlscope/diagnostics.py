@@ -28,6 +28,7 @@ from rlscope.methods.spec import MethodSpec
 from rlscope.metrics.estimators import masked_mean
 from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
+from rlscope.sampling.processors import SampledDistribution
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,10 @@ class Snapshot:
 
 
 @torch.no_grad()
-def snapshot(policy: Policy, batch: RolloutBatch, inputs: LearnerInputs, temperature: float,
-             replay_keep: bool) -> Snapshot:
+def snapshot(policy: Policy, batch: RolloutBatch, inputs: LearnerInputs,
+             dist: SampledDistribution) -> Snapshot:
     """The policy's view of ``batch``'s action tokens (one no-grad forward)."""
-    fwd = forward_completion(policy, batch, inputs.tokens_BT, temperature, replay_keep)
+    fwd = forward_completion(policy, batch, inputs.tokens_BT, dist)
     chosen_BT = fwd.logits_BTV.gather(-1, inputs.tokens_BT[..., None])[..., 0]
     return Snapshot(chosen_logit_BT=chosen_BT.float(), logp_BT=fwd.logp_BT,
                     entropy_BT=entropy_from_logp(fwd.logp_BTV))
@@ -86,7 +87,7 @@ def entropy_diagnostics(before: Snapshot, after: Snapshot, inputs: LearnerInputs
 
 def gradient_diagnostics(spec: MethodSpec, policy: Policy, value_head: ValueHead | None,
                          batch: RolloutBatch, inputs: LearnerInputs, beta: float,
-                         temperature: float, replay_keep: bool, grad_clip: float,
+                         dist: SampledDistribution, grad_clip: float,
                          entropy_coef: float | None = None) -> dict[str, torch.Tensor]:
     """Cosine of the method's and the CE oracle's gradients on ``batch`` (policy parameters),
     and the method gradient's norm before and after clipping. Needs the task's targets.
@@ -94,8 +95,8 @@ def gradient_diagnostics(spec: MethodSpec, policy: Policy, value_head: ValueHead
     params = [p for p in policy.parameters() if p.requires_grad]
     den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(batch.batch_size),
                        max_len=inputs.tokens_BT.shape[1])
-    loss = micro_batch_loss(spec, policy, value_head, batch, inputs, den, beta, temperature,
-                            replay_keep, entropy_coef=entropy_coef).loss
+    loss = micro_batch_loss(spec, policy, value_head, batch, inputs, den, beta, dist,
+                            entropy_coef=entropy_coef).loss
     method_grads = torch.autograd.grad(loss, params, allow_unused=True)
     out: dict[str, torch.Tensor] = {}
     method_flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
@@ -107,8 +108,8 @@ def gradient_diagnostics(spec: MethodSpec, policy: Policy, value_head: ValueHead
         score_BT = batch.score_mask_BT if batch.score_mask_BT is not None \
             else torch.ones_like(batch.completion_mask_BT)
         score_BT = score_BT.to(inputs.mask_BT.dtype)
-        logp_BT = forward_completion(policy, batch, batch.targets_BT, temperature,
-                                     replay_keep=False).logp_BT
+        logp_BT = forward_completion(policy, batch, batch.targets_BT,
+                                     dist.without_keep()).logp_BT
         ce = -(logp_BT * score_BT).sum() / score_BT.sum().clamp_min(1.0)
         ce_grads = torch.autograd.grad(ce, params, allow_unused=True)
         ce_flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)

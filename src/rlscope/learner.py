@@ -26,7 +26,7 @@ from rlscope.methods.spec import MethodSpec
 from rlscope.metrics.estimators import masked_mean, value_metrics
 from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
-from rlscope.sampling.processors import processed_logprobs
+from rlscope.sampling.processors import SampledDistribution
 
 
 def wants_expected_reward(spec: MethodSpec, top_k: int, top_p: float) -> bool:
@@ -103,14 +103,14 @@ FIELDS_READ = ("prompt_tokens_BP", "prompt_mask_BP", "keep_mask_BTV")
 
 
 def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Tensor,
-                       temperature: float, replay_keep: bool, group_size: int = 1) -> Forward:
+                       dist: SampledDistribution, group_size: int = 1) -> Forward:
     """Teacher-forced forward over prompt + ``tokens_BT``; log-probs at completion positions.
 
-    The distribution is the one the sampler drew from: logits / temperature, and the top-k/top-p
-    kept set of the rollout when ``replay_keep``. With ``group_size > 1`` the rows must be whole
-    contiguous groups sharing one prompt; on CPU a policy with ``forward_shared_prefix`` then
-    runs each unpadded prompt once per group (the same function, about half the learner's work
-    at the sandbox's group size 8).
+    The distribution is ``dist``, the one the sampler drew from: logits / temperature, and the
+    top-k/top-p kept set of the rollout when ``dist.replay_keep``. With ``group_size > 1`` the
+    rows must be whole contiguous groups sharing one prompt; on CPU a policy with
+    ``forward_shared_prefix`` then runs each unpadded prompt once per group (the same function,
+    about half the learner's work at the sandbox's group size 8).
     """
     P, T = batch.prompt_len, tokens_BT.shape[1]
     # Only on CPU, where the tiny model is bound by arithmetic; on CUDA it is bound by kernel
@@ -129,16 +129,15 @@ def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Ten
         logits_BLV, hidden_BLD = policy.forward(full_BL, mask_BL)
         logits_BTV = logits_BLV[:, P - 1:P - 1 + T]
         hidden_BTD = hidden_BLD[:, P - 1:P - 1 + T]
-    keep_BTV = batch.keep_mask_BTV if replay_keep else None
-    logp_BTV = processed_logprobs(logits_BTV, temperature if temperature > 0 else 1.0, keep_BTV)
+    logp_BTV = dist.logprobs(logits_BTV, batch.keep_mask_BTV)
     logp_BT = logp_BTV.gather(-1, tokens_BT[..., None]).squeeze(-1)
     return Forward(logp_BT, logp_BTV, hidden_BTD, logits_BTV)
 
 
 @torch.no_grad()
 def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: ValueHead | None,
-            ref: Policy | None, beta: float, group_size: int, temperature: float,
-            replay_keep: bool, candidates: CandidateBatch | None = None
+            ref: Policy | None, beta: float, group_size: int, dist: SampledDistribution,
+            candidates: CandidateBatch | None = None
             ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
     """Advantages and every fixed per-row quantity of the update, plus rollout metrics.
 
@@ -154,7 +153,7 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     corrected = spec.corrected
     sum_p2_BT = values_BT = ref_logp_BT = ref_logp_BTV = token_rewards_BT = is_weight_BT = None
     if needs_probs or spec.needs_value or corrected:
-        fwd = forward_completion(policy, batch, tokens_BT, temperature, replay_keep, group_size)
+        fwd = forward_completion(policy, batch, tokens_BT, dist, group_size)
         sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
         if value_head is not None:
             values_BT = value_head(fwd.hidden_BTD) * mask_BT
@@ -166,7 +165,7 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
             if active_BT is not None:
                 metrics["sampler/correction_active_frac"] = masked_mean(active_BT, mask_BT)
     if ref is not None:
-        ref_fwd = forward_completion(ref, batch, tokens_BT, temperature, replay_keep,
+        ref_fwd = forward_completion(ref, batch, tokens_BT, dist,
                                      group_size)
         ref_logp_BT = ref_fwd.logp_BT
         if spec.kl.estimator == "full":
@@ -242,8 +241,8 @@ class MicroResult:
 
 def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | None,
                      batch: RolloutBatch, inputs: LearnerInputs, den: Denominators,
-                     beta: float | torch.Tensor, temperature: float,
-                     replay_keep: bool, group_size: int = 1,
+                     beta: float | torch.Tensor, dist: SampledDistribution,
+                     group_size: int = 1,
                      entropy_coef: float | torch.Tensor | None = None) -> MicroResult:
     """The method's loss on one micro-batch: objective + KL + entropy + value terms.
 
@@ -253,8 +252,7 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     set) with the reference's, ``inputs.ref_logp_BTV``, processed the same way. ``group_size
     > 1`` promises whole contiguous groups (see `forward_completion`).
     """
-    fwd = forward_completion(policy, batch, inputs.tokens_BT, temperature, replay_keep,
-                             group_size)
+    fwd = forward_completion(policy, batch, inputs.tokens_BT, dist, group_size)
     mask_BT = inputs.mask_BT
 
     def agg(x_BT: torch.Tensor) -> torch.Tensor:
@@ -336,8 +334,8 @@ class UpdatePlan:
     """Completion length L of the ``seq_mean_token_sum_norm`` aggregation."""
     grad_clip: float
     """Global gradient-norm clip (0 = off)."""
-    temperature: float
-    replay_keep: bool
+    dist: SampledDistribution
+    """The distribution the sampler drew from (temperature, replayed kept set)."""
     group_size: int = 1
     """Rollouts per prompt; rows of a group are contiguous and share their prompt."""
 
@@ -393,8 +391,8 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
             for s in range(start, stop, micro):
                 rows = slice(s, min(s + micro, stop))
                 res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
-                                       inputs.select(rows), den, beta, plan.temperature,
-                                       plan.replay_keep, shared_group, entropy_coef)
+                                       inputs.select(rows), den, beta, plan.dist,
+                                       shared_group, entropy_coef)
                 res.loss.backward()
                 last.append(res)
             norm = torch.nn.utils.clip_grad_norm_(

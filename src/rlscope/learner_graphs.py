@@ -187,7 +187,7 @@ class GraphedUpdate:
             rows = slice(s, min(s + micro, stop))
             res = micro_batch_loss(plan.spec, self.policy, self.value_head,
                                    c.batch.select(rows), c.inputs.select(rows), den, c.beta,
-                                   plan.temperature, plan.replay_keep, group_size,
+                                   plan.dist, group_size,
                                    entropy_coef=c.entropy_coef)
             res.loss.backward()
             results.append(res)

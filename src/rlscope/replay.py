@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -305,4 +307,97 @@ def _with_age(batch: RolloutBatch, age: int) -> RolloutBatch:
     return dataclasses.replace(batch, age_B=age_B)
 
 
-__all__ = ["PRIORITIES", "ReplayBuffer", "ReplayConfig", "batch_priority", "validate_replay"]
+Collect = Callable[[int], RolloutBatch]
+"""The loop's collect stage: a fresh scored batch for the step."""
+
+
+class BatchSource(Protocol):
+    """Where the batch a step trains on comes from (METHODS.md, "Training protocol"), chosen
+    once per run by `batch_source`. ``next(step)`` collects what it needs (through the loop's
+    collect stage) and returns the batch to train on, or None while warming up (no update that
+    step). Its state is part of the checkpoint, under the keys ``queue`` and ``replay``."""
+
+    def next(self, step: int) -> RolloutBatch | None: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _fields(batch: RolloutBatch) -> dict[str, Any]:
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+
+
+class DelayQueue:
+    """Staleness (``delay = k``): a queue of the last k + 1 fresh batches; after k warm-up steps
+    the step trains on the batch sampled k steps ago (k = 0: the fresh batch)."""
+
+    def __init__(self, delay: int, collect: Collect) -> None:
+        self.delay, self.collect = delay, collect
+        self.queue: deque[RolloutBatch] = deque()
+
+    def next(self, step: int) -> RolloutBatch | None:
+        self.queue.append(self.collect(step))
+        return self.queue.popleft() if len(self.queue) > self.delay else None
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"queue": [_fields(b) for b in self.queue], "replay": None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.queue = deque(RolloutBatch(**b) for b in state["queue"])
+
+
+class OverfitBatch(DelayQueue):
+    """``--overfit_batch``: the first collected batch is trained on at every step; nothing more
+    is collected (it is checkpointed as the head of the queue)."""
+
+    def __init__(self, collect: Collect) -> None:
+        super().__init__(0, collect)
+
+    def next(self, step: int) -> RolloutBatch | None:
+        if not self.queue:
+            self.queue.append(self.collect(step))
+        return self.queue[0]
+
+
+class ReplaySource:
+    """Replay (``replay_capacity > 0``): push the fresh batch, then train on one drawn from the
+    `ReplayBuffer` with age ≥ delay, or on the fresh batch while there is none."""
+
+    def __init__(self, cfg: ReplayConfig, delay: int, collect: Collect,
+                 generator: torch.Generator) -> None:
+        self.buffer, self.delay = ReplayBuffer(cfg), delay
+        self.collect, self.generator = collect, generator
+
+    def next(self, step: int) -> RolloutBatch | None:
+        fresh = self.collect(step)
+        self.buffer.push(fresh)
+        drawn = self.buffer.sample(self.delay, self.generator)
+        return fresh if drawn is None else drawn[0]
+
+    def stats(self) -> dict[str, float]:
+        return self.buffer.stats()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"queue": [], "replay": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state["replay"])
+
+
+def batch_source(cfg: ReplayConfig, delay: int, overfit: bool, collect: Collect,
+                 generator: torch.Generator) -> BatchSource:
+    """The run's batch source: replay where ``replay_capacity > 0``, the fixed batch of
+    ``--overfit_batch``, else the staleness queue (the config rejects combining them)."""
+    if cfg.replay_capacity > 0:
+        return ReplaySource(cfg, delay, collect, generator)
+    return OverfitBatch(collect) if overfit else DelayQueue(delay, collect)
+
+
+__all__ = ["PRIORITIES", "BatchSource", "DelayQueue", "OverfitBatch", "ReplayBuffer",
+           "ReplayConfig", "ReplaySource", "batch_priority", "batch_source", "validate_replay"]

@@ -1,10 +1,25 @@
 """The training loop: ``train(cfg) -> RunResult`` (METHODS.md, "Training protocol").
 
-Per step: evaluate when due (before the update), sample, score, queue for staleness, select,
-prepare advantages, then ``inner_epochs`` passes over the batch, each split into
-``num_minibatches`` optimizer steps, each accumulated over micro-batches. Metrics come from the
-last pass plus first-pass versions of the ratio/KL/clip metrics. The loop never looks at the
-method's name: what a method needs it declares on its `MethodSpec`.
+`setup` builds the run's parts (`RunParts`): the validated method, task and derived sizes, the
+policy (and value head, reference), the optimizer, the run's generator and the learner. The
+batch source (`rlscope.replay.batch_source`: staleness queue, replay or the fixed
+``--overfit_batch``) is chosen once and checkpointed. Then each step is a row of named stages:
+
+- **eval** (`RunLog.evaluate`), when due, before the update;
+- **collect** (`Collector`): sample, score, shape the rewards (`shape_rewards`: the method's
+  overlong penalty, ReMax's greedy baseline), fill mixed groups; the source decides which
+  batch the step trains on (None while the staleness queue warms up);
+- **select** (`select_stage`): the method's selection, dispatched through
+  `rlscope.methods.selection.SELECTIONS`, and the overlong mask;
+- **prepare** (`prepare_stage`): candidates, advantages and every fixed per-row input;
+- **learn** (`learn_stage`): ``inner_epochs`` passes of ``num_minibatches`` optimizer steps,
+  each accumulated over micro-batches, with the optional diagnostics around it;
+- **log** (`step_values`, `RunLog.step`): metrics from the last pass plus first-pass versions
+  of the ratio/KL/clip metrics, timings, the adaptive controllers;
+- **checkpoint**: divergence check, then `rlscope.checkpoint.save` when due.
+
+The loop never looks at the method's name: what a method needs it declares on its
+`MethodSpec`.
 """
 
 from __future__ import annotations
@@ -14,10 +29,10 @@ import functools
 import json
 import math
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -26,6 +41,7 @@ from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.config import (
     ConfigError,
     Derived,
+    RunConfig,
     TrainConfig,
     effective_config,
     to_dict,
@@ -56,9 +72,9 @@ from rlscope.methods.selection import (
     OVERLONG,
     SelectionInputs,
     fill_mixed_groups,
-    overlong_mask,
     overlong_penalty_B,
     overlong_shaped,
+    select_rows,
     step_generator,
 )
 from rlscope.methods.spec import MethodSpec, OverlongConfig
@@ -74,14 +90,19 @@ from rlscope.metrics.sinks import (
     truncate_jsonl,
 )
 from rlscope.policy import add_lora, reference_of
+from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
-from rlscope.replay import ReplayBuffer
+from rlscope.replay import BatchSource, batch_source
 from rlscope.sampling import graphs
 from rlscope.sampling.candidates import sample_candidates
+from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import SamplingConfig, generate
-from rlscope.tasks.base import Task, make_policy_for
+from rlscope.tasks.base import Task, WatchesPolicy, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
+
+if TYPE_CHECKING:
+    from rlscope.policy.hf import HFPolicy
 
 OUT_OF_REGIME_STREAK = 10
 GREEDY_NOISE_SEED_OFFSET = 4_000_037
@@ -95,6 +116,8 @@ NONFINITE_PARAMS = "nonfinite_params"
 class LoopState:
     """Everything besides modules and optimizer that a checkpoint must restore."""
 
+    source: BatchSource
+    """Where each step's batch comes from (staleness queue, replay or the fixed batch)."""
     step: int = 0
     beta: float = 0.0
     entropy_coef: float = 0.0
@@ -102,8 +125,6 @@ class LoopState:
     entropy_history: list[float] = field(default_factory=list)
     """``policy/entropy`` of the last ``entropy_window`` trained steps (adaptive control)."""
     fallback_streak: int = 0
-    queue: deque[RolloutBatch] = field(default_factory=deque)
-    replay: ReplayBuffer | None = None
 
 
 @dataclass
@@ -137,7 +158,7 @@ def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(metrics, values, strict=True))
 
 
-def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.Generator,
+def sample_rollouts(policy: Policy, task: Task, cfg: TrainConfig, generator: torch.Generator,
                     device: torch.device, num_prompts: int, group_size: int,
                     max_new_tokens: int, with_sum_p2: bool = False) -> RolloutBatch:
     """Sample ``num_prompts × group_size`` rollouts (rows of a group are contiguous);
@@ -153,7 +174,7 @@ def sample_rollouts(policy: Any, task: Task, cfg: TrainConfig, generator: torch.
                     with_sum_p2=with_sum_p2)
 
 
-def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainConfig,
+def score_rollouts(rollout: RolloutBatch, policy: Policy, task: Task, cfg: TrainConfig,
                    want_expected_reward: bool, step: int,
                    noise: torch.Generator | None = None) -> RolloutBatch:
     """Attach the task's rewards, corrupted by the configured training reward noise, and,
@@ -174,8 +195,8 @@ def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
     if want_expected_reward and exposes_expected_reward(noise_cfg) \
             and rollout.targets_BT is not None:
         with torch.no_grad():
-            logp_BT = forward_completion(policy, rollout, rollout.targets_BT,
-                                         cfg.sampling.temperature, replay_keep=False).logp_BT
+            labels = SampledDistribution(cfg.sampling.temperature, replay_keep=False)
+            logp_BT = forward_completion(policy, rollout, rollout.targets_BT, labels).logp_BT
         expected = task.expected_reward(logp_BT)
     return dataclasses.replace(
         rollout, rewards_B=rewards_B, raw_rewards_B=raw_B, noise_B=noise_B,
@@ -184,7 +205,7 @@ def score_rollouts(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
 
 
 @torch.no_grad()
-def greedy_rewards(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainConfig,
+def greedy_rewards(rollout: RolloutBatch, policy: Policy, task: Task, cfg: TrainConfig,
                    overlong: OverlongConfig, group_size: int, max_new_tokens: int, step: int
                    ) -> torch.Tensor:
     """ReMax's baseline ``[B]``: the training reward of one greedy rollout per prompt (rows of a
@@ -216,29 +237,45 @@ def greedy_rewards(rollout: RolloutBatch, policy: Any, task: Task, cfg: TrainCon
     return scored.rewards_B.repeat_interleave(group_size)
 
 
-def train(cfg: TrainConfig) -> RunResult:
+@dataclass(frozen=True)
+class RunParts:
+    """What `setup` builds for one run before anything is written."""
+
+    cfg: TrainConfig
+    """The effective config (the task's stop tokens where none are given)."""
+    spec: MethodSpec
+    task: Task
+    d: Derived
+    overlong: OverlongConfig
+    """The method's overlong handling; ``none`` on fixed-length completions."""
+    device: torch.device
+    policy: Policy
+    value_head: ValueHead | None
+    ref: Policy | None
+    params: list[torch.Tensor]
+    """The trainable tensors (a LoRA policy's frozen base stays out)."""
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    """The run's stream: prompts, sampling seeds, candidates, replay draws."""
+    plan: UpdatePlan
+    learn: Callable[[RolloutBatch, LearnerInputs, float, float], UpdateResult]
+    """One update (eager `update`, or `GraphedUpdate` under CUDA graphs)."""
+    want_expected: bool
+    """Score with the exact E[r | x] where the task exposes it."""
+
+
+def setup(cfg: TrainConfig) -> RunParts:
+    """Validate ``cfg`` and build the run's parts (threads and torch's seed set on the way)."""
     spec, task, d = validate(cfg)
     cfg = effective_config(cfg, d)  # the task's stop tokens where none are given
     r = cfg.run
     if r.resume:  # before anything is built or written
         check_resume_config(cfg)
-    overlong = dataclasses.replace(spec.overlong, name=d.overlong)  # none on fixed lengths
     device = resolve_device(r.device)
-    threads_before = torch.get_num_threads()
     if r.threads:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
-    # --init loads full weights; LoRA adapters then go on top, so the loaded model is the base
-    lora_on_init = r.init and cfg.model.lora_rank > 0
-    model_cfg = dataclasses.replace(cfg.model, lora_rank=0) if lora_on_init else cfg.model
-    policy = make_policy_for(task, model_cfg).to(device)
-    if r.init:
-        checkpoint.load_init(r.init, policy, device)
-        if lora_on_init:
-            policy = add_lora(policy, cfg.model)
-        attach = getattr(task, "attach_policy", None)
-        if attach is not None:  # the task's own frozen initial copy is the loaded model
-            attach(policy)
+    policy = initial_policy(cfg, task, device)
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = reference_of(policy) if spec.needs_reference else None
@@ -250,14 +287,49 @@ def train(cfg: TrainConfig) -> RunResult:
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
                                   capturable=use_graphs, fused=not use_graphs)
-    generator = torch.Generator().manual_seed(r.seed)
-    state = LoopState(beta=spec.kl.coef, entropy_coef=spec.entropy_coef,
-                      replay=ReplayBuffer(cfg.replay) if cfg.replay.replay_capacity > 0 else None)
+    # The kept set describes the sampled prefixes; label-trained methods read other tokens.
+    plan = UpdatePlan(spec=spec, inner_epochs=r.inner_epochs, num_minibatches=r.num_minibatches,
+                      micro_batch_size=d.micro_batch_size, max_len=d.max_new_tokens,
+                      grad_clip=cfg.optim.grad_clip, group_size=d.group_size,
+                      dist=SampledDistribution(cfg.sampling.temperature,
+                                               cfg.sampling.replay_sampling_mask
+                                               and not spec.needs_labels))
+    learn = GraphedUpdate(plan, policy, value_head, optimizer, r.batch_size) if use_graphs \
+        else functools.partial(update, plan, policy, value_head, optimizer)
+    return RunParts(
+        cfg=cfg, spec=spec, task=task, d=d, device=device, policy=policy,
+        overlong=dataclasses.replace(spec.overlong, name=d.overlong),
+        value_head=value_head, ref=ref, params=params, optimizer=optimizer,
+        generator=torch.Generator().manual_seed(r.seed), plan=plan, learn=learn,
+        want_expected=wants_expected_reward(spec, cfg.sampling.top_k, cfg.sampling.top_p))
+
+
+def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy:
+    """The task's policy on ``device``; with ``--init`` its loaded weights, LoRA adapters on top
+    where asked, and attached to a task that watches it."""
+    # --init loads full weights; LoRA adapters then go on top, so the loaded model is the base
+    lora_on_init = bool(cfg.run.init) and cfg.model.lora_rank > 0
+    model_cfg = dataclasses.replace(cfg.model, lora_rank=0) if lora_on_init else cfg.model
+    policy: Policy = make_policy_for(task, model_cfg).to(device)
+    if cfg.run.init:
+        checkpoint.load_init(cfg.run.init, policy, device)
+        if lora_on_init:  # validation allows LoRA on Hugging Face models only
+            policy = add_lora(cast("HFPolicy", policy), cfg.model)
+        if isinstance(task, WatchesPolicy):  # its frozen initial copy is the loaded model
+            task.attach_policy(policy)
+    return policy
+
+
+def open_run(parts: RunParts, state: LoopState) -> tuple[Path, LoopState, list[str]]:
+    """The run directory (new, or the one resumed with its checkpoint loaded into the parts and
+    ``state``, and its logs cut back to the checkpoint's step) with ``config.json`` written;
+    returns it, the loop state and the notices of the resume."""
+    cfg, r = parts.cfg, parts.cfg.run
     run_dir = Path(r.resume) if r.resume else checkpoint.new_run_dir(cfg, r.runs_dir)
     notices: list[str] = []
     if r.resume:
-        state, notices = checkpoint.load(run_dir, policy, value_head, ref, optimizer,
-                                         generator, state, device)
+        state, notices = checkpoint.load(run_dir, parts.policy, parts.value_head, parts.ref,
+                                         parts.optimizer, parts.generator, state, parts.device)
         if r.num_steps < state.step:
             raise ConfigError(f"run.num_steps={r.num_steps} is below the step of the checkpoint "
                               f"resumed ({state.step}): set --num_steps {state.step} or more")
@@ -270,212 +342,316 @@ def train(cfg: TrainConfig) -> RunResult:
         # an earlier leg's final status no longer holds: a kill from here leaves none
         (run_dir / "status.json").unlink(missing_ok=True)
     checkpoint.atomic_write_text(run_dir / "config.json", json.dumps({
-        "config": to_dict(cfg), "derived": to_dict(d), "method_spec": to_dict(spec),
-        "task_description": task.describe(), **environment_info(device)}, indent=2))
-    append = bool(r.resume)
-    metrics_log, eval_log, samples_log = (JsonlWriter(run_dir / name, append) for name in LOGS)
-    scalar_sinks = ScalarSinks(parse_log_to(r.log_to), run_dir, run_dir.name,
-                               {"config": to_dict(cfg), "derived": to_dict(d)})
-    eval_prompts = heldout_batch(task, r.seed).to(device)
-    # The kept set describes the sampled prefixes; label-trained methods read other tokens.
-    replay_keep = cfg.sampling.replay_sampling_mask and not spec.needs_labels
-    temperature = cfg.sampling.temperature
-    want_expected = wants_expected_reward(spec, cfg.sampling.top_k, cfg.sampling.top_p)
-    plan = UpdatePlan(spec=spec, inner_epochs=r.inner_epochs, num_minibatches=r.num_minibatches,
-                      micro_batch_size=d.micro_batch_size, max_len=d.max_new_tokens,
-                      grad_clip=cfg.optim.grad_clip, temperature=temperature,
-                      replay_keep=replay_keep, group_size=d.group_size)
-    learn = GraphedUpdate(plan, policy, value_head, optimizer, r.batch_size) if use_graphs \
-        else functools.partial(update, plan, policy, value_head, optimizer)
-    history: list[dict[str, float]] = []
-    evals: list[dict[str, float]] = []
-    status = "completed"
-    diverged: dict[str, Any] = {}
-    display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}", state.step)
-    for notice in notices:
-        display.alert(f"resume: {notice}")
-    doctor = LiveDoctor(r.doctor_every, json.loads((run_dir / "config.json").read_text()),
-                        run_dir.name)
-    if r.resume:  # the doctor sees the whole run, not only the resumed part
-        for old_record in read_jsonl(run_dir / "metrics.jsonl") + read_jsonl(
-                run_dir / "eval.jsonl"):
-            doctor.add(old_record)
-    t_run = time.perf_counter()
+        "config": to_dict(cfg), "derived": to_dict(parts.d), "method_spec": to_dict(parts.spec),
+        "task_description": parts.task.describe(), **environment_info(parts.device)}, indent=2))
+    return run_dir, state, notices
 
-    def scored(rollout: RolloutBatch, step: int) -> RolloutBatch:
-        """Rewards (shaped by the method's overlong penalty where active) and, for ReMax, the
-        greedy baseline."""
-        batch = score_rollouts(rollout, policy, task, cfg, want_expected, step)
-        if OVERLONG[overlong.name].shapes_reward:
-            batch = overlong_shaped(batch, d.max_new_tokens, overlong)
-        if spec.needs_greedy_baseline:
-            greedy_B = greedy_rewards(rollout, policy, task, cfg, overlong, d.group_size,
-                                      d.max_new_tokens, step)
-            batch = dataclasses.replace(batch, greedy_rewards_B=greedy_B)
-        return batch
 
-    def draw_scored(step: int) -> RolloutBatch:
-        """One more scored round of rollouts (for --fill_batch)."""
-        rollout = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
-                                  d.group_size, d.max_new_tokens, spec.needs_behaviour_sum_p2)
-        return scored(rollout, step)
+class RunLog:
+    """Where a run's records go: the JSONL logs, the scalar sinks, the live display and the
+    live doctor, the CSV of ``--output``; it also keeps the records `RunResult` returns."""
 
-    def run_eval(step: int) -> None:
+    def __init__(self, parts: RunParts, run_dir: Path, start_step: int, notices: list[str]
+                 ) -> None:
+        cfg, r = parts.cfg, parts.cfg.run
+        self.parts, self.run_dir = parts, run_dir
+        self.metrics, self.evals_log, self.samples = (
+            JsonlWriter(run_dir / name, bool(r.resume)) for name in LOGS)
+        self.sinks = ScalarSinks(parse_log_to(r.log_to), run_dir, run_dir.name,
+                                 {"config": to_dict(cfg), "derived": to_dict(parts.d)})
+        self.eval_prompts = heldout_batch(parts.task, r.seed).to(parts.device)
+        self.history: list[dict[str, float]] = []
+        self.evals: list[dict[str, float]] = []
+        self.display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}",
+                                   start_step)
+        for notice in notices:
+            self.display.alert(f"resume: {notice}")
+        self.doctor = LiveDoctor(r.doctor_every, json.loads((run_dir / "config.json").read_text()),
+                                 run_dir.name)
+        if r.resume:  # the doctor sees the whole run, not only the resumed part
+            for old_record in read_jsonl(run_dir / "metrics.jsonl") + read_jsonl(
+                    run_dir / "eval.jsonl"):
+                self.doctor.add(old_record)
+        self.t_run = time.perf_counter()
+
+    def evaluate(self, step: int) -> None:
+        """Greedy held-out evaluation, logged at ``step``."""
+        p, r = self.parts, self.parts.cfg.run
         t0 = time.perf_counter()
-        policy.eval()
-        values = _floats(evaluate(policy, task, [eval_prompts], d.max_new_tokens,
-                                  cfg.sampling.stop_token_ids,
-                                  decode_graphs=cfg.sampling.decode_graphs and r.cuda_graphs))
-        _sync(device)
+        p.policy.eval()
+        values = _floats(evaluate(p.policy, p.task, [self.eval_prompts], p.d.max_new_tokens,
+                                  p.cfg.sampling.stop_token_ids,
+                                  decode_graphs=p.cfg.sampling.decode_graphs and r.cuda_graphs))
+        _sync(p.device)
         record = {"step": step, **values, "time/eval": time.perf_counter() - t0}
-        evals.append(record)
-        doctor.add(record)
-        eval_log.write(record)
-        scalar_sinks.log(record)
-        display.eval(record)
+        self.evals.append(record)
+        self.doctor.add(record)
+        self.evals_log.write(record)
+        self.sinks.log(record)
+        self.display.eval(record)
         if r.output:
             append_csv_rows(Path(r.output), [{
-                "run": run_dir.name, "method": cfg.method, "task": cfg.task, "seed": r.seed,
-                **record, "wall_time_s": time.perf_counter() - t_run}])
+                "run": self.run_dir.name, "method": p.cfg.method, "task": p.cfg.task,
+                "seed": r.seed, **record, "wall_time_s": time.perf_counter() - self.t_run}])
 
+    def step(self, step: int, values: dict[str, float], batch: RolloutBatch,
+             adv_BT: torch.Tensor) -> None:
+        """Log one trained step's values (and a few decoded samples when due)."""
+        r = self.parts.cfg.run
+        record = {"step": step, **values}
+        self.history.append(record)
+        self.metrics.write(record)
+        self.sinks.log(record)
+        if r.log_samples and step % max(r.samples_every, 1) == 0:
+            _write_samples(self.samples, step, batch, adv_BT, r.log_samples)
+        for finding in self.doctor.step(record):
+            self.display.alert(alert_line(finding))
+        self.display.update(values)
+
+    def close(self) -> None:
+        self.display.close()
+        for log in (self.metrics, self.evals_log, self.samples):
+            log.close()
+        self.sinks.close()
+
+    def result(self, state: LoopState, status: str, diverged: dict[str, Any]) -> RunResult:
+        """Write the findings and the final status; the run's `RunResult`."""
+        wall = time.perf_counter() - self.t_run
+        (self.run_dir / "findings.json").write_text(json.dumps(
+            findings_json(self.doctor.final()), indent=2, default=float))
+        checkpoint.atomic_write_text(self.run_dir / "status.json", json.dumps(
+            {"status": status, "steps": state.step, "wall_time_s": wall} | diverged))
+        return RunResult(run_dir=self.run_dir, seed=self.parts.cfg.run.seed, status=status,
+                         metrics=self.history, evals=self.evals, wall_time_s=wall,
+                         reason=diverged.get("reason", ""))
+
+
+def shape_rewards(batch: RolloutBatch, parts: RunParts, step: int) -> RolloutBatch:
+    """The reward-shaping stage on a scored batch: the method's overlong penalty where active,
+    and ReMax's greedy baseline where the advantage reads it."""
+    p = parts
+    if OVERLONG[p.overlong.name].shapes_reward:
+        batch = overlong_shaped(batch, p.d.max_new_tokens, p.overlong)
+    if p.spec.needs_greedy_baseline:
+        greedy_B = greedy_rewards(batch, p.policy, p.task, p.cfg, p.overlong, p.d.group_size,
+                                  p.d.max_new_tokens, step)
+        batch = dataclasses.replace(batch, greedy_rewards_B=greedy_B)
+    return batch
+
+
+class Collector:
+    """The collect stage: sample ``num_prompts × group_size`` rollouts, score them, shape their
+    rewards and, with ``--fill_batch``, draw more rounds until the batch holds enough mixed
+    groups. The batch source calls it; it records the step's timings and fill metrics."""
+
+    def __init__(self, parts: RunParts) -> None:
+        self.parts = parts
+        self.begin()
+
+    def begin(self) -> None:
+        """Start a step: clear the timings and metrics of the last one."""
+        self.t_step = time.perf_counter()
+        self.t_sampled: float | None = None
+        self.t_scored: float | None = None
+        self.metrics: dict[str, torch.Tensor] = {}
+
+    def _sample(self) -> RolloutBatch:
+        p = self.parts
+        return sample_rollouts(p.policy, p.task, p.cfg, p.generator, p.device, p.d.num_prompts,
+                               p.d.group_size, p.d.max_new_tokens, p.spec.needs_behaviour_sum_p2)
+
+    def _scored(self, rollout: RolloutBatch, step: int) -> RolloutBatch:
+        p = self.parts
+        return shape_rewards(score_rollouts(rollout, p.policy, p.task, p.cfg, p.want_expected,
+                                            step), p, step)
+
+    def __call__(self, step: int) -> RolloutBatch:
+        p, r = self.parts, self.parts.cfg.run
+        fresh = self._sample()
+        _sync(p.device)
+        self.t_sampled = time.perf_counter()
+        fresh = self._scored(fresh, step)
+        if r.fill_batch:
+            fresh, fill_rounds = fill_mixed_groups(
+                fresh, lambda: self._scored(self._sample(), step), r.batch_size,
+                p.d.group_size, r.max_fill_rounds)
+            self.metrics["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=p.device)
+        _sync(p.device)
+        self.t_scored = time.perf_counter()
+        return fresh
+
+    def timings(self) -> tuple[float, float, float]:
+        """``(t_step, t_sampled, t_scored)``; a step that collected nothing (the fixed batch
+        of ``--overfit_batch``) spent no time sampling or scoring."""
+        now = time.perf_counter()
+        t_sampled = now if self.t_sampled is None else self.t_sampled
+        return self.t_step, t_sampled, t_sampled if self.t_scored is None else self.t_scored
+
+
+def select_stage(parts: RunParts, batch: RolloutBatch, state: LoopState, step: int
+                 ) -> tuple[RolloutBatch, dict[str, torch.Tensor]]:
+    """The rollout metrics of the batch the source chose, then the method's selection
+    (`rlscope.methods.selection.select_rows`); counts the streak of mixed-group fallbacks."""
+    p = parts
+    m = rollout_metrics(batch, p.overlong, p.d.max_new_tokens)
+    batch, select_m, fallback = select_rows(
+        batch, p.spec.selection, p.overlong, p.d.max_new_tokens,
+        SelectionInputs(p.d.group_size, p.spec.keep_ratio, p.spec.gate.eta, p.cfg.run.seed,
+                        step))
+    state.fallback_streak = state.fallback_streak + 1 if fallback else 0
+    return batch, m | select_m
+
+
+def prepare_stage(parts: RunParts, batch: RolloutBatch, state: LoopState
+                  ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
+    """Candidates where the objective reads them, then `rlscope.learner.prepare` (advantages
+    and every fixed per-row input of the update) and the advantage metrics."""
+    p, plan = parts, parts.plan
+    p.policy.eval()
+    candidates = sample_candidates(p.policy, batch, p.d.group_size, p.generator,
+                                   plan.dist) \
+        if p.spec.needs_candidates else None
+    inputs, m = prepare(p.spec, batch, p.policy, p.value_head, p.ref, state.beta,
+                        p.d.group_size, plan.dist, candidates)
+    assert batch.rewards_B is not None
+    m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B, p.d.group_size)
+    return inputs, m
+
+
+def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, state: LoopState,
+                diagnose: bool) -> dict[str, torch.Tensor]:
+    """One update on ``batch`` and its metrics; at evaluation steps (``diagnose``) the
+    configured gradient and entropy diagnostics around it."""
+    p, plan, diag = parts, parts.plan, parts.cfg.diagnostics
+    p.policy.train()
+    m: dict[str, torch.Tensor] = {}
+    if diagnose and diag.grad_diagnostics:
+        m |= gradient_diagnostics(p.spec, p.policy, p.value_head, batch, inputs, state.beta,
+                                  plan.dist, plan.grad_clip,
+                                  state.entropy_coef)
+    entropy = diagnose and diag.entropy_diagnostics
+    before = snapshot(p.policy, batch, inputs, plan.dist) \
+        if entropy else None
+    updated = p.learn(batch, inputs, state.beta, state.entropy_coef)
+    if before is not None:
+        after = snapshot(p.policy, batch, inputs, plan.dist)
+        m |= entropy_diagnostics(before, after, inputs)
+    mb_rows = minibatch_rows(batch.batch_size, plan.num_minibatches, p.d.group_size)
+    return m | update_metrics(updated, batch, inputs, p.spec.needs_labels,
+                              n_minibatches=-(-batch.batch_size // mb_rows),
+                              grad_clip=plan.grad_clip)
+
+
+def step_values(parts: RunParts, m: dict[str, torch.Tensor], batch: RolloutBatch,
+                inputs: LearnerInputs, state: LoopState, source: BatchSource,
+                times: tuple[float, float, float, float, float]) -> tuple[dict[str, float], float]:
+    """The step's metrics as floats (one device transfer) with the controllers, timings,
+    throughput, the source's statistics and peak memory; and the count of non-finite parameter
+    tensors. ``times``: step start, sampled, scored, learn start, end."""
+    p, r = parts, parts.cfg.run
+    t_step, t_sampled, t_scored, t_learn, t_end = times
+    values = _floats({**m, NONFINITE_PARAMS: nonfinite_count(p.params)})
+    bad_params = values.pop(NONFINITE_PARAMS)
+    n_rows = batch.batch_size
+    n_gen = values["length/mean"] * n_rows
+    learn_tokens = n_rows * (batch.prompt_len + inputs.tokens_BT.shape[1]) * r.inner_epochs
+    values |= {
+        "optim/lr": p.cfg.optim.lr, "kl_ctrl/beta": state.beta,
+        "entropy_ctrl/coef": state.entropy_coef,
+        "time/sample": t_sampled - t_step, "time/score": t_scored - t_sampled,
+        "time/ref": t_learn - t_scored, "time/learn": t_end - t_learn,
+        "time/step": t_end - t_step,
+        "throughput/sample_tokens_per_s": n_gen / max(t_sampled - t_step, 1e-9),
+        "throughput/learn_tokens_per_s": learn_tokens / max(t_end - t_learn, 1e-9)}
+    values |= source.stats()
+    if p.device.type == "cuda":
+        values["perf/peak_memory_mb"] = torch.cuda.max_memory_allocated(p.device) / 2**20
+    return values, bad_params
+
+
+def eval_due(step: int, r: RunConfig) -> bool:
+    """Evaluate before this step's update: from ``delay`` on, every ``eval_every`` steps."""
+    return step >= r.delay and bool(r.eval_every) and (step - r.delay) % r.eval_every == 0
+
+
+def save_checkpoint(parts: RunParts, run_dir: Path, state: LoopState) -> None:
+    p = parts
+    checkpoint.save(run_dir, p.policy, p.value_head, p.ref, p.optimizer, p.generator, state)
+
+
+def finish(parts: RunParts, log: RunLog, state: LoopState, status: str) -> None:
+    """After the last step: the final evaluation (a completed run), the final checkpoint and
+    the LoRA adapter (non-finite weights are not saved: resume from the last good)."""
+    if status == "completed":
+        log.evaluate(parts.cfg.run.num_steps)
+    if status == "diverged":
+        return
+    save_checkpoint(parts, log.run_dir, state)
+    if parts.cfg.model.lora_rank > 0:
+        from rlscope.policy.hf import HFPolicy
+
+        assert isinstance(parts.policy, HFPolicy)
+        parts.policy.save_adapter(log.run_dir / "adapter")
+
+
+def train(cfg: TrainConfig) -> RunResult:
+    """Run ``cfg`` (module docstring): setup, then eval → collect → select → prepare → learn →
+    log → checkpoint per step."""
+    threads_before = torch.get_num_threads()
+    parts = setup(cfg)
+    r, spec = parts.cfg.run, parts.spec
+    collect = Collector(parts)
+    source = batch_source(parts.cfg.replay, r.delay, r.overfit_batch, collect, parts.generator)
+    state = LoopState(beta=spec.kl.coef, entropy_coef=spec.entropy_coef, source=source)
+    run_dir, state, notices = open_run(parts, state)
+    log = RunLog(parts, run_dir, state.step, notices)
+    status, diverged = "completed", {}
     try:
         for step in range(state.step, r.num_steps):
             if spec.kl.control == "warmup":
                 state.beta = kl_warmup_beta(step, spec.kl)
-            eval_due = step >= r.delay and bool(r.eval_every) \
-                and (step - r.delay) % r.eval_every == 0
-            if eval_due:
-                run_eval(step)
-            t_step = time.perf_counter()
-            m: dict[str, torch.Tensor] = {}
-            # --overfit_batch: the first scored batch stays at the head of the (checkpointed)
-            # queue and is trained on every step; nothing more is sampled.
-            fixed = state.queue[0] if r.overfit_batch and state.queue else None
-            if fixed is None:
-                fresh = sample_rollouts(policy, task, cfg, generator, device, d.num_prompts,
-                                        d.group_size, d.max_new_tokens,
-                                        spec.needs_behaviour_sum_p2)
-                _sync(device)
-                t_sampled = time.perf_counter()
-                fresh = scored(fresh, step)
-                if r.fill_batch:
-                    fresh, fill_rounds = fill_mixed_groups(
-                        fresh, functools.partial(draw_scored, step), r.batch_size,
-                        d.group_size, r.max_fill_rounds)
-                    m["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=device)
-            else:
-                fresh, t_sampled = fixed, time.perf_counter()
-            _sync(device)
-            t_scored = time.perf_counter()
-            if state.replay is not None:
-                state.replay.push(fresh)
-                drawn = state.replay.sample(r.delay, generator)
-                batch = fresh if drawn is None else drawn[0]
-            else:
-                if fixed is None:
-                    state.queue.append(fresh)
-                if len(state.queue) <= r.delay:
-                    state.step = step + 1
-                    display.update({})
-                    continue
-                batch = state.queue[0] if r.overfit_batch else state.queue.popleft()
-            m |= rollout_metrics(batch, overlong, d.max_new_tokens)
-            batch, select_m, fallback = select_rows(spec, batch, overlong, d, r.seed, step)
-            m |= select_m
-            state.fallback_streak = state.fallback_streak + 1 if fallback else 0
+            diagnose = eval_due(step, r)
+            if diagnose:
+                log.evaluate(step)
+            collect.begin()
+            batch = source.next(step)
+            if batch is None:  # the staleness queue is still filling
+                state.step = step + 1
+                log.display.update({})
+                continue
+            t_step, t_sampled, t_scored = collect.timings()
+            batch, m = select_stage(parts, batch, state, step)
             if state.fallback_streak >= OUT_OF_REGIME_STREAK:
                 status = "out_of_regime"
                 break
-            policy.eval()
-            candidates = sample_candidates(policy, batch, d.group_size, generator, temperature,
-                                           replay_keep) if spec.needs_candidates else None
-            inputs, prep_m = prepare(spec, batch, policy, value_head, ref, state.beta,
-                                     d.group_size, temperature, replay_keep, candidates)
-            m |= prep_m
-            assert batch.rewards_B is not None
-            m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B,
-                                       d.group_size)
-            _sync(device)
+            inputs, prep_m = prepare_stage(parts, batch, state)
+            _sync(parts.device)
             t_learn = time.perf_counter()
-            policy.train()
-            n_rows = batch.batch_size
-            mb_rows = minibatch_rows(n_rows, r.num_minibatches, d.group_size)
-            if eval_due and cfg.diagnostics.grad_diagnostics:
-                m |= gradient_diagnostics(spec, policy, value_head, batch, inputs, state.beta,
-                                          temperature, replay_keep, cfg.optim.grad_clip,
-                                          state.entropy_coef)
-            if eval_due and cfg.diagnostics.entropy_diagnostics:
-                before = snapshot(policy, batch, inputs, temperature, replay_keep)
-            updated = learn(batch, inputs, state.beta, state.entropy_coef)
-            if eval_due and cfg.diagnostics.entropy_diagnostics:
-                after = snapshot(policy, batch, inputs, temperature, replay_keep)
-                m |= entropy_diagnostics(before, after, inputs)
-            m |= update_metrics(updated, batch, inputs, spec.needs_labels,
-                                n_minibatches=-(-n_rows // mb_rows), grad_clip=cfg.optim.grad_clip)
-            _sync(device)
-            t_end = time.perf_counter()
-            values = _floats({**m, NONFINITE_PARAMS: nonfinite_count(params)})
-            bad_params = values.pop(NONFINITE_PARAMS)
-            n_gen = values["length/mean"] * n_rows
-            learn_tokens = n_rows * (batch.prompt_len + inputs.tokens_BT.shape[1]) \
-                * r.inner_epochs
-            values |= {
-                "optim/lr": cfg.optim.lr, "kl_ctrl/beta": state.beta,
-                "entropy_ctrl/coef": state.entropy_coef,
-                "time/sample": t_sampled - t_step, "time/score": t_scored - t_sampled,
-                "time/ref": t_learn - t_scored, "time/learn": t_end - t_learn,
-                "time/step": t_end - t_step,
-                "throughput/sample_tokens_per_s": n_gen / max(t_sampled - t_step, 1e-9),
-                "throughput/learn_tokens_per_s": learn_tokens / max(t_end - t_learn, 1e-9)}
-            if state.replay is not None:
-                values |= state.replay.stats()
-            if device.type == "cuda":
-                values["perf/peak_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-            update_controllers(state, spec, values, n_rows)
-            record = {"step": step, **values}
-            history.append(record)
-            metrics_log.write(record)
-            scalar_sinks.log(record)
-            if r.log_samples and step % max(r.samples_every, 1) == 0:
-                _write_samples(samples_log, step, batch, inputs.adv_BT, r.log_samples)
-            for finding in doctor.step(record):
-                display.alert(alert_line(finding))
-            display.update(values)
+            learn_m = learn_stage(parts, batch, inputs, state, diagnose)
+            _sync(parts.device)
+            values, bad_params = step_values(
+                parts, collect.metrics | m | prep_m | learn_m, batch, inputs, state, source,
+                (t_step, t_sampled, t_scored, t_learn, time.perf_counter()))
+            update_controllers(state, spec, values, batch.batch_size)
+            log.step(step, values, batch, inputs.adv_BT)
             state.step = step + 1
-            diverged = divergence(values, bad_params, params, policy, value_head, step)
+            diverged = divergence(values, bad_params, parts.params, parts.policy,
+                                  parts.value_head, step)
             if diverged:
                 status = "diverged"
-                display.alert(f"diverged: {diverged['reason']}")
+                log.display.alert(f"diverged: {diverged['reason']}")
                 break
             if r.checkpoint_every and state.step % r.checkpoint_every == 0:
-                checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
-        if status == "completed":
-            run_eval(r.num_steps)
-        if status != "diverged":  # non-finite weights are not saved: resume from the last good
-            checkpoint.save(run_dir, policy, value_head, ref, optimizer, generator, state)
-        if cfg.model.lora_rank > 0 and status != "diverged":
-            from rlscope.policy.hf import HFPolicy
-
-            assert isinstance(policy, HFPolicy)
-            policy.save_adapter(run_dir / "adapter")
+                save_checkpoint(parts, run_dir, state)
+        finish(parts, log, state, status)
     except BaseException as error:
-        status = "failed"
         checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
-            {"status": status, "steps": state.step, "error": repr(error)}))
+            {"status": "failed", "steps": state.step, "error": repr(error)}))
         raise
     finally:
         torch.set_num_threads(threads_before)
-        display.close()
-        for log in (metrics_log, eval_log, samples_log):
-            log.close()
-        scalar_sinks.close()
-    wall = time.perf_counter() - t_run
-    (run_dir / "findings.json").write_text(json.dumps(findings_json(doctor.final()), indent=2,
-                                                      default=float))
-    checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
-        {"status": status, "steps": state.step, "wall_time_s": wall} | diverged))
-    return RunResult(run_dir=run_dir, seed=r.seed, status=status, metrics=history, evals=evals,
-                     wall_time_s=wall, reason=diverged.get("reason", ""))
+        log.close()
+    return log.result(state, status, diverged)
 
 
 def check_resume_config(cfg: TrainConfig) -> None:
@@ -514,7 +690,7 @@ def nonfinite_count(params: list[torch.Tensor]) -> torch.Tensor:
 
 
 def divergence(values: dict[str, float], bad_params: float, params: list[torch.Tensor],
-               policy: torch.nn.Module, value_head: torch.nn.Module | None, step: int
+               policy: Policy, value_head: ValueHead | None, step: int
                ) -> dict[str, Any]:
     """Why the run diverged at ``step`` (``{"diverged_step", "diverged_metric", "reason"}``),
     or ``{}``: a non-finite loss (``loss/*``) or non-finite trainable parameters. A
@@ -553,23 +729,6 @@ def rollout_metrics(batch: RolloutBatch, overlong: OverlongConfig, max_new_token
     if batch.greedy_rewards_B is not None:
         m["reward/greedy_mean"] = batch.greedy_rewards_B.mean()
     return m
-
-
-def select_rows(spec: MethodSpec, batch: RolloutBatch, overlong: OverlongConfig, d: Derived,
-                seed: int, step: int) -> tuple[RolloutBatch, dict[str, torch.Tensor], bool]:
-    """The method's selection (METHODS.md, "Selection"): mixed groups or Kondo screening, then
-    the overlong mask where active. Returns the kept rows, their metrics, and whether
-    mixed-group selection fell back to keeping every row."""
-    assert batch.rewards_B is not None
-    keep_B, m = spec.selection_component(batch, SelectionInputs(
-        d.group_size, spec.keep_ratio, spec.gate.eta, seed, step))
-    fallback = bool(m["group/fallback"]) if "group/fallback" in m else False
-    if keep_B is not None:
-        batch = batch.select(keep_B)
-    if OVERLONG[overlong.name].masks_rows:
-        batch, overlong_m = overlong_mask(batch, d.max_new_tokens)
-        m |= overlong_m
-    return batch, m, fallback
 
 
 def update_controllers(state: LoopState, spec: MethodSpec, values: dict[str, float],
@@ -631,5 +790,5 @@ def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: tor
                    "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i])})
 
 
-__all__ = ["LoopState", "RunResult", "rollout_metrics", "sample_rollouts", "score_rollouts",
-           "select_rows", "train", "update_controllers", "update_metrics"]
+__all__ = ["LoopState", "RunParts", "RunResult", "rollout_metrics", "sample_rollouts",
+           "score_rollouts", "setup", "train", "update_controllers", "update_metrics"]

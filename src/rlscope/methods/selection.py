@@ -262,3 +262,19 @@ OVERLONG: dict[str, Component[..., object]] = {
 }
 """Overlong handling. The loop reads the flags: ``shapes_reward`` adds `overlong_penalty_B` to
 the rewards (`overlong_shaped`), ``masks_rows`` drops truncated rows (`overlong_mask`)."""
+
+
+def select_rows(batch: RolloutBatch, selection: str, overlong: OverlongConfig, max_len: int,
+                x: SelectionInputs) -> tuple[RolloutBatch, dict[str, torch.Tensor], bool]:
+    """The loop's select stage (METHODS.md, "Selection"): the `SELECTIONS` entry named
+    ``selection`` (mixed groups, Kondo screening or none), then the overlong mask where the
+    `OVERLONG` entry masks rows. Returns the kept rows, their metrics, and whether mixed-group
+    selection fell back to keeping every row (``group/fallback``)."""
+    keep_B, m = SELECTIONS[selection](batch, x)
+    fallback = bool(m["group/fallback"]) if "group/fallback" in m else False
+    if keep_B is not None:
+        batch = batch.select(keep_B)
+    if OVERLONG[overlong.name].masks_rows:
+        batch, overlong_m = overlong_mask(batch, max_len)
+        m |= overlong_m
+    return batch, m, fallback

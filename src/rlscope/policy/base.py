@@ -55,6 +55,10 @@ class Policy(Protocol):
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
 
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 def position_ids_from_mask(attention_mask_BT: torch.Tensor) -> torch.Tensor:
     """Positions 0, 1, ... counted over real tokens only (left padding gets position 0)."""

@@ -13,20 +13,23 @@ import torch
 
 from rlscope.batch import CandidateBatch, RolloutBatch
 from rlscope.policy.base import Policy
-from rlscope.sampling.processors import gumbel_offsets, processed_logprobs
+from rlscope.sampling.processors import SampledDistribution, gumbel_offsets
+
+UNPROCESSED = SampledDistribution()
+"""Temperature 1, the rollout's kept set replayed (the default of `sample_candidates`)."""
 
 _CANDIDATE_STRIDE = 0x2545F4914F6CDD1D  # odd: spreads candidate streams across seeds
 
 
 @torch.no_grad()
 def sample_candidates(policy: Policy, batch: RolloutBatch, num_candidates: int,
-                      generator: torch.Generator, temperature: float = 1.0,
-                      replay_keep: bool = True) -> CandidateBatch:
+                      generator: torch.Generator,
+                      dist: SampledDistribution = UNPROCESSED) -> CandidateBatch:
     """``num_candidates`` (K) candidates at each of the T positions of ``batch``.
 
     The behaviour distribution at each prefix is recomputed by one teacher-forced forward with
-    the sampler's processing (temperature; the rollout's top-k/top-p kept set when
-    ``replay_keep``), so candidates come from the distribution the behaviour token came from.
+    the sampler's processing, ``dist`` (temperature; the rollout's top-k/top-p kept set when
+    ``dist.replay_keep``), so candidates come from the distribution the behaviour token came from.
     Shapes: ``[B, T, K]`` candidates, old log-probs and rewards.
     """
     if num_candidates < 1:
@@ -37,8 +40,7 @@ def sample_candidates(policy: Policy, batch: RolloutBatch, num_candidates: int,
     P = batch.prompt_len
     tokens_BL, mask_BL = batch.full_tokens()
     logits_BTV = policy.forward(tokens_BL, mask_BL)[0][:, P - 1:P - 1 + T]
-    keep_BTV = batch.keep_mask_BTV if replay_keep else None
-    logp_BTV = processed_logprobs(logits_BTV, temperature if temperature > 0 else 1.0, keep_BTV)
+    logp_BTV = dist.logprobs(logits_BTV, batch.keep_mask_BTV)
     device = logp_BTV.device
     seeds_B = torch.randint(0, 2**62, (B,), generator=generator).to(device)
     extra = num_candidates - 1

@@ -7,6 +7,9 @@ from the rollout when ``replay_sampling_mask`` is on), so the first on-policy pa
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
 _NEG_INF = float("-inf")
@@ -46,6 +49,28 @@ def processed_logprobs(logits_NV: torch.Tensor, temperature: float,
     if keep_NV is not None:
         scaled_NV = scaled_NV.masked_fill(~keep_NV, _NEG_INF)
     return scaled_NV.log_softmax(-1)
+
+
+@dataclass(frozen=True)
+class SampledDistribution:
+    """The distribution the sampler drew from, as the learner recomputes it: the logits divided
+    by ``temperature`` (0, greedy, reads as 1) and, with ``replay_keep``, restricted to the
+    rollout's recorded top-k/top-p kept set (``RolloutBatch.keep_mask_BTV``). One value per
+    run, threaded through every teacher-forced forward (learner, candidates, diagnostics)."""
+
+    temperature: float = 1.0
+    replay_keep: bool = True
+
+    def logprobs(self, logits_NV: torch.Tensor, keep_NV: torch.Tensor | None) -> torch.Tensor:
+        """``[..., V]`` log-probs of this distribution; ``keep_NV`` (the rollout's kept set, or
+        None) counts only with ``replay_keep``."""
+        return processed_logprobs(logits_NV, self.temperature if self.temperature > 0 else 1.0,
+                                  keep_NV if self.replay_keep else None)
+
+    def without_keep(self) -> SampledDistribution:
+        """The same temperature over the whole vocabulary (for tokens the sampler did not
+        draw, e.g. the task's labels)."""
+        return dataclasses.replace(self, replay_keep=False)
 
 
 _M1 = 0xFF51AFD7ED558CCD - (1 << 64)

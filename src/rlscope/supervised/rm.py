@@ -5,7 +5,7 @@ rejected sequences in one forward pass (`rlscope.policy.reward_model.pack_sequen
 takes an Adam step on the Bradley–Terry loss. Every ``eval_every`` steps and at the end it
 reports, on ``heldout_pairs`` pairs from a generator the training stream never touches (seed +
 `HELDOUT_SEED_OFFSET`): ``rm/heldout_loss``, ``rm/heldout_accuracy`` (share of pairs ranked
-as the hidden preference ranks them) and, where the task has them, ``rm/probe_accuracy`` on
+as the hidden preference ranks them) and ``rm/probe_accuracy`` on
 pairs outside the training distribution (``task.repeat_probe_pairs``). At the end it stores
 the mean and std of its raw scores over the held-out answers (both sides of each pair) for
 standardisation and writes ``rm.pt`` (`rlscope.policy.reward_model.save_reward_model`),
@@ -32,8 +32,8 @@ from rlscope.policy.reward_model import (
     save_reward_model,
 )
 from rlscope.supervised.loop import JobResult, run_job, torch_threads
-from rlscope.tasks import TASKS, Task, TaskConfig, make_task
-from rlscope.tasks.preference import PreferencePair
+from rlscope.tasks import TASKS, TaskConfig, make_task
+from rlscope.tasks.base import PreferencePair, PreferencePairs
 from rlscope.utils import resolve_device
 
 HELDOUT_SEED_OFFSET = 2_000_029
@@ -93,7 +93,7 @@ def validate_rm(cfg: RmConfig) -> list[str]:
         return [f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}"]
     task = make_task(cfg.task, cfg.task_options)
     errors = task.validate() + cfg.model.validate()
-    if not hasattr(task, "preference_pairs"):
+    if not isinstance(task, PreferencePairs):
         errors.append(f"task {cfg.task!r} generates no preference pairs: use --task "
                       "preference_rm")
     if cfg.task_options.rm_path:
@@ -128,13 +128,6 @@ def score_pairs(rm: RewardModel, pairs: Sequence[PreferencePair], width: int,
     return scores_N[:B], scores_N[B:]
 
 
-def _pairs(task: Task, method: str, generator: torch.Generator, n: int
-           ) -> list[PreferencePair]:
-    make = getattr(task, method)
-    pairs: list[PreferencePair] = make(generator, n)
-    return pairs
-
-
 def train_rm(cfg: RmConfig) -> RmResult:
     """Train and save the reward model of ``cfg`` (module docstring)."""
     errors = validate_rm(cfg)
@@ -150,12 +143,12 @@ def train_rm(cfg: RmConfig) -> RmResult:
             checkpoint.load_init(cfg.init, rm.backbone, device)
         optimizer = torch.optim.Adam(rm.parameters(), lr=cfg.lr)
         generator = torch.Generator().manual_seed(cfg.seed)
-        heldout = _pairs(task, "preference_pairs",
-                         torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET),
-                         cfg.heldout_pairs)
-        probe = _pairs(task, "repeat_probe_pairs",
-                       torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET),
-                       cfg.heldout_pairs) if hasattr(task, "repeat_probe_pairs") else None
+        if not isinstance(task, PreferencePairs):  # validate_rm rejects it first
+            raise ValueError(f"task {task.name!r} generates no preference pairs")
+        heldout = task.preference_pairs(
+            torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET), cfg.heldout_pairs)
+        probe = task.repeat_probe_pairs(
+            torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET), cfg.heldout_pairs)
 
         def evaluate_now() -> dict[str, float]:
             rm.eval()
@@ -164,13 +157,12 @@ def train_rm(cfg: RmConfig) -> RmResult:
                 loss, m = bradley_terry_loss(chosen_B, rejected_B)
                 record = {"rm/heldout_loss": float(loss),
                           "rm/heldout_accuracy": float(m["rm/accuracy"])}
-                if probe is not None:
-                    c_B, r_B = score_pairs(rm, probe, width, device)
-                    record["rm/probe_accuracy"] = float((c_B > r_B).float().mean())
+                c_B, r_B = score_pairs(rm, probe, width, device)
+                record["rm/probe_accuracy"] = float((c_B > r_B).float().mean())
             return record
 
         def step(_: int) -> dict[str, float]:
-            pairs = _pairs(task, "preference_pairs", generator, cfg.batch_size)
+            pairs = task.preference_pairs(generator, cfg.batch_size)
             rm.train()
             loss, m = bradley_terry_loss(*score_pairs(rm, pairs, width, device))
             optimizer.zero_grad(set_to_none=True)

@@ -34,14 +34,12 @@ from rlscope.evaluation import evaluate, heldout_batch
 from rlscope.policy import ModelConfig
 from rlscope.supervised.loop import JobResult, run_job, torch_threads
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
-from rlscope.tasks.base import make_policy_for
+from rlscope.tasks.base import Pair, SupervisedPairs, Tokenized, make_policy_for
 from rlscope.utils import resolve_device
 
 HELDOUT_SEED_OFFSET = 2_000_029
 """Held-out SFT pairs come from a generator seeded with seed + this (never the training one)."""
 HELDOUT_PAIRS = 256
-
-Pair = tuple[list[int], list[int]]
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ def sft_loss(logits_BLV: torch.Tensor, targets_BL: torch.Tensor, mask_BL: torch.
 
 def pad_id(task: Task) -> int:
     """Right padding of completions: the task's first stop token, else 0."""
-    stops = tuple(getattr(task, "stop_token_ids", ()))
+    stops = task.traits.stop_token_ids
     return stops[0] if stops else 0
 
 
@@ -127,8 +125,7 @@ def sft_batch(pairs: Sequence[Pair], prompt_len: int, completion_len: int, pad: 
 def read_pairs(path: str, task: Task) -> list[Pair]:
     """The JSONL pairs of ``path`` tokenised with ``task.tokenizer``; clear errors for a task
     without a text tokenizer or a malformed line."""
-    tokenizer = getattr(task, "tokenizer", None)
-    if tokenizer is None:
+    if not isinstance(task, Tokenized):
         raise ValueError(f"--data needs a task with a text tokenizer; {task.name!r} has none "
                          "(use its generated pairs: leave --data empty)")
     pairs = []
@@ -139,7 +136,8 @@ def read_pairs(path: str, task: Task) -> list[Pair]:
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) \
                 or not isinstance(row.get("completion"), str):
             raise ValueError(f"{path}:{n}: expected {{\"prompt\": str, \"completion\": str}}")
-        pairs.append((tokenizer.encode(row["prompt"]), tokenizer.encode(row["completion"])))
+        pairs.append((task.tokenizer.encode(row["prompt"]),
+                      task.tokenizer.encode(row["completion"])))
     if not pairs:
         raise ValueError(f"{path}: no pairs")
     return pairs
@@ -155,7 +153,7 @@ def validate_sft(cfg: SftConfig) -> list[str]:
         return [f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}"]
     task = make_task(cfg.task, cfg.task_options)
     errors = task.validate() + cfg.model.validate()
-    if not cfg.data and not hasattr(task, "sft_pairs"):
+    if not cfg.data and not isinstance(task, SupervisedPairs):
         errors.append(f"task {cfg.task!r} generates no supervised pairs: give --data FILE.jsonl")
     if cfg.data and not Path(cfg.data).is_file():
         errors.append(f"--data {cfg.data}: no such file")
@@ -165,12 +163,10 @@ def validate_sft(cfg: SftConfig) -> list[str]:
 
 
 def _pairs_of(task: Task, generator: torch.Generator, n: int) -> list[Pair]:
-    """``n`` fresh pairs from ``task.sft_pairs`` (an optional method of the protocol)."""
-    make = getattr(task, "sft_pairs", None)
-    if make is None:
+    """``n`` fresh pairs from ``task.sft_pairs`` (the `SupervisedPairs` capability)."""
+    if not isinstance(task, SupervisedPairs):
         raise ValueError(f"task {task.name!r} generates no supervised pairs")
-    pairs: list[Pair] = make(generator, n)
-    return pairs
+    return task.sft_pairs(generator, n)
 
 
 def sft(cfg: SftConfig) -> SftResult:
@@ -189,7 +185,7 @@ def sft(cfg: SftConfig) -> SftResult:
         heldout = data[:HELDOUT_PAIRS] if data is not None else _pairs_of(
             task, torch.Generator().manual_seed(cfg.seed + HELDOUT_SEED_OFFSET), HELDOUT_PAIRS)
         P, T, pad = task.prompt_len, task.completion_len, pad_id(task)
-        stops = tuple(getattr(task, "stop_token_ids", ()))
+        stops = task.traits.stop_token_ids
         eval_prompts: PromptBatch = heldout_batch(task, cfg.seed).to(device)
 
         def batch_loss(pairs: Sequence[Pair]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Tasks: the `Task` protocol and the literal registry `TASKS` (name → constructor)."""
+"""Tasks: the task contract (`rlscope.tasks.base`) and the literal registry `TASKS` (name →
+constructor)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,18 @@ from collections.abc import Callable
 
 from rlscope.tasks.arithmetic import ArithmeticTask
 from rlscope.tasks.bandit import DigitsBanditTask
-from rlscope.tasks.base import Scores, Task, TaskConfig
+from rlscope.tasks.base import (
+    OwnsPolicy,
+    PreferencePairs,
+    Scores,
+    SupervisedPairs,
+    Task,
+    TaskConfig,
+    TaskTraits,
+    Tokenized,
+    TrainingChecks,
+    WatchesPolicy,
+)
 from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
 from rlscope.tasks.code import CodeUnitTestsTask
 from rlscope.tasks.length_target import LengthTargetTask
@@ -36,4 +48,5 @@ def make_task(name: str, cfg: TaskConfig | None = None) -> Task:
     return TASKS[name](cfg or TaskConfig())
 
 
-__all__ = ["TASKS", "Scores", "Task", "TaskConfig", "make_task"]
+__all__ = ["TASKS", "OwnsPolicy", "PreferencePairs", "Scores", "SupervisedPairs", "Task",
+           "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks", "WatchesPolicy", "make_task"]

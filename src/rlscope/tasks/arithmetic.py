@@ -42,14 +42,23 @@ from dataclasses import dataclass
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.tasks.base import EVAL_OPTIONS, NOISE_OPTIONS, Scores, TaskConfig
+from rlscope.tasks.base import (
+    EVAL_OPTIONS,
+    NOISE_OPTIONS,
+    Scores,
+    TaskConfig,
+    TaskTraits,
+    unused_option_errors,
+)
 from rlscope.tasks.text import (
     STOP_ID,
+    TEXT_OPTIONS,
     completion_ids,
     fixed_left_padded,
     prompt_texts,
     stop_padded,
     text_before_stop,
+    text_traits,
 )
 from rlscope.tokenizer import ByteTokenizer
 
@@ -120,8 +129,6 @@ class ArithmeticTask:
     family = "sequence"
     options: tuple[str, ...] = ("difficulty", "format_reward", *EVAL_OPTIONS, *NOISE_OPTIONS)
     has_labels = False
-    stop_token_ids: tuple[int, ...] = (STOP_ID,)
-    """The newline ends a completion (used unless --stop_token_ids is given)."""
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
@@ -132,18 +139,14 @@ class ArithmeticTask:
         self.completion_len = self.level.completion_len()
 
     @property
-    def binary_rewards(self) -> bool:
+    def traits(self) -> TaskTraits:
         """0/1 rewards unless a format term is paid."""
-        return self.cfg.format_reward == 0
+        return text_traits(binary_rewards=self.cfg.format_reward == 0)
 
     def validate(self) -> list[str]:
-        c, default = self.cfg, TaskConfig()
-        errors = [f"task.{name} does not apply to arithmetic; leave it at "
-                  f"{getattr(default, name)}"
-                  for name in ("vocab", "seq_len", "score_len", "binary_reward", "context_len",
-                               "lm_kl_shaping", "length_limit", "band_min_words",
-                               "band_max_words")
-                  if getattr(c, name) != getattr(default, name)]
+        c = self.cfg
+        errors = unused_option_errors(c, self.name, (*TEXT_OPTIONS, "length_limit",
+                                                     "band_min_words", "band_max_words"))
         if c.difficulty not in LEVELS:
             errors.append(f"task.difficulty={c.difficulty} must be one of "
                           f"{', '.join(map(str, LEVELS))}")

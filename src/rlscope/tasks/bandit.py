@@ -27,7 +27,15 @@ from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy import ModelConfig
 from rlscope.policy.base import Policy
 from rlscope.policy.mlp import MLPConfig, MLPPolicy
-from rlscope.tasks.base import NOISE_OPTIONS, Scores, TaskConfig, first_token_correct
+from rlscope.tasks.base import (
+    EVAL_OPTIONS,
+    NOISE_OPTIONS,
+    Scores,
+    TaskConfig,
+    TaskTraits,
+    first_token_correct,
+    unused_option_errors,
+)
 from rlscope.tasks.noise import exposes_expected_reward
 
 N_PIXELS = 64
@@ -73,7 +81,7 @@ class DigitsBanditTask:
 
     name = "digits_bandit"
     family = "bandit"
-    binary_rewards = True
+    traits = TaskTraits(binary_rewards=True)
     options: tuple[str, ...] = NOISE_OPTIONS
     """Reward-noise family (`rlscope.tasks.noise`)."""
     has_labels = True
@@ -89,16 +97,13 @@ class DigitsBanditTask:
     def validate(self) -> list[str]:
         """Options of the token tasks have no meaning here (reward noise is checked by the
         config for the bandit family)."""
-        default = TaskConfig()
-        errors = [f"task.{name} does not apply to digits_bandit (its prompts are fixed 8×8 "
-                  f"digits and its completion one action); leave it at {getattr(default, name)}"
-                  for name in ("vocab", "seq_len", "score_len", "binary_reward")
-                  if getattr(self.cfg, name) != getattr(default, name)]
-        errors += [f"task.{name} does not apply to digits_bandit: evaluation covers the whole "
-                   f"fixed test split ({self.data.test_labels_M.shape[0]} images); leave it at "
-                   f"{getattr(default, name)}"
-                   for name in ("eval_batches", "eval_batch_size")
-                   if getattr(self.cfg, name) != getattr(default, name)]
+        errors = unused_option_errors(self.cfg, self.name, ("vocab", "seq_len", "score_len",
+                                                            "binary_reward"),
+                                      " (its prompts are fixed 8×8 digits and its completion "
+                                      "one action)")
+        errors += unused_option_errors(self.cfg, self.name, EVAL_OPTIONS,
+                                       ": evaluation covers the whole fixed test split "
+                                       f"({self.data.test_labels_M.shape[0]} images)")
         return errors
 
     def describe(self) -> str:

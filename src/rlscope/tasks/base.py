@@ -1,19 +1,42 @@
-"""The `Task` protocol (TASKS.md) and the configuration every task reads.
+"""The task contract (TASKS.md) and the configuration every task reads.
 
 A task makes prompts, scores completions and evaluates a policy; the loop holds no task-specific
 code. Training rewards may later be corrupted by reward noise; evaluation is always clean and on
 a held-out set fixed per seed, drawn from a generator the training stream never touches.
+
+The contract, in full (every check on a task goes through one of these; none through
+``getattr``/``hasattr``):
+
+- `Task`: the protocol every registered task satisfies (prompts, scoring, evaluation, its
+  command-line options, validation) and its ``traits``.
+- `TaskTraits`: what a task declares about itself as data: its default stop tokens, whether its
+  rewards are 0/1, whether they decompose over tokens (dense credit is exact).
+- Capabilities, small runtime-checkable protocols detected with ``isinstance``:
+
+  - `OwnsPolicy` (``build_policy``): the task builds its own default model (digits_bandit's
+    MLP, lm_bandit's byte model).
+  - `WatchesPolicy` (``attach_policy``): the task reads the policy being trained (lm_bandit's
+    perplexity and its frozen π_ref); `rlscope train --init` attaches the loaded model.
+  - `SupervisedPairs` (``sft_pairs``): correct (prompt, completion) pairs, the warm-start data
+    of `rlscope sft`.
+  - `PreferencePairs` (``preference_pairs``, ``repeat_probe_pairs``): comparisons that train a
+    reward model (`rlscope rm`) and its out-of-distribution probe.
+  - `TrainingChecks` (``validate_training``): problems that stop `rlscope train` only (e.g.
+    preference_rm without ``--rm_path``), not the supervised jobs.
+  - `Tokenized` (``tokenizer``): a text tokenizer, so `rlscope sft --data FILE.jsonl` can read
+    text pairs. The byte-level text tasks share their plumbing in `rlscope.tasks.text`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy
+from rlscope.tokenizer import ByteTokenizer
 
 EVAL_OPTIONS = ("eval_batches", "eval_batch_size")
 NOISE_OPTIONS = ("reward_noise", "reward_noise_mode")
@@ -104,13 +127,23 @@ def first_token_correct(batch: RolloutBatch, task_name: str) -> torch.Tensor:
             & batch.completion_mask_BT[:, 0].bool()).float()
 
 
-class Task(Protocol):
-    """A registered task. Attributes describe the interface the loop relies on.
+@dataclass(frozen=True)
+class TaskTraits:
+    """What a task declares about itself, read by the config checks and the loop."""
 
-    Optional methods, looked up with ``getattr``: ``build_policy`` / ``attach_policy`` (a
-    task's own model), ``sft_pairs`` (warm-start data for ``rlscope sft``),
-    ``preference_pairs`` (comparisons for ``rlscope rm``) and ``validate_training`` (problems
-    that stop ``rlscope train`` only, e.g. ``preference_rm`` without ``--rm_path``)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Default stop tokens (used unless --stop_token_ids is given): none for the token sandbox,
+    the newline for the byte-level text tasks."""
+    binary_rewards: bool = False
+    """Training rewards are 0/1 (methods that require binary rewards check this)."""
+    decomposable_token_rewards: bool = False
+    """The reward is a mean of per-position rewards, so dense per-token credit is exact
+    (``token_rewards`` methods)."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A registered task: the interface the loop relies on (capabilities: module docstring)."""
 
     name: str
     family: str
@@ -125,6 +158,11 @@ class Task(Protocol):
     """The `TaskConfig` fields (command-line options) the task reads."""
     has_labels: bool
     """Whether prompts carry ground-truth targets (needed by the `ce` oracle)."""
+
+    @property
+    def traits(self) -> TaskTraits:
+        """What the task declares about itself (`TaskTraits`)."""
+        ...
 
     def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch: ...
 
@@ -145,14 +183,83 @@ class Task(Protocol):
     def validate(self) -> list[str]: ...
 
 
+@runtime_checkable
+class OwnsPolicy(Protocol):
+    """A task that builds its own default model."""
+
+    def build_policy(self, model_cfg: object) -> Policy: ...
+
+
+@runtime_checkable
+class WatchesPolicy(Protocol):
+    """A task that reads the policy being trained (attached once, when the run starts)."""
+
+    def attach_policy(self, policy: Policy) -> None: ...
+
+
+Pair = tuple[list[int], list[int]]
+"""A supervised example: (prompt ids, completion ids)."""
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One comparison: a prompt, the preferred completion and the other (ids, each completion
+    ending with the stop token)."""
+
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
+
+
+@runtime_checkable
+class SupervisedPairs(Protocol):
+    """A task that generates correct (prompt, completion) pairs (`rlscope sft`)."""
+
+    def sft_pairs(self, generator: torch.Generator, n: int) -> list[Pair]: ...
+
+
+@runtime_checkable
+class PreferencePairs(Protocol):
+    """A task that generates preference comparisons: the training pairs of `rlscope rm` and a
+    probe outside their distribution."""
+
+    def preference_pairs(self, generator: torch.Generator, n: int) -> list[PreferencePair]: ...
+
+    def repeat_probe_pairs(self, generator: torch.Generator, n: int
+                           ) -> list[PreferencePair]: ...
+
+
+@runtime_checkable
+class TrainingChecks(Protocol):
+    """A task with problems that stop RL training only (not the supervised jobs)."""
+
+    def validate_training(self) -> list[str]: ...
+
+
+@runtime_checkable
+class Tokenized(Protocol):
+    """A task over text with a tokenizer (`rlscope sft --data` reads text pairs with it)."""
+
+    tokenizer: ByteTokenizer
+
+
+def unused_option_errors(cfg: TaskConfig, task_name: str, names: tuple[str, ...],
+                         why: str = "") -> list[str]:
+    """One error per option among ``names`` that ``cfg`` sets away from its default: the task
+    ``task_name`` does not read it (``why``, when given, says why)."""
+    default = TaskConfig()
+    return [f"task.{name} does not apply to {task_name}{why}; leave it at "
+            f"{getattr(default, name)}"
+            for name in names if getattr(cfg, name) != getattr(default, name)]
+
+
 def make_policy_for(task: Task, model_cfg: object) -> Policy:
     """The task's default policy: the task's own ``build_policy(model_cfg)`` where it defines
     one (digits_bandit's MLP), else the configured sequence model over the task's vocabulary
     and its prompt + completion length."""
     from rlscope.policy import ModelConfig, build_policy
 
-    own = getattr(task, "build_policy", None)
-    if own is not None:
-        return own(model_cfg)
+    if isinstance(task, OwnsPolicy):
+        return task.build_policy(model_cfg)
     assert isinstance(model_cfg, ModelConfig)
     return build_policy(model_cfg, task.vocab_size, task.prompt_len + task.completion_len)

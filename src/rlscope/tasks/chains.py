@@ -56,7 +56,7 @@ class ChainArithmeticTask(ReversalTask):
     """Copy the first H−1 tokens, then answer their sum mod V; checkpoint reward."""
 
     name = "chain_arithmetic"
-    decomposable_token_rewards = False
+    dense_credit = False
     options: tuple[str, ...] = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def validate(self) -> list[str]:
@@ -86,7 +86,7 @@ class FormatAnswerTask(ReversalTask):
     """Emit an ANSWER tag, then (x0 + x1) mod V, then copy inputs 2..H−1; checkpoint reward."""
 
     name = "format_answer"
-    decomposable_token_rewards = False
+    dense_credit = False
     options: tuple[str, ...] = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def __init__(self, cfg: TaskConfig) -> None:

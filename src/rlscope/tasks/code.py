@@ -53,8 +53,8 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.sandbox import SandboxLimits, SandboxResult, TestCase, isolation_problem, run_many
 from rlscope.sandbox.isolated import INSTALL_HINT
-from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
-from rlscope.tasks.text import fixed_left_padded
+from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig, TaskTraits, unused_option_errors
+from rlscope.tasks.text import TEXT_OPTIONS, fixed_left_padded
 from rlscope.tokenizer import ByteTokenizer
 
 END = "<|end|>"
@@ -148,9 +148,7 @@ class CodeUnitTestsTask:
                                 "code_wall_seconds", "code_per_test_seconds", "unsafe_sandbox",
                                 *EVAL_OPTIONS)
     has_labels = False
-    binary_rewards = False
-    _foreign = ("vocab", "seq_len", "score_len", "binary_reward", "context_len", "lm_kl_shaping",
-                "difficulty", "format_reward", "length_limit", "band_min_words",
+    _foreign = (*TEXT_OPTIONS, "difficulty", "format_reward", "length_limit", "band_min_words",
                 "band_max_words", "reward_noise")
 
     def __init__(self, cfg: TaskConfig, code_cfg: CodeConfig | None = None,
@@ -174,11 +172,13 @@ class CodeUnitTestsTask:
         """The END token ends a completion (used unless --stop_token_ids is given)."""
         return (self.end_id,)
 
+    @property
+    def traits(self) -> TaskTraits:
+        """The END token stops a completion; rewards (fractions of tests) are not 0/1."""
+        return TaskTraits(stop_token_ids=self.stop_token_ids)
+
     def validate(self) -> list[str]:
-        c, default = self.cfg, TaskConfig()
-        errors = [f"task.{name} does not apply to code_unit_tests; leave it at "
-                  f"{getattr(default, name)}"
-                  for name in self._foreign if getattr(c, name) != getattr(default, name)]
+        errors = unused_option_errors(self.cfg, self.name, self._foreign)
         if not self.train_specs or not self.eval_specs:
             errors.append("code_unit_tests needs training and held-out specs")
         if self.cfg.eval_batches < 1 or self.cfg.eval_batch_size < 1:

@@ -33,9 +33,16 @@ from __future__ import annotations
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
+from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig, TaskTraits, unused_option_errors
 from rlscope.tasks.lm_bandit import load_corpus
-from rlscope.tasks.text import STOP_ID, completion_ids, fixed_left_padded, text_before_stop
+from rlscope.tasks.text import (
+    STOP_ID,
+    TEXT_OPTIONS,
+    completion_ids,
+    fixed_left_padded,
+    text_before_stop,
+    text_traits,
+)
 from rlscope.tokenizer import ByteTokenizer
 
 EVAL_SEED_OFFSET = 1_000_003
@@ -82,8 +89,6 @@ class LengthTargetTask:
     options: tuple[str, ...] = ("length_limit", "band_min_words", "band_max_words",
                                 *EVAL_OPTIONS)
     has_labels = False
-    stop_token_ids: tuple[int, ...] = (STOP_ID,)
-    """The newline ends a completion (used unless --stop_token_ids is given)."""
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
@@ -95,17 +100,14 @@ class LengthTargetTask:
             else None
 
     @property
-    def binary_rewards(self) -> bool:
-        """0/1 in band mode only."""
-        return self.band is not None
+    def traits(self) -> TaskTraits:
+        """0/1 rewards in band mode only."""
+        return text_traits(binary_rewards=self.band is not None)
 
     def validate(self) -> list[str]:
-        c, default = self.cfg, TaskConfig()
-        errors = [f"task.{name} does not apply to length_target; leave it at "
-                  f"{getattr(default, name)}"
-                  for name in ("vocab", "seq_len", "score_len", "binary_reward", "context_len",
-                               "lm_kl_shaping", "difficulty", "format_reward", "reward_noise")
-                  if getattr(c, name) != getattr(default, name)]
+        c = self.cfg
+        errors = unused_option_errors(c, self.name, (*TEXT_OPTIONS, "difficulty",
+                                                     "format_reward", "reward_noise"))
         if c.length_limit < 1:
             errors.append(f"task.length_limit={c.length_limit} must be >= 1")
         if c.band_min_words < 0 or c.band_max_words < 0 or (

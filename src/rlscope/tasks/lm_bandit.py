@@ -49,7 +49,9 @@ from rlscope.tasks.base import (
     NOISE_OPTIONS,
     Scores,
     TaskConfig,
+    TaskTraits,
     first_token_correct,
+    unused_option_errors,
 )
 from rlscope.tasks.noise import exposes_expected_reward
 from rlscope.tokenizer import ByteTokenizer
@@ -93,9 +95,9 @@ class LMBanditTask:
     family = "bandit"
 
     @property
-    def binary_rewards(self) -> bool:
+    def traits(self) -> TaskTraits:
         """0/1 rewards unless KL shaping makes them real-valued."""
-        return self.cfg.lm_kl_shaping == 0
+        return TaskTraits(binary_rewards=self.cfg.lm_kl_shaping == 0)
     options: tuple[str, ...] = ("context_len", "lm_kl_shaping", *EVAL_OPTIONS, *NOISE_OPTIONS)
     """Reward-noise family (`rlscope.tasks.noise`): action 0 is the NUL byte."""
     has_labels = True
@@ -124,12 +126,11 @@ class LMBanditTask:
         return max(len(ids_N) - self.cfg.context_len, 0)
 
     def validate(self) -> list[str]:
-        c, default = self.cfg, TaskConfig()
-        errors = [f"task.{name} does not apply to lm_bandit (its prompts are corpus windows of "
-                  f"task.context_len bytes and its completion one byte); leave it at "
-                  f"{getattr(default, name)}"
-                  for name in ("vocab", "seq_len", "score_len", "binary_reward")
-                  if getattr(c, name) != getattr(default, name)]
+        c = self.cfg
+        errors = unused_option_errors(c, self.name, ("vocab", "seq_len", "score_len",
+                                                     "binary_reward"),
+                                      " (its prompts are corpus windows of task.context_len "
+                                      "bytes and its completion one byte)")
         if c.context_len < 1:
             errors.append(f"task.context_len={c.context_len} must be >= 1")
         elif self._n_starts(self.train_ids) < 1:

@@ -56,12 +56,21 @@ from rlscope.policy.reward_model import (
     pack_sequences,
     reward_model_errors,
 )
-from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig
+from rlscope.tasks.base import (
+    EVAL_OPTIONS,
+    Pair,
+    PreferencePair,
+    Scores,
+    TaskConfig,
+    unused_option_errors,
+)
 from rlscope.tasks.length_target import INSTRUCTION_WIDTH, INSTRUCTIONS, instruction_prompts
 from rlscope.tasks.text import (
     STOP_ID,
+    TEXT_OPTIONS,
     completion_ids,
     text_before_stop,
+    text_traits,
 )
 from rlscope.tokenizer import ByteTokenizer
 
@@ -83,20 +92,6 @@ TRUE_TARGET = float(len(LIKED_WORDS))
 """The best true preference (every liked word once, no repeat: 48 bytes with the newline);
 ``test_error`` = 1 − true / TRUE_TARGET, clipped to [0, 1]."""
 _PUNCTUATION = ".,;:!?\"'()[]{}-"
-
-Pair = tuple[list[int], list[int]]
-"""(prompt ids, completion ids)."""
-
-
-@dataclass(frozen=True)
-class PreferencePair:
-    """One comparison: a prompt, the preferred completion and the other (ids, each completion
-    ending with the stop token)."""
-
-    prompt: list[int]
-    chosen: list[int]
-    rejected: list[int]
-
 
 @dataclass(frozen=True)
 class Judgement:
@@ -152,8 +147,7 @@ class PreferenceTask:
     family = "sequence"
     options: tuple[str, ...] = ("rm_path", "length_limit", *EVAL_OPTIONS)
     has_labels = False
-    stop_token_ids: tuple[int, ...] = (STOP_ID,)
-    """The newline ends a completion (used unless --stop_token_ids is given)."""
+    traits = text_traits()
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
@@ -166,13 +160,10 @@ class PreferenceTask:
     # ------------------------------------------------------------------ configuration
 
     def validate(self) -> list[str]:
-        c, default = self.cfg, TaskConfig()
-        errors = [f"task.{name} does not apply to preference_rm; leave it at "
-                  f"{getattr(default, name)}"
-                  for name in ("vocab", "seq_len", "score_len", "binary_reward", "context_len",
-                               "lm_kl_shaping", "difficulty", "format_reward", "reward_noise",
-                               "band_min_words", "band_max_words")
-                  if getattr(c, name) != getattr(default, name)]
+        c = self.cfg
+        errors = unused_option_errors(c, self.name, (
+            *TEXT_OPTIONS, "difficulty", "format_reward", "reward_noise", "band_min_words",
+            "band_max_words"))
         if c.length_limit < MAX_ANSWER_BYTES:
             errors.append(f"task.length_limit={c.length_limit} must be >= {MAX_ANSWER_BYTES} "
                           "(the longest generated answer, newline included)")

@@ -12,10 +12,12 @@ correct). Variants differ only in how a completion is scored:
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.tasks.base import EVAL_OPTIONS, NOISE_OPTIONS, Scores, TaskConfig
+from rlscope.tasks.base import EVAL_OPTIONS, NOISE_OPTIONS, Scores, TaskConfig, TaskTraits
 
 EVAL_SEED_OFFSET = 1_000_003
 
@@ -29,8 +31,9 @@ class ReversalTask:
 
     name = "token_reversal"
     family = "sequence"
-    decomposable_token_rewards = True
-    """The reward is the mean of per-position matches (dense credit is exact)."""
+    dense_credit: ClassVar[bool] = True
+    """The reward is the mean of per-position matches (dense credit is exact); False in the
+    checkpoint-reward variants."""
     options: tuple[str, ...] = ("vocab", "seq_len", "binary_reward", *EVAL_OPTIONS, *NOISE_OPTIONS)
     has_labels = True
 
@@ -46,8 +49,9 @@ class ReversalTask:
         return torch.ones(self.cfg.seq_len)
 
     @property
-    def binary_rewards(self) -> bool:
-        return self.cfg.binary_reward
+    def traits(self) -> TaskTraits:
+        return TaskTraits(binary_rewards=self.cfg.binary_reward,
+                          decomposable_token_rewards=self.dense_credit)
 
     def validate(self) -> list[str]:
         errors = []
@@ -160,7 +164,7 @@ class ChainReversalTask(ReversalTask):
     """Reversal with checkpoint rewards: first half, second half and whole exact, averaged."""
 
     name = "chain_reversal"
-    decomposable_token_rewards = False
+    dense_credit = False
     options: tuple[str, ...] = ("vocab", "seq_len", *EVAL_OPTIONS, *NOISE_OPTIONS)
 
     def validate(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""Helpers shared by the byte-level text tasks (``arithmetic``, ``length_target``).
+"""Plumbing shared by the byte-level text tasks (``arithmetic``, ``length_target``,
+``preference_rm``; ``code_unit_tests`` adds one special token).
 
 Prompts are UTF-8 text, tokenised by `rlscope.tokenizer.ByteTokenizer` (ids 0..255, no
 specials) and left-padded with the NUL byte to the task's fixed ``prompt_len``, with an
@@ -14,12 +15,22 @@ from collections.abc import Sequence
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.tasks.base import TaskTraits
 from rlscope.tokenizer import ByteTokenizer
 
 STOP_ID = 10
 """The newline byte: the stop token of the text tasks."""
 PAD_ID = 0
 """The NUL byte: left padding of prompts (masked out, never attended)."""
+TEXT_OPTIONS = ("vocab", "seq_len", "score_len", "binary_reward", "context_len",
+                "lm_kl_shaping")
+"""`TaskConfig` fields of the token sandbox and lm_bandit, which no text task reads."""
+
+
+def text_traits(binary_rewards: bool = False) -> TaskTraits:
+    """The traits of a byte-level text task: the newline ends a completion (unless
+    --stop_token_ids is given); rewards never decompose over tokens."""
+    return TaskTraits(stop_token_ids=(STOP_ID,), binary_rewards=binary_rewards)
 
 
 def fixed_left_padded(prompts: Sequence[Sequence[int]], width: int) -> PromptBatch:
