@@ -67,7 +67,7 @@ def cmd_train(args: list[str]) -> int:
         return 2
     for result in results:
         if result.reason:
-            Console(highlight=False, soft_wrap=True).print(
+            Console(stderr=True, highlight=False, soft_wrap=True).print(
                 f"seed {result.seed} {result.status}: {escape(result.reason)}")
         final = result.final_eval
         table.add_row(str(result.seed), result.status,
