@@ -16,6 +16,13 @@ Formats (``--format``; ``auto`` sniffs the first 64 KB):
 - ``wandb_run``: a W&B offline run directory (``wandb/offline-run-*``), a ``wandb/`` folder or
   a ``run-*.wandb`` file (`rlscope.metrics.readers`).
 
+Where to add an importer: a reader ``(Path) -> list[MetricTable]`` (one table per run; name
+the framework with `_renamer` so its names are translated), one entry in `READERS`, and, for
+``auto``, one entry in the sniffing order: `DIRECTORY_SIGNS` for a directory (a format with a
+directory sign is one whose reader takes a directory), `NAME_SIGNS` for a file name,
+`TEXT_SIGNS` for a file's first 64 KB of text. The first sign that matches wins. Then a line in
+the list above, in docs/doctor.md, and its cases in tests/test_doctor_import.py.
+
 A UTF-8 byte-order mark is ignored. Two foreign names for one quantity are never merged into
 one series; a step logged twice keeps its last value, and the table's ``import_notes`` say so.
 
@@ -42,8 +49,6 @@ from rlscope.metrics import readers
 from rlscope.metrics.schema import is_registered
 from rlscope.results import number as _number
 
-FORMATS = ("auto", "run", "verl", "trl", "wandb", "tinker", "jsonl", "json", "csv",
-           "tensorboard", "wandb_run")
 STEP_KEYS = ("step", "_step", "global_step", "Step", "iteration", "train/global_step",
              "trainer/global_step", "epoch_step")
 SNIFF_BYTES = 65536
@@ -409,20 +414,67 @@ def read_csv(path: Path, fmt: str) -> list[MetricTable]:
     return list(tables.values())
 
 
+def _first_line(text: str) -> str:
+    stripped = text.lstrip()
+    return stripped.splitlines()[0] if stripped else ""
+
+
+def _tinker_jsonl(text: str) -> bool:
+    """A JSON-lines file whose first object has tinker-cookbook's metric names."""
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        keys = list(json.loads(_first_line(text)))
+    except (json.JSONDecodeError, TypeError):
+        keys = []
+    return guess_framework(keys) == "tinker"
+
+
+def _wandb_csv(text: str) -> bool:
+    """A CSV header of a W&B chart export (``Step`` and ``<run> - <metric>`` columns) or of a
+    run-history export (``_step``)."""
+    first_line = _first_line(text)
+    if "," not in first_line:
+        return False
+    header = next(csv.reader(io.StringIO(first_line)), [])
+    return ("Step" in header and any(" - " in h for h in header)) or "_step" in header
+
+
+DIRECTORY_SIGNS: tuple[tuple[str, Callable[[Path], bool]], ...] = (
+    ("run", lambda p: (p / "metrics.jsonl").exists()),
+    ("wandb_run", lambda p: bool(readers.wandb_files(p))),
+    ("tensorboard", readers.is_tensorboard_dir),
+)
+"""How ``auto`` tells a directory's format, in order (none matching: ``run``, whose reader says
+what a run directory needs). The formats named here are the ones whose reader takes a
+directory."""
+NAME_SIGNS: tuple[tuple[str, Callable[[Path], bool]], ...] = (
+    ("tensorboard", lambda p: p.name.startswith("events.out.tfevents.")),
+    ("wandb_run", lambda p: p.suffix == ".wandb"),
+)
+"""How ``auto`` tells a file's format from its name, in order, before reading it."""
+TEXT_SIGNS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("trl", lambda text: text.lstrip().startswith("{") and '"log_history"' in text),
+    ("json", lambda text: text.lstrip().startswith("[")),
+    ("tinker", _tinker_jsonl),
+    ("jsonl", lambda text: text.lstrip().startswith("{")),
+    ("verl", lambda text: RECORD.search(text) is not None),
+    ("wandb", _wandb_csv),
+    ("csv", lambda text: "," in _first_line(text)),
+)
+"""How ``auto`` tells a file's format from its first 64 KB of text (a UTF-8 byte-order mark
+removed), in order: the first that matches wins."""
+DIRECTORY_FORMATS = tuple(fmt for fmt, _ in DIRECTORY_SIGNS)
+
+
 def sniff(path: Path) -> str:
-    """The format of ``path`` from its name and first bytes (DoctorError when unreadable)."""
+    """The format of ``path`` from its name and first bytes (DoctorError when unreadable): the
+    first matching sign of `DIRECTORY_SIGNS`, `NAME_SIGNS` or `TEXT_SIGNS`."""
     if path.is_dir():
-        if (path / "metrics.jsonl").exists():
-            return "run"
-        if readers.wandb_files(path):
-            return "wandb_run"
-        if readers.is_tensorboard_dir(path):
-            return "tensorboard"
-        return "run"
-    if path.name.startswith("events.out.tfevents."):
-        return "tensorboard"
-    if path.suffix == ".wandb":
-        return "wandb_run"
+        return next((fmt for fmt, sign in DIRECTORY_SIGNS if sign(path)), "run")
+    named = next((fmt for fmt, sign in NAME_SIGNS if sign(path)), None)
+    if named is not None:
+        return named
     head = path.open("rb").read(SNIFF_BYTES).removeprefix(b"\xef\xbb\xbf")
     if not head.strip():
         raise DoctorError(f"{path} is empty: expected a training log (verl console log, TRL "
@@ -432,26 +484,9 @@ def sniff(path: Path) -> str:
         raise DoctorError(f"{path} looks binary: the doctor reads text logs (verl console log, "
                           "trainer_state.json, CSV or JSONL)")
     text = head.decode("utf-8", errors="replace")
-    stripped = text.lstrip()
-    if stripped.startswith("{") and '"log_history"' in text:
-        return "trl"
-    if stripped.startswith("["):
-        return "json"
-    if stripped.startswith("{"):
-        first = stripped.splitlines()[0]
-        try:
-            keys = list(json.loads(first))
-        except (json.JSONDecodeError, TypeError):
-            keys = []
-        return "tinker" if guess_framework(keys) == "tinker" else "jsonl"
-    first_line = stripped.splitlines()[0] if stripped else ""
-    if RECORD.search(text):
-        return "verl"
-    if "," in first_line:
-        header = next(csv.reader(io.StringIO(first_line)), [])
-        if ("Step" in header and any(" - " in h for h in header)) or "_step" in header:
-            return "wandb"
-        return "csv"
+    sniffed = next((fmt for fmt, sign in TEXT_SIGNS if sign(text)), None)
+    if sniffed is not None:
+        return sniffed
     raise DoctorError(f"{path}: could not tell its format; pass --format "
                       f"({', '.join(FORMATS[1:])})")
 
@@ -467,6 +502,32 @@ def _binary_share(data: bytes) -> float:
     return odd / len(text)
 
 
+def read_verl_log(path: Path) -> MetricTable:
+    """A verl console log (`rlscope.doctor.verl`)."""
+    table = MetricTable(source=path.name, fmt="verl")
+    read_verl(_lines(path), table, _renamer(table, "verl"))
+    return table
+
+
+Reader = Callable[[Path], list[MetricTable]]
+"""Reads one path into its tables (one per run); raises DoctorError when it cannot."""
+
+READERS: dict[str, Reader] = {
+    "run": lambda p: [read_run_dir(p)],
+    "verl": lambda p: [read_verl_log(p)],
+    "trl": lambda p: [read_trl(p)],
+    "wandb": lambda p: read_csv(p, "wandb"),
+    "tinker": lambda p: [read_jsonl(p, "tinker", "tinker")],
+    "jsonl": lambda p: [read_jsonl(p, "jsonl")],
+    "json": lambda p: [read_json(p)],
+    "csv": lambda p: read_csv(p, "csv"),
+    "tensorboard": read_tensorboard,
+    "wandb_run": read_wandb_run,
+}
+"""The readers by ``--format`` name, in the order ``--help`` and errors list them."""
+FORMATS = ("auto", *READERS)
+
+
 def load(path: str | Path, fmt: str = "auto") -> ImportResult:
     """Read ``path`` as ``fmt`` (``auto`` sniffs). Raises DoctorError for an unusable file."""
     p = Path(path)
@@ -476,29 +537,12 @@ def load(path: str | Path, fmt: str = "auto") -> ImportResult:
         raise DoctorError(f"--format {fmt!r} is unknown; valid: {', '.join(FORMATS)}")
     if fmt == "auto":
         fmt = sniff(p)
-    elif p.is_dir() and fmt not in ("run", "tensorboard", "wandb_run"):
+    elif p.is_dir() and fmt not in DIRECTORY_FORMATS:
         raise DoctorError(f"{p} is a directory; --format {fmt} reads a file")
     elif p.is_file() and not p.open("rb").read(SNIFF_BYTES).removeprefix(
             b"\xef\xbb\xbf").strip():
         raise DoctorError(f"{p} is empty")
-    if fmt == "run":
-        tables = [read_run_dir(p)]
-    elif fmt == "verl":
-        table = MetricTable(source=p.name, fmt="verl")
-        read_verl(_lines(p), table, _renamer(table, "verl"))
-        tables = [table]
-    elif fmt == "trl":
-        tables = [read_trl(p)]
-    elif fmt in ("wandb", "csv"):
-        tables = read_csv(p, fmt)
-    elif fmt == "json":
-        tables = [read_json(p)]
-    elif fmt == "tensorboard":
-        tables = read_tensorboard(p)
-    elif fmt == "wandb_run":
-        tables = read_wandb_run(p)
-    else:
-        tables = [read_jsonl(p, fmt, "tinker" if fmt == "tinker" else None)]
+    tables = READERS[fmt](p)
     for table in tables:
         _finish(table, table.framework)
     for table in tables:
