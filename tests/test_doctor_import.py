@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from rlscope.doctor import importers
 from rlscope.doctor.diagnosis import run_doctor
 from rlscope.doctor.importers import FORMATS, DoctorError, load, sniff
 from rlscope.doctor.render import to_json, to_markdown, to_terminal
@@ -44,6 +45,17 @@ def _write(tmp_path: Path, name: str, text: str | bytes) -> Path:
 
 def _wrap(line: str, width: int) -> str:
     return "\n".join(line[i:i + width] for i in range(0, len(line), width))
+
+
+def test_every_format_has_one_reader_and_auto_can_pick_each() -> None:
+    # the registry is the one list of formats; every reader is reachable from `auto` through a
+    # sign (a directory without one is read as a run directory, whose reader says what it needs)
+    assert FORMATS == ("auto", *importers.READERS)
+    signs = importers.DIRECTORY_SIGNS + importers.NAME_SIGNS + importers.TEXT_SIGNS
+    assert {fmt for fmt, _ in signs} == set(importers.READERS)
+    assert set(importers.DIRECTORY_FORMATS) == {"run", "tensorboard", "wandb_run"}
+    assert [fmt for fmt, _ in importers.TEXT_SIGNS] == [
+        "trl", "json", "tinker", "jsonl", "verl", "wandb", "csv"]
 
 
 @pytest.mark.parametrize(("text", "value"), [

@@ -11,7 +11,9 @@ from types import ModuleType
 
 import pytest
 
-from rlscope.doctor.importers import STEP_KEYS, _bare, load
+from rlscope.doctor.formats import STEP_KEYS
+from rlscope.doctor.importers import load
+from rlscope.doctor.naming import _bare
 from rlscope.doctor.translate import (
     TRANSLATIONS,
     Translation,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlscope import results
-from rlscope.doctor import importers
+from rlscope.doctor import formats
 from rlscope.metrics import sinks
 from rlscope.report import tidy
 from rlscope.results import TidyRow, curves, final_values, finite, index, number, read_run_dir
@@ -24,7 +24,7 @@ def test_one_copy_shared_by_sweep_report_and_doctor() -> None:
     assert tidy.curves is curves and tidy.final_values is final_values
     assert tidy.rows_from_run_dir is read_run_dir and tidy.number is number
     assert aggregate.mean_sd is results.mean_sd and aggregate.sem is tidy.sem is results.sem
-    assert importers._number is number and sinks.iter_jsonl is results.iter_jsonl
+    assert formats._number is number and sinks.iter_jsonl is results.iter_jsonl
 
 
 def test_results_imports_nothing_of_rlscope_and_the_report_not_the_sweep() -> None:

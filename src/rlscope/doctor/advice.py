@@ -147,7 +147,7 @@ def framework_of(t: MetricTable) -> str:
     fw = tagged if isinstance(tagged, str) and tagged else {
         "verl": "verl", "trl": "trl", "tinker": "tinker"}.get(t.fmt)
     if fw is None:
-        from rlscope.doctor.importers import guess_framework  # torch-free
+        from rlscope.doctor.naming import guess_framework  # torch-free
 
         fw = guess_framework(foreign)
     if fw is None and sum(n in _OPENRLHF_MARKERS for n in t.names()) >= 3:

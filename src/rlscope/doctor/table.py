@@ -138,6 +138,10 @@ class MetricTable:
         return (min(lows), max(highs)) if lows else None
 
 
+class DoctorError(ValueError):
+    """A file the doctor cannot read at all; the message says why and what it expected."""
+
+
 @dataclass
 class ImportResult:
     """What an importer read from one file: one table per run, the format it used."""
