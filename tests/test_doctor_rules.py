@@ -996,6 +996,41 @@ def test_learning_verdict_falls_back_to_the_training_reward_and_says_so():
     assert f.evidence["verdict"] == "improving" and f.confidence == 0.5
 
 
+def test_learning_verdict_finds_a_jump_that_then_holds_inside_the_first_window():
+    # reward 1.15 at step 0, then 1.93 ± 0.1 (alternating) for 29 steps: the first window
+    # holds the jump, so first vs last window is within noise; the change point is at step 1
+    steps = np.arange(30, dtype=float)
+    reward = np.where(steps == 0, 1.15, 1.93 + 0.1 * (-1.0) ** steps)
+    f = fired(RULES["learning_verdict"](table({"reward/mean": reward}, steps=steps), DEFAULT),
+              "learning_verdict")
+    assert f.evidence["verdict"] == "improving"
+    assert f.evidence["shift"]["step"] == 1.0
+    assert f.evidence["shift"]["before"] == pytest.approx(1.15)
+    assert f.evidence["shift"]["after"] == pytest.approx(1.93, abs=0.01)
+    assert f.step == 1.0 and "a shift at step 1" in f.title
+    # the same noise without the jump stays "not improving beyond noise", with no shift
+    flat = fired(RULES["learning_verdict"](table({"reward/mean": 1.93 + 0.1 * (-1.0) ** steps},
+                                                 steps=steps), DEFAULT), "learning_verdict")
+    assert flat.evidence["verdict"] == "not improving beyond noise"
+    assert "shift" not in flat.evidence
+
+
+def test_an_entropy_collapse_is_a_caveat_of_an_improving_verdict():
+    steps = np.arange(30, dtype=float)
+    reward = np.where(steps == 0, 1.15, 1.93 + 0.1 * (-1.0) ** steps)
+    entropy = np.where(steps < 4, 0.9, 3e-4)
+    findings, _ = diagnose(table({"reward/mean": reward, "policy/entropy": entropy},
+                                 steps=steps))
+    verdict = next(f for f in findings if f.id == "learning_verdict")
+    assert any(f.id == "entropy_collapse" for f in findings)
+    [caveat] = [c for c in verdict.evidence["caveats"] if "entropy collapsed" in c]
+    assert caveat.startswith("entropy collapsed at step 4")
+    assert "one shift at step 1 that then held" in caveat
+    # the reward held flat after the shift: that plateau stalls it, so no "keep training"
+    assert verdict.actions[0].startswith("fix what stalls it before training longer")
+    assert not any(a.startswith("keep training") for a in verdict.actions)
+
+
 def test_learning_verdict_unavailable():
     out = RULES["learning_verdict"](table({"length/mean": 0.5}), DEFAULT)
     assert isinstance(out, Unavailable)

@@ -75,6 +75,12 @@ def weigh_verdict(findings: list[Finding]) -> list[Finding]:
                        f"{nosig.evidence.get('last_window_mean', 0):.0%} of groups carry no "
                        "reward variance: further steps carry little gradient")
     caveats: list[str] = []
+    if collapse is not None and nosig is None and verdict.evidence["verdict"] != "solved":
+        shift = verdict.evidence.get("shift")
+        caveats.append(f"entropy collapsed at step {collapse.step:g}: the policy has almost "
+                       "stopped exploring"
+                       + (f", and the gain came as one shift at step {shift['step']:g} that "
+                          "then held" if shift else ""))
     on_reward = verdict.evidence.get("basis", "validation") != "validation"
     peak = by_id.get("reward_peak_fall")
     if peak is not None:

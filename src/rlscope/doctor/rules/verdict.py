@@ -14,6 +14,7 @@ from rlscope.doctor.rules.common import (
     _why,
 )
 from rlscope.doctor.stats import (
+    change_point,
     trend,
     window_size,
 )
@@ -81,6 +82,13 @@ def learning_verdict(t: MetricTable, c: DoctorConfig) -> RuleOut:
         verdict, confidence = "getting worse", 0.8
     else:
         verdict, confidence = "not improving beyond noise", 0.6
+    # A level shift (a jump within a step or two that then holds) inflates the first window's
+    # noise and hides inside it: look for the change point itself, down to a single first step.
+    shift = change_point(steps, v, min_segment=1) if (
+        verdict == "not improving beyond noise" and len(v) >= 4) else None
+    if shift is not None:
+        better = (shift.after < shift.before) if lower else (shift.after > shift.before)
+        verdict, confidence = ("improving", 0.8) if better else ("getting worse", 0.7)
     if basis != "validation":
         confidence = min(confidence, 0.5)
     best_i = int(np.argmin(v) if lower else np.argmax(v))
@@ -95,14 +103,19 @@ def learning_verdict(t: MetricTable, c: DoctorConfig) -> RuleOut:
     return [Finding(
         "learning_verdict", "info" if verdict in ("improving", "solved") else "warning",
         f"{basis.split(' (')[0]} is {verdict}: {name} {first:.4g} → {last:.4g}"
-        + (f" (best {best:.4g} at step {steps[best_i]:g})" if past_best else ""),
+        + (f" (best {best:.4g} at step {steps[best_i]:g})" if past_best else "")
+        + (f" (a shift at step {shift.step:g}: {shift.before:.4g} → {shift.after:.4g}, "
+           f"{shift.z:.1f} standard errors, then held)" if shift is not None else ""),
         {"metric": name, "basis": basis, "first": _r(first), "last": _r(last),
          "best": _r(best), "best_step": float(steps[best_i]), "evaluations": len(v),
          "first_step": float(steps[0]), "last_step": float(steps[-1]), "noise": _r(noise),
-         "lower_is_better": lower, "verdict": verdict},
+         "lower_is_better": lower, "verdict": verdict,
+         **({"shift": {"step": shift.step, "before": _r(shift.before), "after": _r(shift.after),
+                       "z": _r(shift.z)}} if shift is not None else {})},
         "The verdict compares the first and last evaluations (or the training reward's first "
-        "and last windows) against their noise, then weighs the other findings.",
+        "and last windows) against their noise, or finds the step where the metric shifted to "
+        "a new level that held, then weighs the other findings.",
         ("keep training" if verdict == "improving" else
          "stop: the validation metric is at its bound" if verdict == "solved" else
          "check the findings above for the cause",), confidence,
-        step=float(steps[best_i]) if past_best else None)]
+        step=float(steps[best_i]) if past_best else (shift.step if shift is not None else None))]
