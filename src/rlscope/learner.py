@@ -168,7 +168,7 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         ref_fwd = forward_completion(ref, batch, tokens_BT, dist,
                                      group_size)
         ref_logp_BT = ref_fwd.logp_BT
-        if spec.kl.estimator == "full":
+        if spec.kl.exact:
             ref_logp_BTV = ref_fwd.logp_BTV
         kl1_BT = (batch.logp_sampler_BT - ref_logp_BT) * mask_BT
         metrics["policy/kl_ref_k1"] = masked_mean(kl1_BT, mask_BT)
@@ -284,7 +284,7 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
         loss = loss - (spec.entropy_coef if entropy_coef is None else entropy_coef) * entropy_term
         parts["loss/entropy"] = entropy_term.detach()
     if spec.kl.coef > 0 and spec.kl.place == "loss":
-        if spec.kl.estimator == "full":
+        if spec.kl.exact:
             assert inputs.ref_logp_BTV is not None
             kl_BT = kl_full(fwd.logp_BTV, inputs.ref_logp_BTV)
         else:

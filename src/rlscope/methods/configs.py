@@ -148,6 +148,12 @@ class KLConfig:
     warmup_steps: int = 0
     """Warm-up control: loop steps (sampling rounds, counted from 0) with β = 0."""
 
+    @property
+    def exact(self) -> bool:
+        """The estimator is the exact KL over the vocabulary (the learner must keep both
+        policies' full log-probabilities), not one from the sampled tokens."""
+        return self.estimator == "full"
+
     def validate(self) -> list[str]:
         """Range checks, and why the warm-up or the ``full`` estimator cannot run."""
         errors = (choice_error("kl_target", self.target, ("ref", "behaviour"))
