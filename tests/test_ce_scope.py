@@ -5,6 +5,7 @@ and only the scored suffix carries reward)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ import torch
 import rlscope.learner as learner
 from rlscope.config import RunConfig, TrainConfig, validate
 from rlscope.learner import Denominators, micro_batch_loss, prepare
+from rlscope.methods.configs import ObjectiveConfig
+from rlscope.methods.objectives import OBJECTIVES
+from rlscope.methods.terms import PolicyTerms
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TaskConfig
 from rlscope.tasks.base import make_policy_for
@@ -84,16 +88,51 @@ def test_ce_on_token_reversal_trains_every_position_as_before(
     assert bool((grad_BTV.abs().sum((0, 2)) > 0).all())
 
 
-def test_an_rl_method_still_sees_only_the_scored_suffix(
+def test_self_distill_dg_distills_the_unscored_positions_at_half_gate(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """self_distill_dg's per-token credit and label term live on the scored suffix: its
-    gradient at the unscored positions is exactly zero, as before the CE change."""
+    """self_distill_dg's token advantage is 0 off the scored suffix, so its gate is σ(0) = 1/2
+    there and the label CE still trains those positions (METHODS.md and the reference put no
+    score mask on the CE term)."""
     grad_BTV, _, inputs, batch = _logit_grads(tmp_path, "self_distill_dg", "masked_reversal",
-                                           monkeypatch)
+                                              monkeypatch)
     assert torch.equal(inputs.tokens_BT, batch.completion_tokens_BT)
     assert torch.equal(inputs.mask_BT, batch.completion_mask_BT)
-    assert torch.count_nonzero(grad_BTV[:, :UNSCORED]) == 0
-    assert torch.count_nonzero(grad_BTV[:, UNSCORED:]) > 0
+    assert torch.count_nonzero(inputs.adv_BT[:, :UNSCORED]) == 0
+    assert bool((grad_BTV[:, :UNSCORED].abs().sum((0, 2)) > 0).all())
+
+
+def _terms(tokens: list[int], labels: list[int], scored: list[float],
+           gate: list[float]) -> PolicyTerms:
+    """π at two positions [[.6, .4], [.3, .7]]; weight 0 (only the label terms move)."""
+    logp_BTV = torch.tensor([[[0.6, 0.4], [0.3, 0.7]]], dtype=torch.float64).log()
+    tokens_BT = torch.tensor([tokens])
+    return PolicyTerms(logp_BT=logp_BTV.gather(-1, tokens_BT[..., None])[..., 0],
+                       logp_old_BT=torch.zeros(1, 2, dtype=torch.float64),
+                       weight_BT=torch.zeros(1, 2, dtype=torch.float64),
+                       mask_BT=torch.ones(1, 2, dtype=torch.float64), logp_BTV=logp_BTV,
+                       tokens_BT=tokens_BT, targets_BT=torch.tensor([labels]),
+                       label_mask_BT=torch.tensor([scored], dtype=torch.float64),
+                       gate_BT=torch.tensor([gate], dtype=torch.float64))
+
+
+def test_self_distill_ce_covers_unscored_positions_by_hand() -> None:
+    """Position 0 unscored (gate 1/2 there): loss_0 = .5·.5·(−ln .6), loss_1 = .5·.4·(−ln .7)."""
+    x = _terms([0, 0], [0, 1], [0.0, 1.0], [0.5, 0.4])
+    loss_BT, _ = OBJECTIVES["self_distill"](x, ObjectiveConfig(distill_alpha=0.5))
+    assert loss_BT[0].tolist() == pytest.approx(
+        [0.25 * -math.log(0.6), 0.2 * -math.log(0.7)], abs=1e-12)
+
+
+def test_scope_lite_suffix_opens_at_an_unscored_error_by_hand() -> None:
+    """Actor [1, 1] vs labels [0, 1], position 0 unscored: the first wrong token is the
+    unscored one, so the suffix [0, 1] ∩ scored [0, 1] corrects t = 1 with .5·(−ln .7)."""
+    x = _terms([1, 1], [0, 1], [0.0, 1.0], [0.5, 0.5])
+    loss_BT, stats = OBJECTIVES["scope_lite"](x, ObjectiveConfig(distill_alpha=0.5))
+    assert loss_BT[0].tolist() == pytest.approx([0.0, 0.5 * -math.log(0.7)], abs=1e-12)
+    assert stats["first_error_frac"][0].tolist() == [0.0, 1.0]
+    clean = _terms([0, 1], [0, 1], [0.0, 1.0], [0.5, 0.5])
+    loss_BT, _ = OBJECTIVES["scope_lite"](clean, ObjectiveConfig(distill_alpha=0.5))
+    assert loss_BT[0].tolist() == [0.0, 0.0]
 
 
 def test_dg_on_masked_reversal_keeps_the_sampled_tokens_and_completion_mask(
