@@ -145,8 +145,11 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     assert batch.rewards_B is not None
     metrics: dict[str, torch.Tensor] = {}
     if spec.needs_labels:
-        assert batch.targets_BT is not None and batch.score_mask_BT is not None
-        tokens_BT, mask_BT = batch.targets_BT, batch.score_mask_BT.to(batch.logp_raw_BT.dtype)
+        # The supervised oracle trains every completion position toward the ground truth,
+        # scored or not (masked_reversal scores a suffix only; the reference's CE trains all).
+        assert batch.targets_BT is not None
+        tokens_BT = batch.targets_BT
+        mask_BT = torch.ones_like(tokens_BT, dtype=batch.logp_raw_BT.dtype)
     else:
         tokens_BT, mask_BT = batch.completion_tokens_BT, batch.completion_mask_BT
     needs_probs = spec.needs_learner_probs(batch.expected_reward_B is not None)
