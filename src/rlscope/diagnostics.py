@@ -105,9 +105,8 @@ def gradient_diagnostics(spec: MethodSpec, policy: Policy, value_head: ValueHead
     out["diag/grad_norm"] = norm
     out["diag/grad_norm_clipped"] = norm.clamp_max(grad_clip) if grad_clip > 0 else norm
     if batch.targets_BT is not None:
-        score_BT = batch.score_mask_BT if batch.score_mask_BT is not None \
-            else torch.ones_like(batch.completion_mask_BT)
-        score_BT = score_BT.to(inputs.mask_BT.dtype)
+        # the oracle's gradient as the `ce` preset computes it: every completion position
+        score_BT = torch.ones_like(batch.targets_BT, dtype=inputs.mask_BT.dtype)
         logp_BT = forward_completion(policy, batch, batch.targets_BT,
                                      dist.without_keep()).logp_BT
         ce = -(logp_BT * score_BT).sum() / score_BT.sum().clamp_min(1.0)
