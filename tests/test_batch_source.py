@@ -21,13 +21,17 @@ class Counter:
         return _batch([1.0, 0.0], tag=len(self.steps) - 1)
 
 
-def test_delay_queue_warms_up_then_trains_on_the_batch_of_delay_steps_ago() -> None:
+def test_delay_queue_warms_up_on_the_fresh_batch_then_trains_on_delay_steps_ago() -> None:
     collect = Counter()
     source = DelayQueue(2, collect)
     got = [source.next(step) for step in range(5)]
-    assert got[:2] == [None, None]
-    assert [_tag(b) for b in got[2:] if b is not None] == [0, 1, 2]
+    # warm-up (steps 0, 1): the fresh batch, age 0; then the batch of step - 2, age 2
+    assert [_tag(b) for b in got] == [0, 1, 0, 1, 2]
+    assert [float(b.age_B[0]) for b in got] == [0.0, 0.0, 2.0, 2.0, 2.0]
     assert collect.steps == [0, 1, 2, 3, 4]
+    assert len(source.queue) == 2
+    plain = DelayQueue(0, Counter())
+    assert [_tag(plain.next(step)) for step in range(3)] == [0, 1, 2] and not plain.queue
 
 
 def test_overfit_collects_once_and_returns_that_batch_every_step() -> None:
@@ -46,7 +50,7 @@ def test_replay_trains_on_the_fresh_batch_until_one_is_old_enough() -> None:
     assert first is not None and _tag(first) == 0
     second = source.next(1)  # one candidate of age >= 1: the batch of step 0, aged
     assert second is not None and _tag(second) == 0 and float(second.age_B[0]) == 1.0
-    assert source.stats()["replay/batch_age"] == 1.0
+    assert source.stats()["replay/age"] == 1.0
 
 
 def test_state_round_trips_under_the_checkpoint_keys() -> None:
@@ -58,7 +62,7 @@ def test_state_round_trips_under_the_checkpoint_keys() -> None:
     restored = DelayQueue(2, Counter())
     restored.load_state_dict(state)
     after = restored.next(2)
-    assert after is not None and _tag(after) == 0
+    assert _tag(after) == 0
     replay = ReplaySource(ReplayConfig(replay_capacity=2), 0, Counter(), torch.Generator())
     replay.next(0)
     saved = replay.state_dict()

@@ -98,9 +98,12 @@ def test_stale_replay_degrades_dg_and_freshness_weighting_limits_it(tmp_path: Pa
     batch is on average 16 steps stale. After 100 steps replay_dg's error is (0.513, 0.934,
     0.501), fresh_dg's with a strong age decay (λ_age = 0.5) is (0.341, 0.488, 0.444), and
     on-policy dg's is (0.005, 0.033, 0.053)."""
-    replay = _final_errors(tmp_path, "replay_dg", 100, replay=ReplayConfig(replay_capacity=32))
+    # uniform draws (not the default fresh_delight): the gate alone limits the staleness
+    replay = _final_errors(tmp_path, "replay_dg", 100,
+                           replay=ReplayConfig(replay_capacity=32, replay_priority="uniform"))
     fresh = _final_errors(tmp_path, "fresh_dg", 100,
-                          replay=ReplayConfig(replay_capacity=32, replay_age_decay=0.5))
+                          replay=ReplayConfig(replay_capacity=32, replay_priority="uniform",
+                                              replay_age_decay=0.5))
     assert all(f <= r for f, r in zip(fresh, replay, strict=True)), (fresh, replay)
     assert statistics.mean(fresh) < statistics.mean(replay) - 0.1, (fresh, replay)
     assert min(replay) > 0.3  # far from the on-policy run, which is below 0.06 on every seed

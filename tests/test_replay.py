@@ -62,11 +62,22 @@ def test_priorities_hand_computed() -> None:
     assert batch_priority("advantage", batch, adv_BT) == pytest.approx(12.0 / 6)
     # token-level surprisal: (1 + 2 + .5 + 3 + 1 + 2) / 6
     assert batch_priority("surprisal", batch) == pytest.approx(9.5 / 6)
-    # rows: .5·1.5 = .75, max(0, -.5·.5) = 0, 0·2 = 0, 0·0 = 0 → .75 / 4
-    assert batch_priority("delight", batch) == pytest.approx(0.1875)
-    assert batch_priority("fresh_delight", batch) == pytest.approx(0.1875)
-    # negative mean reward clamps to 0
-    assert batch_priority("reward", _batch([-1.0, 0.0])) == 0.0
+    # A = r - r̄ = [.5, -.5, 0, 0]; per valid token max(A·s_t, 0): .5, 1, 0, 0, 0, 0 → 1.5 / 6
+    assert batch_priority("delight", batch) == pytest.approx(0.25)
+    assert batch_priority("fresh_delight", batch) == pytest.approx(0.25)
+    # reward is mean |r|: a negative reward counts by its size
+    assert batch_priority("reward", _batch([-1.0, 0.0])) == 0.5
+
+
+def test_push_time_advantage_uses_the_exact_baseline_then_the_group_mean() -> None:
+    batch = dataclasses.replace(_batch([1.0, 0.0, 1.0, 1.0]),
+                                group_id_B=torch.tensor([0, 0, 1, 1]))
+    # group means .5 and 1: A = [.5, -.5, 0, 0] → mean |A| = .25 (batch mean would give .375)
+    assert batch_priority("advantage", batch) == pytest.approx(0.25)
+    exact = dataclasses.replace(batch, expected_reward_B=torch.tensor([0.0, 0.0, 0.5, 0.5]))
+    # A = r - E[r|x] = [1, 0, .5, .5]; delight per token (s_t = 1): mean of A = .5
+    assert batch_priority("advantage", exact) == pytest.approx(0.5)
+    assert batch_priority("delight", exact) == pytest.approx(0.5)
 
 
 def test_priority_errors() -> None:
@@ -90,8 +101,8 @@ def test_ages_priorities_and_eviction_on_scripted_pushes() -> None:
     assert buf.ages == [0, 1] and buf.priorities == [1.0, 0.5]
     buf.push(_batch([0.0, 0.5], tag=2))
     assert buf.ages == [0, 1, 2] and buf.priorities == [0.25, 1.0, 0.5]
-    buf.push(_batch([-2.0, 0.0], tag=3))  # evicts tag 0, the oldest
-    assert buf.ages == [0, 1, 2] and buf.priorities == [0.0, 0.25, 1.0]
+    buf.push(_batch([-2.0, 0.0], tag=3))  # evicts tag 0, the oldest; mean |r| = 1
+    assert buf.ages == [0, 1, 2] and buf.priorities == [1.0, 0.25, 1.0]
     assert buf.candidates(1) == [(1, 0.25), (2, 1.0)]
     assert buf.candidates(3) == []
     seen = {_tag(out[0]) for _ in range(50)
@@ -139,7 +150,9 @@ def test_capacity_delay_plus_one_trains_exactly_delay_steps_old() -> None:
     # one candidate each time: no random draw is spent, as with the staleness queue
     assert torch.equal(g.get_state(), state_before)
     stats = buf.stats()
-    assert stats["replay/batch_age"] == 4.0
+    # default fresh_delight: delight .25 (see _fill_equal_delight) × exp(-0.02 · 4)
+    assert stats["replay/age"] == 4.0
+    assert stats["replay/priority"] == pytest.approx(0.25 * math.exp(-0.02 * 4))
     assert stats["replay/age_hist_0"] == 4.0 and stats["replay/age_hist_4"] == 26.0
     assert stats["replay/trained_age_mean"] == pytest.approx(26 * 4 / 30)
 
@@ -173,7 +186,7 @@ def _fill_equal_delight(priority: str, age_decay: float) -> ReplayBuffer:
     buf = ReplayBuffer(ReplayConfig(replay_capacity=8, replay_priority=priority,
                                     replay_age_decay=age_decay))
     for step in range(8):
-        # delight = mean(max(0, (r - r̄)·s̄)) = (.5 · 1) / 2 = .25 for every batch
+        # delight = mean_t max(0, (r - r̄)·s_t) = (3 · .5 · 1) / 6 = .25 for every batch
         buf.push(_batch([1.0, 0.0], tag=step))
     return buf
 
@@ -204,7 +217,7 @@ def test_fresh_delight_prefers_youngest_eligible_delight_does_not() -> None:
 def test_uniform_fallback_when_all_priorities_are_zero() -> None:
     buf = ReplayBuffer(ReplayConfig(replay_capacity=4, replay_priority="reward"))
     for step in range(4):
-        buf.push(_batch([0.0, -1.0], tag=step))
+        buf.push(_batch([0.0, 0.0], tag=step))
     assert buf.priorities == [0.0] * 4
     g = torch.Generator().manual_seed(3)
     n = 4000
@@ -287,7 +300,7 @@ def test_replay_through_the_loop_trains_on_batches_exactly_delay_old(tmp_path: P
                       run=RunConfig(num_steps=10, batch_size=16, delay=4, eval_every=0,
                                     progress=False, device="cpu", runs_dir=str(tmp_path)))
     rows = train(cfg).metrics
-    ages = [row["replay/batch_age"] for row in rows]
+    ages = [row["replay/age"] for row in rows]
     assert ages == [0.0] * 4 + [4.0] * 6
     assert all(row["replay/size"] == min(i + 1, 5) for i, row in enumerate(rows))
     assert abs(rows[-1]["policy/ratio_mean_first"] - 1.0) > 1e-4
@@ -310,3 +323,115 @@ def test_replay_resume_equals_straight_run(tmp_path: Path) -> None:
                 for r in rows]
 
     assert strip(first.metrics + second) == strip(straight)
+
+
+# Planted buffer for the draw test: batch k has rewards [a, b] and surprisal c on 3 valid
+# tokens, so reward = (|a| + |b|) / 2, advantage = |a - b| / 2 (A = r - r̄), surprisal = c,
+# delight = mean_t max(A·c, 0) = |a - b|·c / 4; pushed oldest first, ages 0..5.
+PLANTED = [(1.0, 0.0, 0.5), (0.0, 0.0, 3.0), (2.0, 0.0, 1.0), (1.0, -1.0, 2.0),
+           (0.5, 0.0, 4.0), (3.0, 1.0, 0.2)]  # (a, b, c) at ages 5, 4, 3, 2, 1, 0
+
+
+def _planted_priority(priority: str, a: float, b: float, c: float, age: int,
+                      decay: float) -> float:
+    return {"uniform": 1.0, "reward": (abs(a) + abs(b)) / 2, "advantage": abs(a - b) / 2,
+            "surprisal": c, "delight": abs(a - b) * c / 4,
+            "fresh_delight": math.exp(-decay * age) * abs(a - b) * c / 4}[priority]
+
+
+def _chi2_pvalue(counts: list[int], probs: list[float]) -> float:
+    """Pearson chi-square goodness of fit over the cells with positive probability (df =
+    cells - 1), p = the regularised upper incomplete gamma Q(df / 2, χ² / 2); 0 when a cell of
+    probability 0 was hit."""
+    if any(c > 0 and p == 0 for c, p in zip(counts, probs, strict=True)):
+        return 0.0
+    n = sum(counts)
+    cells = [(c, p) for c, p in zip(counts, probs, strict=True) if p > 0]
+    stat = sum((c - n * p) ** 2 / (n * p) for c, p in cells)
+    df = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("priority", PRIORITIES)
+def test_draw_frequencies_match_the_priorities(priority: str) -> None:
+    decay, delay, draws = 0.7, 1, 6000
+    buf = ReplayBuffer(ReplayConfig(replay_capacity=6, replay_priority=priority,
+                                    replay_age_decay=decay))
+    for tag, (a, b, c) in enumerate(PLANTED):
+        buf.push(_batch([a, b], logp=[[-c] * 3] * 2, tag=tag))
+    ages = list(range(delay, 6))  # eligible: age >= delay
+    weights = [_planted_priority(priority, *PLANTED[5 - age], age, decay) for age in ages]
+    probs = [w / sum(weights) for w in weights]
+    assert [w for _, w in buf.candidates(delay)] == pytest.approx(weights)
+    g = torch.Generator().manual_seed(11)
+    counts = [0] * len(ages)
+    for _ in range(draws):
+        out = buf.sample(delay, g)
+        assert out is not None
+        batch, age = out
+        assert _tag(batch) == 5 - age  # the batch pushed `age` pushes ago
+        stats = buf.stats()
+        assert stats["replay/age"] == float(age)
+        assert stats["replay/priority"] == pytest.approx(weights[age - delay])
+        counts[age - delay] += 1
+    assert _chi2_pvalue(counts, probs) > 1e-3
+    # the same counts reject a wrong distribution: uniform for a skewed priority, and
+    # weights ∝ 1..5 for uniform
+    wrong = [1 / len(ages)] * len(ages) if priority != "uniform" else \
+        [k / 15 for k in range(1, 6)]
+    assert _chi2_pvalue(counts, wrong) < 1e-3
+
+
+def test_uniform_fallback_frequencies_and_fresh_until_old_enough() -> None:
+    buf = ReplayBuffer(ReplayConfig(replay_capacity=5, replay_priority="delight"))
+    g = torch.Generator().manual_seed(12)
+    for tag in range(2):  # rewards all equal: A = 0, every delight 0
+        buf.push(_batch([1.0, 1.0], tag=tag))
+        # ages 0 (and 1) only: nothing is 2 steps old, the loop trains on the fresh batch
+        assert buf.sample(2, g) is None
+        assert buf.stats()["replay/age"] == 0.0 and buf.stats()["replay/eligible"] == 0.0
+    for tag in range(2, 5):
+        buf.push(_batch([1.0, 1.0], tag=tag))
+    assert buf.priorities == [0.0] * 5
+    counts = [0] * 3
+    for _ in range(3000):
+        out = buf.sample(2, g)
+        assert out is not None
+        counts[out[1] - 2] += 1
+        assert buf.stats()["replay/priority"] == 0.0
+    assert _chi2_pvalue(counts, [1 / 3] * 3) > 1e-3
+    assert _chi2_pvalue(counts, [0.5, 0.3, 0.2]) < 1e-3
+
+
+def _loop_cfg(tmp_path: Path, name: str, replay: ReplayConfig, steps: int = 12) -> TrainConfig:
+    return TrainConfig(method="dg", task_options=TaskConfig(seq_len=4, eval_batches=1,
+                                                            eval_batch_size=8),
+                       replay=replay,
+                       run=RunConfig(num_steps=steps, batch_size=16, delay=4, eval_every=4,
+                                     name=name, progress=False, device="cpu",
+                                     runs_dir=str(tmp_path)))
+
+
+def test_delay_and_replay_capacity_delay_plus_one_are_bit_identical(tmp_path: Path) -> None:
+    """delay 4: the staleness queue and a replay buffer of capacity 5 train on the same
+    batches (the fresh one for the 4 warm-up steps, then the one of step - 4), so every metric
+    but timings is equal; the warm-up steps do update the policy."""
+    queue = train(_loop_cfg(tmp_path, "queue", ReplayConfig()))
+    replay = train(_loop_cfg(tmp_path, "replay", ReplayConfig(replay_capacity=5)))
+    assert len(queue.metrics) == len(replay.metrics) == 12
+
+    def strip(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+        return [{k: v for k, v in r.items()
+                 if not k.startswith(("time/", "throughput/", "perf/", "replay/"))}
+                for r in rows]
+
+    assert strip(queue.metrics) == strip(replay.metrics)
+    def no_time(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+    assert no_time(queue.evals) == no_time(replay.evals) and len(queue.evals) >= 3
+    assert [r["replay/age"] for r in replay.metrics] == [0.0] * 4 + [4.0] * 8
+    assert [r["step"] for r in queue.metrics] == list(range(12))
+    assert all(r["optim/grad_norm"] > 0 for r in queue.metrics[:4])
+    assert all(abs(r["policy/ratio_mean_first"] - 1.0) < 1e-6 for r in queue.metrics[:4])

@@ -53,21 +53,21 @@ def test_expected_steps_follow_delay_replay_and_eval_every() -> None:
         return parse_manifest(SMALL + "[runs.r]\nmethod = \"grpo\"\n" + text).runs[0].config
 
     assert expected_steps(cfg("")) == (range(0, 4), [0, 2])
-    assert expected_steps(cfg("delay = 1\n")) == (range(1, 4), [1, 3])
+    assert expected_steps(cfg("delay = 1\n")) == (range(0, 4), [1, 3])  # the warm-up trains
     assert expected_steps(cfg("delay = 1\nreplay_capacity = 4\n")) == (range(0, 4), [1, 3])
     assert expected_steps(cfg("eval_every = 0\n")) == (range(0, 4), [])
 
 
 def test_fresh_runs_verify_also_with_delay_and_replay(tmp_path: Path) -> None:
-    """What train writes is what verification expects, for the layouts that shift the logged
-    steps (a delay without and with replay), and a second invocation skips every run."""
+    """What train writes is what verification expects, with a delay without and with replay
+    (evaluations start at the delay), and a second invocation skips every run."""
     text = SMALL + "[runs.plain]\nmethod = \"grpo\"\n[runs.late]\nmethod = \"grpo\"\n" \
         "delay = 1\n[runs.replay]\nmethod = \"grpo\"\ndelay = 1\nreplay_capacity = 4\n"
     out = tmp_path / "out"
     first = run_sweep(parse_manifest(text, output=out))
     assert [(r.run, r.status) for r in first.records] == [
         ("plain_s0", "completed"), ("late_s0", "completed"), ("replay_s0", "completed")]
-    assert _steps(out / "runs" / "late_s0" / "metrics.jsonl") == [1, 2, 3]
+    assert _steps(out / "runs" / "late_s0" / "metrics.jsonl") == [0, 1, 2, 3]  # warm-up trains
     assert _steps(out / "runs" / "replay_s0" / "metrics.jsonl") == [0, 1, 2, 3]
     assert _steps(out / "runs" / "late_s0" / "eval.jsonl") == [1, 3, 4]
     second = run_sweep(parse_manifest(text, output=out))

@@ -58,8 +58,7 @@ def test_resume_equals_straight_run(tmp_path: Path, method: str, run_kw: dict[st
 
     a = read_jsonl(straight.run_dir / "metrics.jsonl")
     b = read_jsonl(resumed.run_dir / "metrics.jsonl")
-    first_step = run_kw.get("delay", 0)
-    assert [r["step"] for r in a] == list(range(first_step, 20))
+    assert [r["step"] for r in a] == list(range(20))  # a delay's warm-up steps train too
     assert [r["step"] for r in b] == [r["step"] for r in a]
     for ra, rb in zip(a, b, strict=True):
         assert _without_timing(ra) == _without_timing(rb), f"step {ra['step']} differs"
@@ -261,19 +260,20 @@ def test_invalid_config_creates_no_run_directory(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------- delay
 
 
-def test_delay_skips_warmup_steps_and_trains_off_policy(tmp_path: Path) -> None:
+def test_delay_warms_up_on_the_fresh_batch_then_trains_off_policy(tmp_path: Path) -> None:
     result = train(_cfg(tmp_path, "grpo", delay=3, num_steps=8, eval_every=2))
     rows = read_jsonl(result.run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [3, 4, 5, 6, 7]
-    assert [r["step"] for r in result.metrics] == [3, 4, 5, 6, 7]
+    assert [r["step"] for r in rows] == list(range(8))
+    assert [r["step"] for r in result.metrics] == list(range(8))
     # evaluation starts once the queue is warm: steps 3, 5, 7, then after the last step
     assert [e["step"] for e in result.evals] == [3, 5, 7, 8]
-    # step 3 trains on the batch of step 0 with a policy that has not moved yet: on-policy
-    first = rows[0]
-    assert first["policy/ratio_mean_first"] == pytest.approx(1.0, abs=1e-5)
-    assert first["policy/kl_behaviour_k3_first"] == pytest.approx(0.0, abs=1e-6)
-    # every later batch was sampled 3 steps (and as many updates) ago
-    for r in rows[1:]:
+    # the warm-up steps 0-2 train on their fresh batch: on-policy, and they do update
+    for r in rows[:3]:
+        assert r["policy/ratio_mean_first"] == pytest.approx(1.0, abs=1e-5)
+        assert r["policy/kl_behaviour_k3_first"] == pytest.approx(0.0, abs=1e-6)
+        assert r["optim/grad_norm"] > 0
+    # from step 3 on, every batch was sampled 3 steps (and as many updates) ago
+    for r in rows[3:]:
         assert r["policy/ratio_max_first"] > 1.0 + 1e-4
         assert r["policy/ratio_min_first"] < 1.0 - 1e-4
         assert r["policy/kl_behaviour_k3_first"] > 1e-6

@@ -14,18 +14,22 @@ ago (no random draw is spent on it, so the generator stream matches the stalenes
 
 Priorities (scalar, ≥ 0, computed once at push time from detached tensors and stored as Python
 floats, so a checkpoint restores them exactly; ``fresh_delight`` adds its age factor at sample
-time). With ``r = rewards_B``, ``r̄`` its batch mean, ``m = completion_mask_BT`` and the
-surprisal ``s = -logp_sampler_BT`` (the behaviour policy's ``-ℓ_μ``):
+time), as in the reference sandbox. With ``r = rewards_B``, the advantage ``A`` and the
+behaviour surprisal ``s_t = -ℓ_μ,t = -logp_sampler_BT`` (means over the valid tokens of
+``completion_mask_BT`` where a quantity is per token):
 
 - ``uniform``: 1.
-- ``reward``: ``max(0, r̄)`` (prefer batches that succeeded).
-- ``advantage``: ``mean |A|`` of the advantages passed to `push` (``adv_B``, or ``adv_BT``
-  averaged over valid tokens), else ``mean_B |r - r̄|`` (reward spread, the GRPO-style signal).
-- ``surprisal``: mean of ``s`` over all valid tokens of the batch.
-- ``delight``: ``mean_B max(0, (r - r̄) · s̄_B)`` with ``s̄_B`` the per-row mean surprisal over
-  valid tokens (0 for an empty row): surprising successes (Delightful Policy Gradient).
-- ``fresh_delight``: ``exp(-age_decay · age) · delight`` (FreshDG's freshness weight applied to
-  the replay draw).
+- ``reward``: ``mean_B |r|``.
+- ``advantage``: ``mean |A|``.
+- ``surprisal``: ``mean_t s_t``.
+- ``delight``: ``mean_t max(A · s_t, 0)`` (surprising successes: Delightful Policy Gradient).
+- ``fresh_delight`` (default): ``exp(-replay_age_decay · age) · delight``.
+
+``A`` is the ``advantages`` passed to `push` (``adv_B`` or ``adv_BT``) when given; the loop
+pushes before the method computes advantages, so otherwise ``A = r - b`` with ``b`` the exact
+E[r | x] under the behaviour policy where the batch carries it (``expected_reward_B``: DG's
+``expected`` baseline), else the mean reward of the row's group (``group_id_B``) when groups
+have more than one row, else the batch mean reward.
 """
 
 from __future__ import annotations
@@ -51,9 +55,11 @@ class ReplayConfig:
     replay_capacity: int = 0
     """Stored batches, the fresh one included (0 = replay off). With delay > 0 it must exceed
     the delay."""
-    replay_priority: str = "uniform"
-    """How a stored batch is drawn: uniform, reward, advantage, surprisal, delight or
-    fresh_delight (probability ∝ priority; uniform when all are 0)."""
+    replay_priority: str = "fresh_delight"
+    """How the batch trained on is drawn among those with age >= delay, probability ∝ priority:
+    uniform; reward (mean |r|); advantage (mean |A|); surprisal (mean -log μ); delight
+    (mean max(A·(-log μ), 0)); fresh_delight (exp(-replay_age_decay·age) × delight). Uniform
+    when every priority is 0 (docs/training.md, "Replay")."""
     replay_age_decay: float = 0.02
     """λ_age (``replay_age_decay``): fresh_delight weighs a batch by exp(-λ_age · age), and the
     freshness gate its update by the same factor."""
@@ -78,14 +84,6 @@ def validate_replay(cfg: ReplayConfig, delay: int) -> list[str]:
     return errors
 
 
-def _masked_row_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """Per-row mean of ``x_BT`` over ``mask_BT`` (``[B]``, 0 for an empty row); positions off
-    the mask never enter, even when they hold inf or nan."""
-    valid_BT = mask_BT.bool()
-    total_B = torch.where(valid_BT, x_BT.double(), 0.0).sum(-1)
-    return total_B / valid_BT.sum(-1).clamp_min(1)
-
-
 def _masked_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
     """Mean of ``x_BT`` over every valid token of the batch (0 when there is none)."""
     valid_BT = mask_BT.bool()
@@ -106,26 +104,40 @@ def batch_priority(priority: str, batch: RolloutBatch,
     if priority == "uniform":
         return 1.0
     mask_BT = batch.completion_mask_BT.detach()
+    surprisal_BT = -batch.logp_sampler_BT.detach().double()
     if priority == "surprisal":
-        return max(0.0, _finite(_masked_mean(-batch.logp_sampler_BT.detach(), mask_BT), priority))
+        return max(0.0, _finite(_masked_mean(surprisal_BT, mask_BT), priority))
     if batch.rewards_B is None:
         raise ValueError(f"replay priority {priority!r} needs rewards: push scored batches")
     r_B = batch.rewards_B.detach().double()
-    centred_B = r_B - r_B.mean()
     if priority == "reward":
-        value = float(r_B.mean())
-    elif priority == "advantage" and advantages is not None:
-        abs_adv = advantages.detach().double().abs()
-        if abs_adv.dim() == 2 and abs_adv.shape != mask_BT.shape:
-            raise ValueError(f"advantages of shape {tuple(abs_adv.shape)} do not match "
-                             f"completion_mask_BT {tuple(mask_BT.shape)}: pass adv_B or adv_BT")
-        value = _masked_mean(abs_adv, mask_BT) if abs_adv.dim() == 2 else float(abs_adv.mean())
-    elif priority == "advantage":
-        value = float(centred_B.abs().mean())
+        return _finite(float(r_B.abs().mean()), priority)
+    adv = _push_advantages(batch, r_B) if advantages is None else advantages.detach().double()
+    if adv.dim() == 2 and adv.shape != mask_BT.shape:
+        raise ValueError(f"advantages of shape {tuple(adv.shape)} do not match "
+                         f"completion_mask_BT {tuple(mask_BT.shape)}: pass adv_B or adv_BT")
+    adv_BT = adv if adv.dim() == 2 else adv[:, None].expand(mask_BT.shape)
+    if priority == "advantage":
+        value = _masked_mean(adv_BT.abs(), mask_BT) if adv.dim() == 2 else float(adv.abs().mean())
     else:
-        s_B = _masked_row_mean(-batch.logp_sampler_BT.detach(), mask_BT)
-        value = float((centred_B * s_B).clamp_min(0.0).mean())
+        # surprisal is +inf off the mask (log μ = -inf there): mask before the product
+        delight_BT = torch.where(mask_BT.bool(), adv_BT * surprisal_BT, 0.0).clamp_min(0.0)
+        value = _masked_mean(delight_BT, mask_BT)
     return max(0.0, _finite(value, priority))
+
+
+def _push_advantages(batch: RolloutBatch, r_B: torch.Tensor) -> torch.Tensor:
+    """``A_B = r - b`` at push time (module docstring): ``b`` = ``expected_reward_B`` where
+    present, else the group mean reward when groups have several rows, else the batch mean."""
+    if batch.expected_reward_B is not None:
+        return r_B - batch.expected_reward_B.detach().double()
+    groups_B = batch.group_id_B.detach()
+    _, inverse_B, counts_G = torch.unique(groups_B, return_inverse=True, return_counts=True)
+    if int(counts_G.max()) > 1:
+        sums_G = torch.zeros(len(counts_G), dtype=r_B.dtype).index_add_(0, inverse_B.cpu(),
+                                                                         r_B.cpu())
+        return r_B - (sums_G / counts_G.to(r_B.dtype))[inverse_B.cpu()].to(r_B.device)
+    return r_B - r_B.mean()
 
 
 def _finite(value: float, priority: str) -> float:
@@ -170,6 +182,7 @@ class ReplayBuffer:
         self._n_trained = 0
         self._age_sum = 0
         self._last_age = 0
+        self._last_priority = 0.0
         self._last_eligible = 0
 
     def __len__(self) -> int:
@@ -208,7 +221,8 @@ class ReplayBuffer:
     def sample(self, delay: int, generator: torch.Generator
                ) -> tuple[RolloutBatch, int] | None:
         """One stored batch with age ≥ ``delay`` and its age, or None while there is none (the
-        loop then trains on the fresh batch, which the statistics count as age 0).
+        loop then trains on the fresh batch, which the statistics count as age 0 with the
+        youngest stored batch's priority).
 
         Draws by inverse CDF from one float64 ``torch.rand`` on ``generator``, spent only when
         there are at least two candidates; the batch comes back with ``age_B`` set to its age.
@@ -216,7 +230,8 @@ class ReplayBuffer:
         eligible = self._eligible(delay)
         self._last_eligible = len(eligible)
         if not eligible:
-            self._record(0)
+            fresh = self._entries[0].priority if self._entries else 0.0
+            self._record(0, fresh)
             return None
         pick = 0
         if len(eligible) > 1:
@@ -234,11 +249,11 @@ class ReplayBuffer:
                     pick = i
                     break
         entry = self._entries[eligible[pick][0]]
-        self._record(entry.age)
+        self._record(entry.age, eligible[pick][1])
         return _with_age(entry.batch, entry.age), entry.age
 
-    def _record(self, age: int) -> None:
-        self._last_age = age
+    def _record(self, age: int, priority: float) -> None:
+        self._last_age, self._last_priority = age, priority
         self._n_trained += 1
         self._age_sum += age
         self._hist[age.bit_length()] += 1
@@ -247,8 +262,9 @@ class ReplayBuffer:
         """``replay/`` metrics as Python floats (a fixed key set for a given capacity).
 
         Over the stored batches: ``size``, ``age_mean``, ``age_max``, ``priority_mean``. Of the
-        last `sample` call: ``eligible`` (candidates) and ``batch_age`` (age of the batch the
-        loop trains on; 0 when it falls back to the fresh batch). Over all `sample` calls so
+        last `sample` call: ``eligible`` (candidates), ``age`` (age of the batch the loop trains
+        on; 0 when it falls back to the fresh batch) and ``priority`` (that batch's draw weight,
+        the age factor of ``fresh_delight`` included). Over all `sample` calls so
         far: ``trained_age_mean`` and ``age_hist_<lo>_<hi>`` (``age_hist_<a>`` for one-age
         bins), cumulative counts of trained-batch ages in log2 bins [0], [1], [2, 3], [4, 7],
         ... up to capacity - 1 (a histogram of stored ages would be trivial: one per age).
@@ -260,7 +276,8 @@ class ReplayBuffer:
             "replay/age_max": float(max(ages, default=0)),
             "replay/priority_mean": (math.fsum(self.priorities) / len(ages)) if ages else 0.0,
             "replay/eligible": float(self._last_eligible),
-            "replay/batch_age": float(self._last_age),
+            "replay/age": float(self._last_age),
+            "replay/priority": float(self._last_priority),
             "replay/trained_age_mean": self._age_sum / max(self._n_trained, 1),
         }
         for (lo, hi), count in zip(self._bins, self._hist, strict=True):
@@ -278,7 +295,7 @@ class ReplayBuffer:
             "ages": self.ages, "priorities": self.priorities,
             "age_hist": list(self._hist), "n_trained": self._n_trained,
             "age_sum": self._age_sum, "last_age": self._last_age,
-            "last_eligible": self._last_eligible,
+            "last_priority": self._last_priority, "last_eligible": self._last_eligible,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -294,6 +311,7 @@ class ReplayBuffer:
         self._n_trained = int(state["n_trained"])
         self._age_sum = int(state["age_sum"])
         self._last_age = int(state["last_age"])
+        self._last_priority = float(state.get("last_priority", 0.0))  # absent in older checkpoints
         self._last_eligible = int(state["last_eligible"])
 
 
@@ -314,10 +332,11 @@ Collect = Callable[[int], RolloutBatch]
 class BatchSource(Protocol):
     """Where the batch a step trains on comes from (METHODS.md, "Training protocol"), chosen
     once per run by `batch_source`. ``next(step)`` collects what it needs (through the loop's
-    collect stage) and returns the batch to train on, or None while warming up (no update that
-    step). Its state is part of the checkpoint, under the keys ``queue`` and ``replay``."""
+    collect stage) and returns the batch to train on (every step trains: the staleness queue's
+    warm-up and replay before any batch is old enough use the fresh batch). Its state is part
+    of the checkpoint, under the keys ``queue`` and ``replay``."""
 
-    def next(self, step: int) -> RolloutBatch | None: ...
+    def next(self, step: int) -> RolloutBatch: ...
 
     def stats(self) -> dict[str, float]: ...
 
@@ -331,16 +350,22 @@ def _fields(batch: RolloutBatch) -> dict[str, Any]:
 
 
 class DelayQueue:
-    """Staleness (``delay = k``): a queue of the last k + 1 fresh batches; after k warm-up steps
-    the step trains on the batch sampled k steps ago (k = 0: the fresh batch)."""
+    """Staleness (``delay = k``): a queue of the last k + 1 fresh batches; from step k on the
+    step trains on the batch sampled k steps ago (``age_B`` = k). During the k warm-up steps,
+    while the queue fills, it trains on the fresh batch (age 0), as the reference sandbox does;
+    k = 0 is always the fresh batch."""
 
     def __init__(self, delay: int, collect: Collect) -> None:
         self.delay, self.collect = delay, collect
         self.queue: deque[RolloutBatch] = deque()
 
-    def next(self, step: int) -> RolloutBatch | None:
-        self.queue.append(self.collect(step))
-        return self.queue.popleft() if len(self.queue) > self.delay else None
+    def next(self, step: int) -> RolloutBatch:
+        fresh = self.collect(step)
+        self.queue.append(fresh)
+        if len(self.queue) <= self.delay:
+            return fresh
+        oldest = self.queue.popleft()
+        return _with_age(oldest, self.delay) if self.delay else oldest
 
     def stats(self) -> dict[str, float]:
         return {}
@@ -359,7 +384,7 @@ class OverfitBatch(DelayQueue):
     def __init__(self, collect: Collect) -> None:
         super().__init__(0, collect)
 
-    def next(self, step: int) -> RolloutBatch | None:
+    def next(self, step: int) -> RolloutBatch:
         if not self.queue:
             self.queue.append(self.collect(step))
         return self.queue[0]
@@ -374,7 +399,7 @@ class ReplaySource:
         self.buffer, self.delay = ReplayBuffer(cfg), delay
         self.collect, self.generator = collect, generator
 
-    def next(self, step: int) -> RolloutBatch | None:
+    def next(self, step: int) -> RolloutBatch:
         fresh = self.collect(step)
         self.buffer.push(fresh)
         drawn = self.buffer.sample(self.delay, self.generator)

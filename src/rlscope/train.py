@@ -8,7 +8,7 @@ batch source (`rlscope.replay.batch_source`: staleness queue, replay or the fixe
 - **eval** (`RunLog.evaluate`), when due, before the update;
 - **collect** (`Collector`): sample, score, shape the rewards (`shape_rewards`: the method's
   overlong penalty, ReMax's greedy baseline), fill mixed groups; the source decides which
-  batch the step trains on (None while the staleness queue warms up);
+  batch the step trains on (the fresh one while the staleness queue warms up);
 - **select** (`select_stage`): the method's selection, dispatched through
   `rlscope.methods.selection.SELECTIONS`, and the overlong mask;
 - **prepare** (`prepare_stage`): candidates, advantages and every fixed per-row input;
@@ -615,10 +615,6 @@ def train(cfg: TrainConfig) -> RunResult:
                 log.evaluate(step)
             collect.begin()
             batch = source.next(step)
-            if batch is None:  # the staleness queue is still filling
-                state.step = step + 1
-                log.display.update({})
-                continue
             t_step, t_sampled, t_scored = collect.timings()
             batch, m = select_stage(parts, batch, state, step)
             if state.fallback_streak >= OUT_OF_REGIME_STREAK:

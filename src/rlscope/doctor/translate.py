@@ -443,7 +443,7 @@ TINKER: dict[str, Translation] = {
         "forward_backward and optim_step round trips to the Tinker service, all substeps."),
     "time/run_evals": _T("time/eval"),
     "async/staleness_mean": _T(
-        "replay/batch_age",
+        "replay/age",
         "Async training only: mean over the trained groups of (step − sampler step)."),
 }
 

@@ -144,15 +144,14 @@ def read_log(path: Path) -> Log:
 
 
 def expected_steps(cfg: TrainConfig) -> tuple[range, list[int]]:
-    """The steps a finished run logs: train records (``metrics.jsonl``; one per optimizer
-    step from the first step that trains, ``delay`` without replay, else 0) and the
-    evaluations before the last (``eval.jsonl``, every ``eval_every`` steps from ``delay``);
-    a completed run adds its final evaluation at ``num_steps``."""
+    """The steps a finished run logs: train records (``metrics.jsonl``; one per step from 0,
+    since every step trains, the staleness warm-up on the fresh batch) and the evaluations
+    before the last (``eval.jsonl``, every ``eval_every`` steps from ``delay``); a completed
+    run adds its final evaluation at ``num_steps``."""
     r = cfg.run
-    first = 0 if cfg.replay.replay_capacity > 0 else min(r.delay, r.num_steps)
     evals = [s for s in range(r.delay, r.num_steps)
              if r.eval_every and (s - r.delay) % r.eval_every == 0]
-    return range(first, r.num_steps), evals
+    return range(0, r.num_steps), evals
 
 
 def _spans(steps: Sequence[int], limit: int = 4) -> str:
