@@ -907,7 +907,22 @@ def test_stale_replay_stays_quiet():
 
 def test_stale_replay_unavailable():
     assert RULES["stale_replay"](table({"replay/size": 64.0}), DEFAULT) == \
-        Unavailable(("replay/age_mean",))
+        Unavailable(("replay/age", "replay/age_mean"))
+
+
+def test_stale_replay_reads_the_trained_age_after_the_warm_up():
+    # capacity 5, delay 4: the warm-up trains on fresh batches (age 0), then always on the
+    # batch exactly 4 steps old; the buffer's mean age rises while it fills, which is no alarm
+    age = np.where(STEPS < 4, 0.0, 4.0)
+    buffer_mean = np.minimum(STEPS, 4.0) / 2.0
+    t = table({"replay/age": age, "replay/age_mean": buffer_mean},
+              run_config(delay=4, replay_capacity=5))
+    quiet(RULES["stale_replay"](t, DEFAULT))
+    # the same run with the trained age growing past the delay fires, naming the metric
+    t = table({"replay/age": np.where(STEPS < 4, 0.0, 4.0 + STEPS / 5)},
+              run_config(delay=4, replay_capacity=64))
+    f = fired(RULES["stale_replay"](t, DEFAULT), "stale_replay")
+    assert f.evidence["metric"] == "replay/age" and f.evidence["delay"] == 4
 
 
 # ---------------------------------------------------------------- throughput_regression

@@ -141,18 +141,29 @@ def _offset_cause(t: MetricTable) -> str | None:
 
 
 def stale_replay(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """The replay buffer's mean age stale_age steps above the configured delay, or rising."""
-    if not t.has("replay/age_mean", 3):
-        return _why(t, ("replay/age_mean",), 3)
+    """Replayed batches stale_age steps older than the configured delay, or growing older.
+    Reads the age of the batch each step trained on (``replay/age``) where it is logged, else
+    the buffer's mean age; the warm-up steps before the delay are left out (a buffer filling
+    up ages by construction)."""
+    name = "replay/age" if t.has("replay/age", 3) else "replay/age_mean"
+    if not t.has(name, 3):
+        return _why(t, ("replay/age", "replay/age_mean"), 3)
     delay = _facts(t).get("delay", 0)
-    tr = trend(*t.series("replay/age_mean"))
-    if tr.last_mean <= delay + c.stale_age and tr.direction != "up":
+    steps, ages = t.series(name)
+    keep = steps >= delay
+    if keep.sum() < 3:
+        return Unavailable((name,), reason="too_few_steps",
+                           detail=f"{name} has fewer than 3 steps after the delay ({delay})")
+    steps, ages = steps[keep], ages[keep]
+    tr = trend(steps, ages)
+    growing = tr.direction == "up" and tr.last_mean > delay + 1
+    if tr.last_mean <= delay + c.stale_age and not growing:
         return []
     return [Finding(
         "stale_replay", "warning", f"replayed batches are {tr.last_mean:.1f} steps old "
-        f"(delay {delay})", {"age_trend": tr.as_dict(), "delay": delay,
-                             "onset_step": o.step if (o := onset(
-                                 *t.series("replay/age_mean"))) is not None else None},
+        f"(delay {delay})", {"metric": name, "age_trend": tr.as_dict(), "delay": delay,
+                             "onset_step": o.step if (o := onset(steps, ages)) is not None
+                             else None},
         "The bias of replay grows with the age of what is replayed, and the age is set by the "
         "buffer's capacity and priority, not by the delay.",
         ("decay weights by age (fresh_dg, --replay_age_decay)", "a smaller buffer",
