@@ -102,7 +102,3 @@ def test_unknown_embed_init_is_rejected() -> None:
     assert any("--arch tiny" in e
                for e in ModelConfig(arch="llama", embed_init="balanced").validate())
 
-
-def test_digits_bandit_rejects_a_transformer_init() -> None:
-    with pytest.raises(ValueError, match="embed_init"):
-        make_policy_for(make_task("digits_bandit"), ModelConfig(embed_init="balanced"))
