@@ -39,10 +39,11 @@ class ModelConfig:
     """Transformer blocks."""
     embed_init: Literal["reference", "balanced"] = "reference"
     """Initialisation of the tiny transformer (arch=tiny). reference: the reference sandbox's
-    model exactly, PyTorch's default inits throughout (token and position embeddings
+    model, PyTorch's default init distributions throughout (token and position embeddings
     N(0, 1), the token vector then scaled by sqrt(d_model), so the token signal starts
     sqrt(d_model) times the position signal; attention and feed-forward as in
-    nn.TransformerEncoderLayer); the sandbox's experiments are defined under it. balanced:
+    nn.TransformerEncoderLayer; the draws come in another order, so not the reference's
+    numbers for a seed); the sandbox's experiments are defined under it. balanced:
     token embeddings N(0, d_model^-1) so that, once scaled, they match the unit-std position
     embeddings; positional tasks such as reversal then learn far faster (supervised CE solves
     token_reversal in ~60 steps instead of >300), which changes the regime the methods are
