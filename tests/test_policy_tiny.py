@@ -1,4 +1,5 @@
-"""`TinyTransformer`: cached decoding equals the full forward; padding is invisible."""
+"""`TinyTransformer`: cached decoding equals the full forward; padding is invisible (under both
+initialisations, `TinyConfig.embed_init`)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ N_DECODE = 6
 ATOL = 1e-5
 
 
-@pytest.fixture
-def policy() -> TinyTransformer:
+@pytest.fixture(params=["reference", "balanced"])
+def policy(request: pytest.FixtureRequest) -> TinyTransformer:
     torch.manual_seed(0)
-    return TinyTransformer(TinyConfig(vocab_size=VOCAB, max_len=MAX_LEN)).eval()
+    return TinyTransformer(TinyConfig(vocab_size=VOCAB, max_len=MAX_LEN,
+                                      embed_init=request.param)).eval()
 
 
 def _ragged_batch(seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor,

@@ -403,9 +403,12 @@ def test_grouped_presets_are_rejected_without_groups(tmp_path: Path, method: str
 @pytest.mark.parametrize(("method", "final_below"), [("ce", 0.05), ("reinforce", -1.0)])
 def test_overfit_batch_drives_the_loss_down_on_one_fixed_batch(
         tmp_path: Path, method: str, final_below: float) -> None:
-    # Measured (seed 0, 30 steps): ce 0.913 -> 0.008; reinforce 0.071 -> -2.91.
-    result = train(_cfg(tmp_path, method, num_steps=30, eval_every=0, overfit_batch=True,
-                        log_samples=0))
+    # Measured (seed 0, 30 steps, --embed_init balanced): ce 0.913 -> 0.008; reinforce
+    # 0.071 -> -2.91. Pinned to balanced: the test checks --overfit_batch, and under the
+    # reference init CE is slower on reversal (loss 0.522 at step 30, seed 0; issue 15).
+    cfg = _cfg(tmp_path, method, num_steps=30, eval_every=0, overfit_batch=True,
+               log_samples=0)
+    result = train(dataclasses.replace(cfg, model=ModelConfig(embed_init="balanced")))
     losses = [m["loss/total"] for m in result.metrics]
     assert len(losses) == 30
     assert losses[-1] < final_below < losses[0]

@@ -3,7 +3,8 @@
 Decoder-only, pre-norm, token embedding scaled by sqrt(d_model) plus a learned position
 embedding, feed-forward width 4·d_model with ReLU, no dropout, a final LayerNorm and a bias-free
 output head. Defaults: d_model 64, 2 heads, 2 layers. TASKS.md names no activation; ReLU costs
-a tenth of GELU's time on CPU (docs/performance.md).
+a tenth of GELU's time on CPU (docs/performance.md). `TinyConfig.embed_init` picks the reference
+sandbox's PyTorch-default initialisation (the default) or the balanced embedding init.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class TinyConfig:
     """Attention heads (d_model must be divisible by it)."""
     n_layers: int = 2
     """Transformer blocks."""
+    embed_init: str = "reference"
+    """Initialisation: reference (PyTorch's defaults, as `nn.TransformerEncoderLayer`) or
+    balanced (token std d^-1/2, position std 1); see `ModelConfig.embed_init`."""
+
+
+EMBED_INITS = ("reference", "balanced")
 
 
 class KVCache:
@@ -69,7 +76,7 @@ class KVCache:
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, embed_init: str = "reference") -> None:
         super().__init__()
         self.n_heads = n_heads
         self.ln1 = nn.LayerNorm(d_model)
@@ -78,6 +85,15 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out = nn.Linear(4 * d_model, d_model)
+        if embed_init == "reference":
+            # `qkv` and `proj` stand for nn.MultiheadAttention's in_proj and out_proj, which
+            # initialise differently from a plain Linear: in_proj_weight xavier-uniform over
+            # the whole [3·d, d] matrix, zero in_proj_bias and out_proj.bias (out_proj.weight
+            # keeps the Linear default). The feed-forward Linears and LayerNorms are the
+            # encoder layer's own. Same distributions; the draws come in another order.
+            nn.init.xavier_uniform_(self.qkv.weight)
+            nn.init.zeros_(self.qkv.bias)
+            nn.init.zeros_(self.proj.bias)
 
     def _qkv(self, x_BTD: torch.Tensor, lin: Callable[[nn.Linear, torch.Tensor], torch.Tensor]
              ) -> torch.Tensor:
@@ -145,19 +161,25 @@ class TinyTransformer(nn.Module):
         super().__init__()
         if cfg.d_model % cfg.n_heads:
             raise ValueError(f"d_model={cfg.d_model} must be divisible by n_heads={cfg.n_heads}")
+        if cfg.embed_init not in EMBED_INITS:
+            raise ValueError(f"embed_init={cfg.embed_init!r}: use {' or '.join(EMBED_INITS)}")
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
         self.hidden_size = cfg.d_model
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.n_heads) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.n_heads, cfg.embed_init)
+                                    for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.scale = math.sqrt(cfg.d_model)
-        # Token vectors start with std d^-1/2 so that, scaled by sqrt(d), they have unit size
-        # like the position vectors (Vaswani et al.): neither signal drowns the other at init.
-        nn.init.normal_(self.tok.weight, std=cfg.d_model ** -0.5)
-        nn.init.normal_(self.pos.weight, std=1.0)
+        if cfg.embed_init == "balanced":
+            # Token vectors start with std d^-1/2 so that, scaled by sqrt(d), they have unit
+            # size like the position vectors (Vaswani et al.): neither signal drowns the other.
+            nn.init.normal_(self.tok.weight, std=cfg.d_model ** -0.5)
+            nn.init.normal_(self.pos.weight, std=1.0)
+        # reference: nn.Embedding's N(0, 1) for both tables (the token signal, scaled by
+        # sqrt(d), is sqrt(d) times the position signal), as in the reference sandbox.
 
     def _embed(self, tokens_BT: torch.Tensor, pos_BT: torch.Tensor) -> torch.Tensor:
         return self.tok(tokens_BT) * self.scale + self.pos(pos_BT)

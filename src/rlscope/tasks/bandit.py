@@ -118,7 +118,7 @@ class DigitsBanditTask:
             raise TypeError(f"expected a ModelConfig, got {type(model_cfg).__name__}")
         default = ModelConfig()
         changed = [f"model.{name}={getattr(model_cfg, name)!r}"
-                   for name in ("arch", "path", "d_model", "n_heads", "n_layers")
+                   for name in ("arch", "path", "d_model", "n_heads", "n_layers", "embed_init")
                    if getattr(model_cfg, name) != getattr(default, name)]
         if changed:
             raise ValueError(f"digits_bandit trains its own MLP 64 → 50 → 50 → 10; "
