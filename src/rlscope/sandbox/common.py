@@ -9,6 +9,7 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -175,6 +176,29 @@ def failed(status: Status, reason: str, n: int, start: float) -> SandboxResult:
     """A result of 0 passed for ``n`` tests, every outcome failed with ``status``."""
     return SandboxResult(status, 0, n, tuple(TestOutcome(False, status) for _ in range(n)),
                          reason, time.monotonic() - start)
+
+
+def run_child(start_child: Callable[[], subprocess.Popen[bytes]], payload: bytes,
+              limits: SandboxLimits, n: int, start: float
+              ) -> SandboxResult | tuple[bytes, bytes, int]:
+    """Start the child, send it ``payload``, read it within the limits and reap its whole
+    process group. A child that cannot start, outlives the wall clock or floods its output is
+    the result (0 of ``n`` passed); otherwise ``(stdout, stderr, returncode)`` for the mode to
+    read."""
+    try:
+        proc = start_child()
+    except OSError as e:
+        return failed("crashed", f"could not start the sandbox: {e}", n, start)
+    try:
+        stdout, stderr, cut = communicate(proc, payload, limits)
+    finally:
+        kill_group(proc.pid)
+        proc.wait()
+    if cut == "timeout":
+        return failed("timeout", f"wall-clock limit of {limits.wall_seconds:g} s", n, start)
+    if cut == "output":
+        return failed("limit", f"output over {limits.output_bytes} bytes", n, start)
+    return stdout, stderr, proc.returncode
 
 
 def judge(tests: tuple[Any, ...] | list[Any], got: list[dict[str, Any]], start: float

@@ -56,6 +56,7 @@ from rlscope.sandbox.common import (
     judge,
     kill_group,
     rlimits,
+    run_child,
 )
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
@@ -276,20 +277,10 @@ def run_tests_isolated(code: str, function: str, tests: Sequence[TestCase],
     payload = json.dumps({"code": code, "function": function,
                           "args": [list(t.args) for t in tests], "limits": rlimits(limits),
                           "per_test_seconds": limits.per_test_seconds}).encode("utf-8")
-    try:
-        proc = _spawn(BWRAP, limits.tmp_bytes)
-    except OSError as e:
-        return failed("crashed", f"could not start the sandbox: {e}", n, start)
-    try:
-        stdout, stderr, cut = communicate(proc, payload, limits)
-    finally:
-        kill_group(proc.pid)
-        proc.wait()
-    if cut == "timeout":
-        return failed("timeout", f"wall-clock limit of {limits.wall_seconds:g} s", n, start)
-    if cut == "output":
-        return failed("limit", f"output over {limits.output_bytes} bytes", n, start)
-    rc = proc.returncode  # bwrap exits 128 + n when the child dies of signal n
+    child = run_child(lambda: _spawn(BWRAP, limits.tmp_bytes), payload, limits, n, start)
+    if isinstance(child, SandboxResult):
+        return child
+    stdout, stderr, rc = child  # bwrap exits 128 + n when the child dies of signal n
     if rc == 128 + signal.SIGSYS:
         return failed("blocked", "a forbidden system call (seccomp killed the program)", n,
                       start)

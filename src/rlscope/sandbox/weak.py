@@ -27,11 +27,10 @@ from rlscope.sandbox.common import (
     SandboxResult,
     Status,
     TestCase,
-    communicate,
     failed,
     judge,
-    kill_group,
     rlimits,
+    run_child,
 )
 
 HARNESS = Path(__file__).with_name("weak_harness.py")
@@ -66,23 +65,14 @@ def run_tests_weak(code: str, function: str, tests: Sequence[TestCase],
             "nonce": nonce, "code": code, "function": function, "root": root,
             "args": [list(t.args) for t in tests], "limits": rlimits(limits),
             "per_test_seconds": limits.per_test_seconds}).encode("utf-8")
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", str(HARNESS)], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root,
-                env={"LC_ALL": "C.UTF-8"}, close_fds=True, start_new_session=True)
-        except OSError as e:
-            return failed("crashed", f"could not start the sandbox: {e}", n, start)
-        try:
-            stdout, _, cut = communicate(proc, payload, limits)
-        finally:
-            kill_group(proc.pid)
-            proc.wait()
-    if cut == "timeout":
-        return failed("timeout", f"wall-clock limit of {limits.wall_seconds:g} s", n, start)
-    if cut == "output":
-        return failed("limit", f"output over {limits.output_bytes} bytes", n, start)
-    rc = proc.returncode
+        child = run_child(lambda: subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", str(HARNESS)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root,
+            env={"LC_ALL": "C.UTF-8"}, close_fds=True, start_new_session=True),
+            payload, limits, n, start)
+    if isinstance(child, SandboxResult):
+        return child
+    stdout, _, rc = child
     out = _parse(stdout, nonce, n)
     if out is None:
         if rc in (-signal.SIGXCPU, -signal.SIGKILL):
