@@ -157,6 +157,7 @@ def test_needs_come_from_the_records() -> None:
     assert {n for n, s in METHODS.items() if s.needs_labels} == {"ce"}
     assert {n for n, s in METHODS.items() if s.needs_behaviour_sum_p2} == {"kondo"}
     assert {n for n, s in METHODS.items() if s.needs_greedy_baseline} == {"remax"}
+    assert {n for n, c in SELECTIONS.items() if c.drops_groups} == {"mixed_groups"}
     assert {n for n, s in METHODS.items() if s.needs_token_labels} == {"self_distill_dg",
                                                                         "scope_lite"}
     assert {n for n, s in METHODS.items() if s.needs_whole_groups} == {"tpo", "tpo_no_anchor",

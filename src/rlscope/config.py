@@ -257,7 +257,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if spec.grouped and r.num_minibatches > 1 and d.minibatch_size % d.group_size:
         errors.append(f"minibatch size {d.minibatch_size} must hold whole groups of "
                       f"{d.group_size}")
-    if r.fill_batch and spec.selection != "mixed_groups":
+    if r.fill_batch and not spec.selection_component.drops_groups:
         errors.append("run.fill_batch needs mixed-group selection: use a grouped method or "
                       "--selection mixed_groups")
     if r.overfit_batch and (r.delay or cfg.replay.replay_capacity or r.fill_batch):

@@ -57,6 +57,9 @@ class Component(Generic[P, R]):
     """Changes the rewards before advantages are computed."""
     masks_rows: bool = False
     """Drops rows from the loss after selection."""
+    drops_groups: bool = False
+    """A selection that drops whole groups, so the loop can sample more to refill the batch
+    (``--fill_batch``)."""
     identity: bool = False
     """Changes nothing (the axis's ``none``): the loop may skip the work it would cost."""
 

@@ -244,7 +244,7 @@ def select_kondo(batch: RolloutBatch, x: SelectionInputs) -> SelectionOut:
 
 SELECTIONS: dict[str, Component[[RolloutBatch, SelectionInputs], SelectionOut]] = {
     "none": Component(keep_all, identity=True),
-    "mixed_groups": Component(select_mixed_groups, grouped=True),
+    "mixed_groups": Component(select_mixed_groups, grouped=True, drops_groups=True),
     "kondo": Component(select_kondo, ("keep_ratio",), ungrouped=True,
                        behaviour_sum_p2=True),
 }
