@@ -214,8 +214,8 @@ def test_options_that_do_not_apply_are_rejected(tmp_path: Path) -> None:
         make_policy_for(_task(), ModelConfig(arch="llama"))
     with pytest.raises(ValueError, match=r"model\.d_model=32"):
         make_policy_for(_task(), ModelConfig(d_model=32))
-    with pytest.raises(ValueError, match=r"model\.embed_init='reference'"):
-        make_policy_for(_task(), ModelConfig(embed_init="reference"))
+    with pytest.raises(ValueError, match=r"model\.embed_init='balanced'"):
+        make_policy_for(_task(), ModelConfig(embed_init="balanced"))
     run = RunConfig(runs_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"task\.seq_len"):
         validate(TrainConfig(method="dg", task="digits_bandit", run=run,

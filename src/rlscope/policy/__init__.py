@@ -37,7 +37,7 @@ class ModelConfig:
     """Attention heads."""
     n_layers: int = 2
     """Transformer blocks."""
-    embed_init: Literal["reference", "balanced"] = "balanced"
+    embed_init: Literal["reference", "balanced"] = "reference"
     """Initialisation of the tiny transformer (arch=tiny). reference: the reference sandbox's
     model, PyTorch's default init distributions throughout (token and position embeddings
     N(0, 1), the token vector then scaled by sqrt(d_model), so the token signal starts
@@ -47,8 +47,7 @@ class ModelConfig:
     token embeddings N(0, d_model^-1) so that, once scaled, they match the unit-std position
     embeddings; positional tasks such as reversal then learn far faster (supervised CE solves
     token_reversal in ~60 steps instead of >300), which changes the regime the methods are
-    compared in (docs/architecture.md). The default is still balanced: it becomes reference
-    together with the sandbox evidence regenerated under it (issue 15)."""
+    compared in (docs/architecture.md)."""
     dtype: str = "float32"
     """Parameter dtype: float32 or float64 (tests use float64 for exact identities)."""
     lora_rank: int = 0

@@ -34,7 +34,7 @@ class TinyConfig:
     """Attention heads (d_model must be divisible by it)."""
     n_layers: int = 2
     """Transformer blocks."""
-    embed_init: str = "balanced"
+    embed_init: str = "reference"
     """Initialisation: reference (PyTorch's defaults, as `nn.TransformerEncoderLayer`) or
     balanced (token std d^-1/2, position std 1); see `ModelConfig.embed_init`."""
 
@@ -76,7 +76,7 @@ class KVCache:
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, embed_init: str = "balanced") -> None:
+    def __init__(self, d_model: int, n_heads: int, embed_init: str = "reference") -> None:
         super().__init__()
         self.n_heads = n_heads
         self.ln1 = nn.LayerNorm(d_model)
