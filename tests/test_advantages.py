@@ -7,6 +7,7 @@ as scalar arithmetic; masked positions must be exactly 0.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -76,17 +77,22 @@ def test_expected_sum_p2_baseline_per_token() -> None:
     torch.testing.assert_close(adv, want, **TOL)
 
 
-def test_expected_score_mask_zeroes_the_baseline_at_unscored_positions() -> None:
-    # masked_reversal style: only the last two positions are scored, so b_t = 0 at t = 0, 1
-    # and A_t = r there.
+def test_expected_keeps_the_baseline_at_unscored_positions() -> None:
+    # masked_reversal style: only the last two positions are scored. As in the reference
+    # sandbox's _pg_core, b_t = Σπ² at every valid position, scored or not (issue 15: with
+    # b_t = 0 there, A_t = r > 0 reinforced whatever was sampled on the unscored prefix).
     score = _t([[0.0, 0.0, 1.0, 1.0]] * 3)
     x = AdvantageInputs(rewards_B=REWARDS_3, mask_BT=MASK_3x4, sum_p2_BT=SUM_P2,
                         score_mask_BT=score)
     adv = compute_advantages(x, AdvantageConfig("expected"))
-    want = _t([[0.75 - 0.0, 0.75 - 0.0, 0.75 - 0.7, 0.75 - 0.8],
-               [0.5 - 0.0, 0.5 - 0.0, 0.0, 0.0],
-               [0.25 - 0.0, 0.25 - 0.0, 0.25 - 0.5, 0.0]])
+    want = _t([[0.75 - 0.5, 0.75 - 0.6, 0.75 - 0.7, 0.75 - 0.8],
+               [0.5 - 0.3, 0.5 - 0.9, 0.0, 0.0],
+               [0.25 - 1.0, 0.25 - 0.25, 0.25 - 0.5, 0.0]])
     torch.testing.assert_close(adv, want, **TOL)
+    # rtg still zeroes it off the score mask (the reference's DGToken does too)
+    rtg = compute_advantages(dataclasses.replace(x, token_correct_BT=_t([[1.0] * 4] * 3)),
+                             AdvantageConfig("rtg"))
+    assert bool((rtg[:, :2][MASK_3x4[:, :2] > 0] > 0).all())
 
 
 def test_expected_without_any_baseline_source_raises() -> None:

@@ -15,6 +15,7 @@ from rlscope.batch import PromptBatch
 from rlscope.config import RunConfig, TrainConfig, validate
 from rlscope.learner import prepare
 from rlscope.methods.spec import OverlongConfig
+from rlscope.policy import ModelConfig
 from rlscope.replay import ReplayConfig
 from rlscope.sampling import SamplingConfig, generate
 from rlscope.sampling.processors import SampledDistribution
@@ -144,7 +145,9 @@ def test_greedy_reward_gets_the_overlong_shaping_of_its_own_length(tmp_path: Pat
     # L_max = 4, L_buf = 1: a greedy completion of 4 tokens loses 1, a shorter one nothing —
     # the same shaping the samples get. The stop token is content token 1 (this untrained
     # policy's greedy decode starts every row with SEP, which would stop every row at once).
-    cfg = dataclasses.replace(_cfg(tmp_path), sampling=SamplingConfig(stop_token_ids=(1,)))
+    # Under the balanced init this seed's untrained greedy rows have both lengths.
+    cfg = dataclasses.replace(_cfg(tmp_path), sampling=SamplingConfig(stop_token_ids=(1,)),
+                              model=ModelConfig(embed_init="balanced"))
     _, task, d = validate(cfg)
     torch.manual_seed(1)
     policy = make_policy_for(task, cfg.model)

@@ -80,6 +80,35 @@ def test_push_time_advantage_uses_the_exact_baseline_then_the_group_mean() -> No
     assert batch_priority("delight", exact) == pytest.approx(0.5)
 
 
+def test_push_time_advantage_uses_the_behaviour_sum_p2_per_token() -> None:
+    # No E[r | x] (token_reversal's fractional reward): the reference sandbox's priority reads
+    # A_t = r - Σμ²_t with the behaviour's per-token Σμ² (its actor_baseline), not r - mean r.
+    batch = dataclasses.replace(
+        _batch([1.0, 0.0], [[-1.0, -2.0], [-1.0, -1.0]]),
+        sum_p2_sampler_BT=torch.tensor([[0.5, 0.25], [0.5, 0.75]]))
+    # A_BT = [[.5, .75], [-.5, -.75]]: mean |A| = 2.5 / 4; the batch mean would give .5
+    assert batch_priority("advantage", batch) == pytest.approx(0.625)
+    # max(A·s, 0): .5·1, .75·2, 0, 0 → 2 / 4
+    assert batch_priority("delight", batch) == pytest.approx(0.5)
+    assert batch_priority("fresh_delight", batch) == pytest.approx(0.5)
+    # the exact E[r | x] still comes first
+    exact = dataclasses.replace(batch, expected_reward_B=torch.tensor([0.0, 0.0]))
+    assert batch_priority("advantage", exact) == pytest.approx(0.5)
+
+
+def test_the_loop_records_the_behaviour_sum_p2_for_advantage_priorities(tmp_path: Path) -> None:
+    from rlscope.train import setup
+
+    def record(priority: str, capacity: int = 8) -> bool:
+        cfg = TrainConfig(method="replay_dg", replay=ReplayConfig(
+            replay_capacity=capacity, replay_priority=priority), run=RunConfig(
+                delay=2, num_steps=1, progress=False, device="cpu", runs_dir=str(tmp_path)))
+        return setup(cfg).record_sum_p2
+
+    assert record("fresh_delight") and record("delight") and record("advantage")
+    assert not record("uniform") and not record("reward") and not record("surprisal")
+
+
 def test_priority_errors() -> None:
     batch = _batch(REWARDS, LOGP, MASK)
     with pytest.raises(ValueError, match="unknown replay priority"):

@@ -26,9 +26,11 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def policy() -> TinyTransformer:
     torch.manual_seed(0)
-    model = TinyTransformer(TinyConfig(vocab_size=VOCAB, max_len=MAX_LEN)).eval()
-    # A fresh head gives nearly flat distributions; sharpen them so top-k / top-p sets are
-    # neither everything nor one token.
+    # The balanced init: its fresh head gives nearly flat distributions (the reference init's
+    # N(0, 1)·√d token embeddings make them nearly one-hot); sharpen them so top-k / top-p sets
+    # are neither everything nor one token.
+    model = TinyTransformer(TinyConfig(vocab_size=VOCAB, max_len=MAX_LEN,
+                                       embed_init="balanced")).eval()
     with torch.no_grad():
         model.head.weight.mul_(4.0)
     return model

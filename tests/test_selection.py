@@ -206,21 +206,21 @@ def test_kondo_select_hand_computed_with_expected_reward() -> None:
         assert float(stats["select/gate_prob_mean"]) == pytest.approx(0.5, abs=1e-6)
 
 
-def test_kondo_baseline_is_the_behaviour_sum_p2_zero_at_unscored_positions() -> None:
-    # No E[r | x]: b_t = Σμ² where scored, 0 elsewhere; score mask (0, 1).
-    # row A: r = 0.5, Σμ² = (0.5, 0.9), ℓ_μ = (ln ½, ln ¼): (0.5 − 0)·ln 2 = 0.347 and
-    #   (0.5 − 0.9)·ln 4 = −0.555 → χ_A = 0.347 (0 if position 0 were baselined with 0.5).
-    # row B: r = 0.4, Σμ² = (0.2, 0.2), ℓ_μ = (ln ½, ln ½): 0.4·ln 2 = 0.277 and 0.2·ln 2 →
-    #   χ_B = 0.277 (0.139 if position 0 were baselined).
-    # η = 1e-3 makes the gate a hard threshold between them: only A is kept (with the
-    # unmasked baseline only B would be).
+def test_kondo_baseline_is_the_behaviour_sum_p2_at_every_position() -> None:
+    # No E[r | x]: b_t = Σμ² at every valid position, scored or not (as `expected`, and the
+    # reference's _pg_core); score mask (0, 1).
+    # row A: r = 0.5, Σμ² = (0.5, 0.9), ℓ_μ = (ln ½, ln ¼): (0.5 − 0.5)·ln 2 = 0 and
+    #   (0.5 − 0.9)·ln 4 = −0.555 → χ_A = 0 (0.347 if position 0 were not baselined).
+    # row B: r = 0.4, Σμ² = (0.2, 0.2), ℓ_μ = (ln ½, ln ½): 0.2·ln 2 at both → χ_B = 0.139.
+    # η = 1e-3 makes the gate a hard threshold between them: only B is kept (with the
+    # baseline zeroed off the score mask only A would be).
     ln2 = math.log(2.0)
     batch = _kondo_batch(
         [0.5, 0.4], [[-ln2, -2 * ln2], [-ln2, -ln2]],
         sum_p2_sampler_BT=torch.tensor([[0.5, 0.9], [0.2, 0.2]], dtype=torch.float64),
         score_mask_BT=torch.tensor([[0.0, 1.0], [0.0, 1.0]], dtype=torch.float64))
     keep, stats = kondo_select(batch, 0.5, 1e-3, torch.Generator().manual_seed(0))
-    assert keep.tolist() == [True, False]
+    assert keep.tolist() == [False, True]
     assert float(stats["select/gate_prob_mean"]) == pytest.approx(0.5, abs=1e-6)
     with pytest.raises(ValueError, match="sum_p2_sampler_BT"):
         kondo_select(_kondo_batch([0.5], [[-1.0]]), 0.5, 1.0, torch.Generator())

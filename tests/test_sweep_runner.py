@@ -225,14 +225,32 @@ def test_a_failing_run_is_reported_and_the_others_complete(
 
 
 def test_builtin_evidence_manifest_validates(capsys: pytest.CaptureFixture[str]) -> None:
-    """The evidence suite's 32 configurations × 3 seeds pass every check before anything runs;
-    an unknown built-in name lists the valid ones."""
+    """The evidence suite's 47 configurations × 3 seeds pass every check before anything runs,
+    the experiments issue 15 added among them; an unknown built-in name lists the valid ones."""
     from rlscope.cli import main
 
     assert main(["sweep", "--builtin", "evidence", "--dry_run"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("sweep evidence: 96 runs (32 ids × 3 seeds)")
+    assert out.startswith("sweep evidence: 141 runs (47 ids × 3 seeds)")
     assert "noise-filtered_dg-filter_tau=0.2  seed 2" in out
+    # issue 15: the init ablation, the clip / Dr. GRPO ablation and the larger-model runs
+    for run_id, args in [
+            ("init-dg-embed_init=balanced", "--method dg --embed_init balanced"),
+            ("init-tpo-embed_init=reference", "--embed_init reference"),
+            ("clip-grpo_group_center", "--advantage group_center"),
+            ("clip-dr_grpo", "--method dr_grpo"),
+            ("clip-grpo_eps0.1", "--clip_low 0.1 --clip_high 0.1"),
+            ("clip-grpo_eps0.05", "--clip_low 0.05 --clip_high 0.05"),
+            ("scale-grpo", "--arch qwen2 --d_model 512 --n_layers 8 --n_heads 8"),
+            ("scale-tpo", "--method tpo"),
+            ("scale_bandit-grpo", "--task lm_bandit")]:
+        for seed in (0, 1, 2):
+            line = next(line for line in out.splitlines()
+                        if line.startswith("  rlscope train ") and f"--name {run_id}_s{seed} "
+                        in line)
+            assert args in line, (run_id, line)
+    assert "--entropy_diagnostics" in next(line for line in out.splitlines()
+                                           if "--name clip-grpo_eps0.05_s0 " in line)
     assert main(["sweep", "--builtin", "nope"]) == 2
     assert "built-in manifests: evidence" in capsys.readouterr().err
     assert main(["sweep"]) == 2

@@ -26,10 +26,13 @@ behaviour surprisal ``s_t = -ℓ_μ,t = -logp_sampler_BT`` (means over the valid
 - ``fresh_delight`` (default): ``exp(-replay_age_decay · age) · delight``.
 
 ``A`` is the ``advantages`` passed to `push` (``adv_B`` or ``adv_BT``) when given; the loop
-pushes before the method computes advantages, so otherwise ``A = r - b`` with ``b`` the exact
-E[r | x] under the behaviour policy where the batch carries it (``expected_reward_B``: DG's
-``expected`` baseline), else the mean reward of the row's group (``group_id_B``) when groups
-have more than one row, else the batch mean reward.
+pushes before the method computes advantages, so otherwise ``A = r - b`` with ``b`` the
+reference sandbox's behaviour baseline: the exact E[r | x] under the behaviour policy where the
+batch carries it (``expected_reward_B``), else the behaviour policy's per-token Σ_v μ(v)²
+(``sum_p2_sampler_BT``, which the loop records whenever a priority reads ``A``), so ``A_t = r -
+Σμ²_t`` as in DG's ``expected`` baseline; only a batch with neither falls back to the mean
+reward of the row's group (``group_id_B``) when groups have more than one row, else the batch
+mean reward.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ import torch
 from rlscope.batch import RolloutBatch
 
 PRIORITIES = ("uniform", "reward", "advantage", "surprisal", "delight", "fresh_delight")
+ADVANTAGE_PRIORITIES = ("advantage", "delight", "fresh_delight")
+"""The priorities that read the push-time advantage (and so the behaviour's Σμ²)."""
 
 
 @dataclass(frozen=True)
@@ -127,10 +132,14 @@ def batch_priority(priority: str, batch: RolloutBatch,
 
 
 def _push_advantages(batch: RolloutBatch, r_B: torch.Tensor) -> torch.Tensor:
-    """``A_B = r - b`` at push time (module docstring): ``b`` = ``expected_reward_B`` where
-    present, else the group mean reward when groups have several rows, else the batch mean."""
+    """``A = r - b`` at push time (module docstring): ``A_B`` with ``b`` = ``expected_reward_B``
+    where present; else ``A_BT`` with the behaviour's per-token ``b_t = Σμ²_t``
+    (``sum_p2_sampler_BT``); else ``A_B`` with the group mean reward when groups have several
+    rows, else the batch mean."""
     if batch.expected_reward_B is not None:
         return r_B - batch.expected_reward_B.detach().double()
+    if batch.sum_p2_sampler_BT is not None:
+        return r_B[:, None] - batch.sum_p2_sampler_BT.detach().double()
     groups_B = batch.group_id_B.detach()
     _, inverse_B, counts_G = torch.unique(groups_B, return_inverse=True, return_counts=True)
     if int(counts_G.max()) > 1:

@@ -92,7 +92,7 @@ from rlscope.metrics.sinks import (
 from rlscope.policy import add_lora, reference_of
 from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
-from rlscope.replay import BatchSource, batch_source
+from rlscope.replay import ADVANTAGE_PRIORITIES, BatchSource, batch_source
 from rlscope.sampling import graphs
 from rlscope.sampling.candidates import sample_candidates
 from rlscope.sampling.processors import SampledDistribution
@@ -262,6 +262,9 @@ class RunParts:
     """One update (eager `update`, or `GraphedUpdate` under CUDA graphs)."""
     want_expected: bool
     """Score with the exact E[r | x] where the task exposes it."""
+    record_sum_p2: bool
+    """The sampler records the behaviour's Σ_v μ(v)² per token: kondo's baseline, and the
+    replay priorities that read the push-time advantage (replay.ADVANTAGE_PRIORITIES)."""
 
 
 def setup(cfg: TrainConfig) -> RunParts:
@@ -301,7 +304,10 @@ def setup(cfg: TrainConfig) -> RunParts:
         overlong=dataclasses.replace(spec.overlong, name=d.overlong),
         value_head=value_head, ref=ref, params=params, optimizer=optimizer,
         generator=torch.Generator().manual_seed(r.seed), plan=plan, learn=learn,
-        want_expected=wants_expected_reward(spec, cfg.sampling.top_k, cfg.sampling.top_p))
+        want_expected=wants_expected_reward(spec, cfg.sampling.top_k, cfg.sampling.top_p),
+        record_sum_p2=spec.needs_behaviour_sum_p2 or (
+            cfg.replay.replay_capacity > 0
+            and cfg.replay.replay_priority in ADVANTAGE_PRIORITIES))
 
 
 def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy:
@@ -458,7 +464,7 @@ class Collector:
     def _sample(self) -> RolloutBatch:
         p = self.parts
         return sample_rollouts(p.policy, p.task, p.cfg, p.generator, p.device, p.d.num_prompts,
-                               p.d.group_size, p.d.max_new_tokens, p.spec.needs_behaviour_sum_p2)
+                               p.d.group_size, p.d.max_new_tokens, p.record_sum_p2)
 
     def _scored(self, rollout: RolloutBatch, step: int) -> RolloutBatch:
         p = self.parts

@@ -24,7 +24,8 @@ class AdvantageInputs:
     - ``rewards_B``: scalar (training) rewards. ``mask_BT``: loss mask.
     - ``expected_reward_B``: exact E[r | x] under the behaviour policy, where exposed.
     - ``sum_p2_BT``: Σ_v π(v | prefix)² from the current learner (detached), the ``expected``
-      fallback baseline. ``score_mask_BT``: scored positions (baseline is 0 elsewhere).
+      fallback baseline. ``score_mask_BT``: scored positions (``rtg`` and ``self_distill``
+      zero the baseline elsewhere; ``expected`` does not).
     - ``values_BT``: critic values V(s_t) before each generated token. ``token_rewards_BT``:
       extra per-token rewards (KL shaping), added on every token for ``gae`` and
       ``reinforce_pp``.
@@ -62,17 +63,17 @@ def expected(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
     """A = r − b with b = E[r | x] when exposed, else per token b_t = Σ_v π(v | prefix)².
 
     The Σπ² baseline is the expected per-position match of a sample with the greedy label,
-    the natural baseline for fractional token rewards; it is 0 at unscored positions.
+    the natural baseline for fractional token rewards. It applies at every valid position,
+    scored or not, as in the reference sandbox's ``_pg_core`` (METHODS.md zeroes it at
+    unscored positions, which makes A_t = r > 0 there: a departure recorded in
+    docs/reference_check.md). Only ``rtg`` and ``self_distill`` zero it off the score mask.
     Source: the delight-gradient sandbox. Regime: any task; exact when rewards are clean.
     """
     if x.expected_reward_B is not None:
         return _broadcast(x.rewards_B - x.expected_reward_B, x.mask_BT)
     if x.sum_p2_BT is None:
         raise ValueError("advantage 'expected' needs sum_p2_BT or expected_reward_B")
-    baseline_BT = x.sum_p2_BT
-    if x.score_mask_BT is not None:
-        baseline_BT = baseline_BT * x.score_mask_BT
-    return (x.rewards_B[:, None] - baseline_BT) * x.mask_BT
+    return (x.rewards_B[:, None] - x.sum_p2_BT) * x.mask_BT
 
 
 def constant(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:

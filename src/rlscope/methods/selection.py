@@ -130,8 +130,8 @@ def kondo_select(batch: RolloutBatch, keep_ratio: float, eta: float,
 
     χ = max over valid tokens of (r − b)·(−ℓ_μ) with ℓ_μ the stored behaviour log-probs and
     b the behaviour policy's baseline: E[r | x] (``expected_reward_B``) where the batch has it,
-    else the per-token Σ_v μ(v | prefix)² recorded by the sampler (``sum_p2_sampler_BT``),
-    zero at unscored positions as in the ``expected`` estimator. Each row is kept with
+    else the per-token Σ_v μ(v | prefix)² recorded by the sampler (``sum_p2_sampler_BT``) at
+    every valid position, as in the ``expected`` estimator. Each row is kept with
     probability p = σ((χ − λ)/η), λ from `kondo_threshold`, by one uniform draw from
     ``generator``; if no row is kept, the most probable one is. ``keep_ratio`` = 1 keeps every
     row and draws nothing (the method is then exactly its gate's, e.g. DG). Reads no learner.
@@ -150,8 +150,6 @@ def kondo_select(batch: RolloutBatch, keep_ratio: float, eta: float,
         baseline_BT = batch.expected_reward_B[:, None].expand_as(mask_BT)
     elif batch.sum_p2_sampler_BT is not None:
         baseline_BT = batch.sum_p2_sampler_BT
-        if batch.score_mask_BT is not None:
-            baseline_BT = baseline_BT * batch.score_mask_BT[:, :baseline_BT.shape[1]]
     else:
         raise ValueError("kondo selection needs expected_reward_B or sum_p2_sampler_BT "
                          "(sample with with_sum_p2=True)")
