@@ -380,3 +380,27 @@ def test_demo_threads_reach_the_runs_and_the_layout_is_runs_demo_method_seed(
     assert config["config"]["run"]["threads"] == 1
     assert torch.get_num_threads() == before
     assert DemoConfig().threads == 2 and DemoConfig().runs_dir == "runs/demo"
+
+
+def test_git_commit_marks_a_dirty_checkout(tmp_path: Path) -> None:
+    """A working tree that differs from HEAD (as a copied tree over an older .git does) is
+    recorded as ``<hash>+dirty``, not as the commit it does not match."""
+    import subprocess
+
+    from rlscope.utils import git_commit
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
+                              cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    assert git_commit(tmp_path) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-qm", "one")
+    head = git("rev-parse", "HEAD").strip()
+    assert git_commit(tmp_path) == head
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert git_commit(tmp_path) == head
+    (tmp_path / "a.txt").write_text("two\n")
+    assert git_commit(tmp_path) == head + "+dirty"

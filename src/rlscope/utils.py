@@ -20,13 +20,25 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
+def git_commit(cwd: Path | None = None) -> str | None:
+    """The commit of the git checkout holding ``cwd`` (default: this package), with
+    ``+dirty`` appended when tracked files differ from it (a copied working tree over an
+    older ``.git`` then does not pass for that commit); None outside a checkout."""
+    where = cwd or Path(__file__).resolve().parent
+
+    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=where,
+                                  timeout=5, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "HEAD")
+    if head is None or head.returncode != 0 or not head.stdout.strip():
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    dirty = status is not None and status.returncode == 0 and bool(status.stdout.strip())
+    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def environment_info(device: torch.device) -> dict[str, Any]:
