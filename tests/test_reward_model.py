@@ -263,16 +263,20 @@ def test_rlhf_recipe_improves_the_true_preference_and_small_kl_overoptimises(tmp
     from rlscope.supervised.sft import SftConfig, sft
 
     evals = TaskConfig(eval_batches=2, eval_batch_size=100)
+    # the numbers above were measured under the balanced init (docs/recipes.md)
+    balanced = ModelConfig(embed_init="balanced")
     policy_dir = sft(SftConfig(task="preference_rm", num_steps=600, batch_size=64, lr=3e-3,
+                               model=balanced,
                                eval_every=0, device="cpu", threads=1, progress=False,
                                runs_dir=str(tmp_path), name="sft", task_options=evals)).out_dir
     rm = train_rm(RmConfig(num_steps=300, batch_size=64, lr=1e-3, eval_every=0, device="cpu",
+                           model=balanced,
                            threads=1, progress=False, runs_dir=str(tmp_path), name="rm"))
     assert rm.evals[-1]["rm/heldout_accuracy"] > 0.95 and rm.evals[-1]["rm/probe_accuracy"] < 0.3
 
     def ppo(name: str, components: MethodConfig) -> tuple[list[dict[str, float]], float]:
         run = train(TrainConfig(
-            task="preference_rm", method="ppo", optim=OptimConfig(lr=3e-4),
+            task="preference_rm", method="ppo", optim=OptimConfig(lr=3e-4), model=balanced,
             components=components,
             task_options=dataclasses.replace(evals, rm_path=str(rm.out_dir)),
             run=RunConfig(num_steps=150, batch_size=64, eval_every=25, progress=False,

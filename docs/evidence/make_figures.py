@@ -2,9 +2,10 @@
 
     python docs/evidence/make_figures.py
 
-curves.csv holds the sweep's mean ± SEM curves (3 seeds) for the metrics below, training
-curves thinned to every 5th step (every 25th for the 1500-step chain runs). One PNG per
-experiment (the run-id prefix: influence, noise, replay, credit, dense, entropy) and metric,
+curves.csv (written by collect.py) holds the sweep's mean ± SEM curves (3 seeds) for the metrics
+below, training curves thinned to every 5th step (every 25th for the 1500-step chain runs). One
+PNG per experiment (the run-id prefix: influence, noise, replay, credit, dense, entropy, init,
+clip, scale) and metric,
 drawn with the same code as `rlscope report` (`rlscope.report.figures.plot_metric`), into
 docs/evidence/figures/.
 """
@@ -24,11 +25,14 @@ HERE = Path(__file__).parent
 METRICS = {
     "influence": ("eval/test_error", "eval/entropy", "adv/amplification"),
     "noise": ("eval/test_error", "eval/entropy"),
-    "replay": ("eval/test_error", "eval/entropy", "replay/age_mean"),
+    "replay": ("eval/test_error", "eval/entropy", "replay/age"),
     "credit": ("eval/test_error", "eval/test_error_unscored", "eval/entropy"),
     "dense": ("eval/test_error", "eval/chain_reward"),
     "entropy": ("eval/test_error", "policy/entropy", "diag/entropy_delta_pos_adv",
                 "diag/entropy_delta_neg_adv"),
+    "init": ("eval/test_error", "eval/entropy"),
+    "clip": ("eval/test_error", "eval/entropy", "diag/batch_entropy_delta"),
+    "scale": ("eval/test_error", "eval/entropy"),
 }
 
 
