@@ -53,7 +53,7 @@ def test_every_format_has_one_reader_and_auto_can_pick_each() -> None:
     assert FORMATS == ("auto", *importers.READERS)
     signs = importers.DIRECTORY_SIGNS + importers.NAME_SIGNS + importers.TEXT_SIGNS
     assert {fmt for fmt, _ in signs} == set(importers.READERS)
-    assert set(importers.DIRECTORY_FORMATS) == {"run", "tensorboard", "wandb_run"}
+    assert set(importers.DIRECTORY_FORMATS) == {"tinker", "run", "tensorboard", "wandb_run"}
     assert [fmt for fmt, _ in importers.TEXT_SIGNS] == [
         "trl", "json", "tinker", "jsonl", "verl", "wandb", "csv"]
 
@@ -579,3 +579,25 @@ def test_a_trl_evaluation_entry_does_not_make_its_step_look_logged_twice(tmp_pat
     path.write_text(json.dumps(state))
     (table,) = load(path).tables
     assert table.duplicated_steps() == {"epoch": [40.0], "reward/mean": [40.0]}
+
+
+def test_a_tinker_cookbook_log_path_is_read_as_tinker_not_as_a_run(tmp_path: Path) -> None:
+    """tinker-cookbook writes metrics.jsonl (and its own config.json) into ``log_path``; the
+    directory is tinker's log, not an rlscope run directory: its findings speak in the
+    cookbook's settings (`rlscope doctor <log_path>` gave ``framework=rlscope`` advice before)."""
+    log_path = tmp_path / "math_rl"
+    log_path.mkdir()
+    fixture = Path(__file__).parent / "fixtures" / "doctor" / "tinker_metrics.jsonl"
+    (log_path / "metrics.jsonl").write_bytes(fixture.read_bytes())
+    (log_path / "config.json").write_text('{"log_path": "math_rl", "learning_rate": 4e-05}')
+    result = importers.load(log_path)
+    assert result.fmt == "tinker"
+    [table] = result.tables
+    assert table.framework == "tinker" and table.source == "math_rl"
+    assert table.n_points == importers.load(fixture).tables[0].n_points
+    # an rlscope run directory with the same file layout stays a run
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "reward/mean": 0.5, "policy/entropy": 1.0}\n'
+                                       '{"step": 1, "reward/mean": 0.6, "policy/entropy": 0.9}\n')
+    assert importers.load(run).fmt == "run"

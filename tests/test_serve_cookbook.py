@@ -78,3 +78,10 @@ def test_math_rl_runs_resumes_and_the_doctor_reads_the_run(
     assert rlscope_main(["doctor", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "sampler/logp_diff_mean" in out
+    # the unmodified cookbook's own log_path (its metrics.jsonl, config.json, checkpoints)
+    # is read as tinker's log, not as an rlscope run directory
+    capsys.readouterr()
+    assert rlscope_main(["doctor", str(log_path), "--output", "json"]) == 0
+    [table] = json.loads(capsys.readouterr().out)
+    assert table["format"] == "tinker" and table["steps"] == [0.0, 4.0]
+    assert all(f["evidence"].get("framework", "tinker") == "tinker" for f in table["findings"])

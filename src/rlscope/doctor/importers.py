@@ -86,7 +86,28 @@ def _wandb_csv(text: str) -> bool:
     return ("Step" in header and any(" - " in h for h in header)) or "_step" in header
 
 
+def _tinker_log_dir(path: Path) -> bool:
+    """A tinker-cookbook ``log_path``: a ``metrics.jsonl`` with the cookbook's metric names
+    (an rlscope run directory has a ``metrics.jsonl`` too, with ours)."""
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        return False
+    with metrics.open("rb") as f:
+        head = f.read(SNIFF_BYTES).removeprefix(b"\xef\xbb\xbf")
+    return _tinker_jsonl(head.decode("utf-8", errors="replace"))
+
+
+def _read_tinker(path: Path) -> list[MetricTable]:
+    """tinker-cookbook's ``metrics.jsonl``, given itself or its ``log_path`` directory."""
+    if not path.is_dir():
+        return [read_jsonl(path, "tinker", "tinker")]
+    table = read_jsonl(path / "metrics.jsonl", "tinker", "tinker")
+    table.source = path.name
+    return [table]
+
+
 DIRECTORY_SIGNS: tuple[tuple[str, Callable[[Path], bool]], ...] = (
+    ("tinker", _tinker_log_dir),
     ("run", lambda p: (p / "metrics.jsonl").exists()),
     ("wandb_run", lambda p: bool(readers.wandb_files(p))),
     ("tensorboard", readers.is_tensorboard_dir),
@@ -156,7 +177,7 @@ READERS: dict[str, Reader] = {
     "verl": lambda p: [read_verl_log(p)],
     "trl": lambda p: [read_trl(p)],
     "wandb": lambda p: read_csv(p, "wandb"),
-    "tinker": lambda p: [read_jsonl(p, "tinker", "tinker")],
+    "tinker": _read_tinker,
     "jsonl": lambda p: [read_jsonl(p, "jsonl")],
     "json": lambda p: [read_json(p)],
     "csv": lambda p: read_csv(p, "csv"),
