@@ -53,7 +53,8 @@ def test_every_format_has_one_reader_and_auto_can_pick_each() -> None:
     assert FORMATS == ("auto", *importers.READERS)
     signs = importers.DIRECTORY_SIGNS + importers.NAME_SIGNS + importers.TEXT_SIGNS
     assert {fmt for fmt, _ in signs} == set(importers.READERS)
-    assert set(importers.DIRECTORY_FORMATS) == {"tinker", "run", "tensorboard", "wandb_run"}
+    assert set(importers.DIRECTORY_FORMATS) == {"tinker", "trl", "run", "tensorboard",
+                                                 "wandb_run"}
     assert [fmt for fmt, _ in importers.TEXT_SIGNS] == [
         "trl", "json", "tinker", "jsonl", "verl", "wandb", "csv"]
 
@@ -601,3 +602,23 @@ def test_a_tinker_cookbook_log_path_is_read_as_tinker_not_as_a_run(tmp_path: Pat
     (run / "metrics.jsonl").write_text('{"step": 0, "reward/mean": 0.5, "policy/entropy": 1.0}\n'
                                        '{"step": 1, "reward/mean": 0.6, "policy/entropy": 0.9}\n')
     assert importers.load(run).fmt == "run"
+
+
+def test_a_trl_output_dir_is_read_from_its_latest_checkpoint(tmp_path: Path) -> None:
+    """TRL saves ``trainer_state.json`` in each ``output_dir/checkpoint-<N>/``; the doctor reads
+    the checkpoint directory itself, or the output_dir's latest checkpoint (by N, not by name:
+    checkpoint-100 is later than checkpoint-99), whose log history holds every earlier step."""
+    real = Path(__file__).parent / "fixtures" / "doctor" / "trl_grpo_trainer_state.json"
+    out = tmp_path / "grpo_out"
+    for n, text in ((99, '{"log_history": [{"step": 1, "loss": 0.5}]}'),
+                    (100, real.read_text())):
+        (out / f"checkpoint-{n}").mkdir(parents=True)
+        (out / f"checkpoint-{n}" / "trainer_state.json").write_text(text)
+    whole = load(real).tables[0]
+    for path in (out, out / "checkpoint-100"):
+        result = load(path)
+        assert result.fmt == "trl"
+        assert result.tables[0].n_points == whole.n_points
+        assert result.tables[0].source == path.name
+    with pytest.raises(DoctorError, match="holds no trainer_state.json"):
+        importers.READERS["trl"](tmp_path)  # --format trl on a folder without one

@@ -106,8 +106,32 @@ def _read_tinker(path: Path) -> list[MetricTable]:
     return [table]
 
 
+def _trl_state(path: Path) -> Path | None:
+    """The ``trainer_state.json`` of a TRL checkpoint directory, or of the latest
+    ``checkpoint-<N>`` of a TRL ``output_dir``; None when there is none."""
+    if (path / "trainer_state.json").is_file():
+        return path / "trainer_state.json"
+    numbered = [(int(c.name.removeprefix("checkpoint-")), c) for c in path.glob("checkpoint-*")
+                if c.name.removeprefix("checkpoint-").isdigit()
+                and (c / "trainer_state.json").is_file()]
+    return max(numbered)[1] / "trainer_state.json" if numbered else None
+
+
+def _read_trl(path: Path) -> list[MetricTable]:
+    """TRL's ``trainer_state.json``, given itself, its checkpoint directory or the
+    ``output_dir`` (the latest checkpoint: its log history holds every earlier step)."""
+    state = _trl_state(path) if path.is_dir() else path
+    if state is None:
+        raise DoctorError(f"{path} holds no trainer_state.json (nor checkpoint-<N>/ with one)")
+    table = read_trl(state)
+    if path.is_dir():
+        table.source = path.name
+    return [table]
+
+
 DIRECTORY_SIGNS: tuple[tuple[str, Callable[[Path], bool]], ...] = (
     ("tinker", _tinker_log_dir),
+    ("trl", lambda p: _trl_state(p) is not None),
     ("run", lambda p: (p / "metrics.jsonl").exists()),
     ("wandb_run", lambda p: bool(readers.wandb_files(p))),
     ("tensorboard", readers.is_tensorboard_dir),
@@ -175,7 +199,7 @@ Reader = Callable[[Path], list[MetricTable]]
 READERS: dict[str, Reader] = {
     "run": lambda p: [read_run_dir(p)],
     "verl": lambda p: [read_verl_log(p)],
-    "trl": lambda p: [read_trl(p)],
+    "trl": _read_trl,
     "wandb": lambda p: read_csv(p, "wandb"),
     "tinker": _read_tinker,
     "jsonl": lambda p: [read_jsonl(p, "jsonl")],
