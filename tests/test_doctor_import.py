@@ -620,5 +620,5 @@ def test_a_trl_output_dir_is_read_from_its_latest_checkpoint(tmp_path: Path) -> 
         assert result.fmt == "trl"
         assert result.tables[0].n_points == whole.n_points
         assert result.tables[0].source == path.name
-    with pytest.raises(DoctorError, match="holds no trainer_state.json"):
+    with pytest.raises(DoctorError, match=r"holds no trainer_state\.json"):
         importers.READERS["trl"](tmp_path)  # --format trl on a folder without one
