@@ -31,6 +31,7 @@ from rlscope.sandbox import (
     run_many,
     run_tests,
 )
+from rlscope.sandbox.common import equal
 from rlscope.tasks.base import TaskConfig
 from rlscope.tasks.code import CodeConfig, CodeUnitTestsTask, load_specs, score_programs
 
@@ -428,6 +429,27 @@ def test_float_tolerance_and_containers(guarded: Any) -> None:
             "    if isinstance(a, bool):\n        return 1\n    return a + b\n")
     result, _ = guarded(code, tests)
     assert [o.passed for o in result.outcomes] == [True, True, False]
+
+
+def test_ints_compare_exactly_and_huge_ints_do_not_raise() -> None:
+    """The 1e-9 tolerance is for floats: with it 10**9 passed for 10**9 + 1 and 2**60 for
+    2**60 + 1, and an int beyond float range raised OverflowError into the trainer."""
+    assert not equal(10**9, 10**9 + 1) and not equal(2**60, 2**60 + 1)
+    assert not equal([2**60], (2**60 + 1,)) and not equal({"k": 10**9}, {"k": 10**9 + 1})
+    assert equal(2**60 + 1, 2**60 + 1) and equal(3, 3.0) and equal(0.1 + 0.2, 0.3)
+    assert not equal(10**400, 1.5) and not equal(10**400, 1) and not equal(1.5, 10**400)
+
+
+@isolated_only
+def test_huge_int_answer_scores_zero_without_raising(guarded: Any) -> None:
+    """A body returning 10**400 (a plain int the harness sends) or an int off by one."""
+    code = ("def add(a, b):\n    if a == 1:\n        return 10**400\n"
+            "    return 10**9 if a == 2 else a + b\n")
+    tests = [TestCase((1, 2), 3), TestCase((2, 0), 10**9 + 1), TestCase((5, 0), 5)]
+    for unsafe in (False, True):
+        result, _ = guarded(code, tests, unsafe=unsafe)
+        assert (result.status, [o.passed for o in result.outcomes]) == (
+            "ok", [False, False, True]), (unsafe, result)
 
 
 @isolated_only

@@ -99,12 +99,18 @@ class SandboxResult:
 
 
 def equal(got: Any, want: Any) -> bool:
-    """Plain-data equality with float tolerance; bool is not an int here. Recursion follows
-    ``want`` (trusted), so a deeply nested ``got`` cannot exhaust the stack."""
+    """Plain-data equality with float tolerance (ints against ints exactly); bool is not an
+    int here. Recursion follows ``want`` (trusted), so a deeply nested ``got`` cannot exhaust
+    the stack."""
     if isinstance(want, bool) or isinstance(got, bool):
         return type(got) is type(want) and got == want
+    if isinstance(want, int) and isinstance(got, int):
+        return got == want
     if isinstance(want, (int, float)) and isinstance(got, (int, float)):
-        return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+        try:
+            return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+        except OverflowError:  # an int beyond float range is close to no finite float
+            return False
     if isinstance(want, (list, tuple)) and isinstance(got, list):
         return len(got) == len(want) and all(equal(g, w) for g, w in zip(got, want, strict=True))
     if isinstance(want, dict) and isinstance(got, dict):
