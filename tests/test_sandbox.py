@@ -384,6 +384,18 @@ def test_lying_and_oversized_return_values_do_not_pass(guarded: Any) -> None:
 
 
 @isolated_only
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_value_slow_to_encode_fails_its_test_alone(guarded: Any, unsafe: bool) -> None:
+    """A shared 2**40-node tree (40 levels of ``[x, x]``) takes forever to encode; encoding is
+    timed with the call in both modes (the weak mode once encoded after the alarm, so the CPU
+    limit ended the whole run)."""
+    code = ("def add(a, b):\n    if a == 1:\n        x = []\n        for _ in range(40):\n"
+            "            x = [x, x]\n        return x\n    return a + b\n")
+    result, _ = guarded(code, ADD_TESTS[:2], QUICK, unsafe=unsafe)
+    assert (result.status, [o.error for o in result.outcomes]) == ("ok", ["TestTimeout", ""])
+
+
+@isolated_only
 def test_private_tmp_is_writable_and_private(guarded: Any) -> None:
     code = ("with open('scratch.txt', 'w') as f:\n    f.write('ok')\n"
             "import os\nos.remove('scratch.txt')\n" + GOOD)
