@@ -69,6 +69,25 @@ def _sessions() -> set[int]:
     return out
 
 
+def _live_with(marker: bytes, grace: float = 2.0) -> list[int]:
+    """Live (not zombie) processes whose command line holds ``marker``, after waiting up to
+    ``grace`` s for dying ones (the sandbox's processes die of their parent's death, just
+    after the parent reaps bubblewrap)."""
+    deadline = time.monotonic() + grace
+    while True:
+        live = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if (marker in (proc / "cmdline").read_bytes()
+                        and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                    live.append(int(proc.name))
+            except (OSError, IndexError):
+                continue
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def listener() -> Iterator[socket.socket]:
     """A TCP server on the host's 127.0.0.1 that no sandboxed program may reach."""
@@ -84,7 +103,9 @@ def listener() -> Iterator[socket.socket]:
 def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listener: socket.socket) -> Any:
     """Runs code and checks afterwards that the test process and host are unharmed: same cwd,
     the sentinel file outside the sandbox unchanged, none of `HOST_FILES` created, no
-    connection to `listener`, no process left in the child's session."""
+    connection to `listener`, no process left in the child's session nor any running the
+    harness of this test (bubblewrap's ``--new-session`` puts the isolated program in a
+    session of its own, so a run is tagged by a comment in the harness source it is given)."""
     for path in HOST_FILES:
         assert not os.path.exists(path), f"leftover {path}"
     sentinel = tmp_path / "sentinel.txt"
@@ -99,6 +120,8 @@ def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listener: socket.so
             pids.append(self.pid)
 
     monkeypatch.setattr(subprocess, "Popen", RecordingPopen)
+    marker = f"# rlscope-test-run {os.getpid()} {time.monotonic_ns()}"
+    monkeypatch.setattr(isolated, "HARNESS_SOURCE", f"{marker}\n{isolated.HARNESS_SOURCE}")
     cwd = os.getcwd()
     port = listener.getsockname()[1]
 
@@ -116,6 +139,7 @@ def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listener: socket.so
         with pytest.raises(BlockingIOError):
             listener.accept()
         assert pids and not set(pids) & _sessions(), "a sandboxed process outlived its run"
+        assert not _live_with(marker.encode()), "a sandboxed process outlived its run"
         assert elapsed < limits.wall_seconds + 1.0
         assert result.total == len(tests) and len(result.outcomes) == len(tests)
         return result, elapsed
