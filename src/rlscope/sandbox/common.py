@@ -16,8 +16,6 @@ from typing import Any, Literal
 Status = Literal["ok", "timeout", "crashed", "limit", "blocked", "invalid_output"]
 MAX_CODE_CHARS = 200_000
 """Longer code is not run (status ``invalid_output``: the policy's output is unusable)."""
-MAX_VALUE_CHARS = 65_536
-"""A return value whose JSON exceeds this is reported by the harness as an error, not sent."""
 
 
 class SandboxUnavailable(RuntimeError):
