@@ -9,7 +9,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -205,12 +205,24 @@ def run_child(start_child: Callable[[], subprocess.Popen[bytes]], payload: bytes
     return stdout, stderr, proc.returncode
 
 
-def judge(tests: tuple[Any, ...] | list[Any], got: list[dict[str, Any]], start: float
-          ) -> SandboxResult:
-    """Compare the child's reported values (``[{"value", "error"}]``, already checked to be
-    one dict per test) with the expected outputs: the trusted decision of pass/fail."""
+def well_formed(out: Any, n_tests: int) -> bool:
+    """Whether ``out`` (the child's parsed answer) is ``{"load": str, "tests": [dict, ...]}``
+    with one entry per test when ``load`` is ``ok``."""
+    return (isinstance(out, dict) and isinstance(out.get("load"), str)
+            and isinstance(out.get("tests"), list)
+            and all(isinstance(t, dict) for t in out["tests"])
+            and (out["load"] != "ok" or len(out["tests"]) == n_tests))
+
+
+def judge(tests: Sequence[TestCase], out: dict[str, Any], start: float) -> SandboxResult:
+    """The trusted verdict on a `well_formed` answer: code that did not load scores 0
+    (``limit`` for a MemoryError, else ``crashed``); otherwise each reported value
+    (``{"value", "error"}``) is compared with its expected output."""
+    if out["load"] != "ok":
+        status: Status = "limit" if out["load"] == "memory" else "crashed"
+        return failed(status, str(out.get("load_error", out["load"]))[:300], len(tests), start)
     outcomes = []
-    for test, answer in zip(tests, got, strict=True):
+    for test, answer in zip(tests, out["tests"], strict=True):
         error = answer.get("error")
         error = str(error)[:100] if error else ""
         passed = not error and equal(answer.get("value"), test.expected)

@@ -49,7 +49,6 @@ from rlscope.sandbox.common import (
     SandboxLimits,
     SandboxResult,
     SandboxUnavailable,
-    Status,
     TestCase,
     communicate,
     failed,
@@ -57,6 +56,7 @@ from rlscope.sandbox.common import (
     kill_group,
     rlimits,
     run_child,
+    well_formed,
 )
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
@@ -260,13 +260,7 @@ def _parse(stdout: bytes, n_tests: int) -> dict[str, Any] | None:
         out = json.loads(lines[-1].decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not (isinstance(out, dict) and isinstance(out.get("load"), str)
-            and isinstance(out.get("tests"), list)
-            and all(isinstance(t, dict) for t in out["tests"])):
-        return None
-    if out["load"] == "ok" and len(out["tests"]) != n_tests:
-        return None
-    return out
+    return out if well_formed(out, n_tests) else None
 
 
 def run_tests_isolated(code: str, function: str, tests: Sequence[TestCase],
@@ -294,8 +288,4 @@ def run_tests_isolated(code: str, function: str, tests: Sequence[TestCase],
             return failed("crashed", f"exited with code {rc} without a result"
                           + (f" ({bwrap_error[0][:200]})" if bwrap_error else ""), n, start)
         return failed("invalid_output", "no well-formed result line", n, start)
-    load = out["load"]
-    if load != "ok":
-        status: Status = "limit" if load == "memory" else "crashed"
-        return failed(status, str(out.get("load_error", load))[:300], n, start)
-    return judge(list(tests), out["tests"], start)
+    return judge(tests, out, start)
