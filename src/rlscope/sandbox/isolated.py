@@ -41,6 +41,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,10 +51,8 @@ from rlscope.sandbox.common import (
     SandboxResult,
     SandboxUnavailable,
     TestCase,
-    communicate,
     failed,
     judge,
-    kill_group,
     rlimits,
     run_child,
     well_formed,
@@ -221,21 +220,17 @@ def _probe(bwrap: str) -> str:
     limits = SandboxLimits(wall_seconds=10.0)
     request = {"code": "def f(x):\n    return x + 1\n", "function": "f", "args": [[1]],
                "limits": rlimits(limits), "per_test_seconds": 5.0}
-    try:
-        proc = _spawn(bwrap, limits.tmp_bytes)
-    except OSError as e:
-        return f"bubblewrap could not start: {e}"
-    try:
-        stdout, stderr, cut = communicate(proc, json.dumps(request).encode(), limits)
-    finally:
-        kill_group(proc.pid)
-        proc.wait()
+    child = run_child(lambda: _spawn(bwrap, limits.tmp_bytes), json.dumps(request).encode(),
+                      limits, 1, time.monotonic())
+    if isinstance(child, SandboxResult):
+        return f"bubblewrap could not run a probe program: {child.reason}"
+    stdout, stderr, rc = child
     lines = stdout.strip().splitlines()
-    if not cut and lines and lines[-1] == b'{"load": "ok", "load_error": "", "tests": ' \
-                                          b'[{"value": 2, "error": ""}]}':
+    if lines and lines[-1] == b'{"load": "ok", "load_error": "", "tests": ' \
+                              b'[{"value": 2, "error": ""}]}':
         return ""
     detail = stderr.decode("utf-8", "replace").strip().splitlines()
-    return (f"bubblewrap cannot create the sandbox here (exit {proc.returncode}"
+    return (f"bubblewrap cannot create the sandbox here (exit {rc}"
             f"{': ' + detail[0][:200] if detail else ''})")
 
 
@@ -265,8 +260,8 @@ def _parse(stdout: bytes, n_tests: int) -> dict[str, Any] | None:
 
 def run_tests_isolated(code: str, function: str, tests: Sequence[TestCase],
                        limits: SandboxLimits, start: float) -> SandboxResult:
-    """`rlscope.sandbox.run_tests` in the isolated mode (arguments already checked)."""
-    require_isolation()
+    """`rlscope.sandbox.run_tests` in the isolated mode (arguments and `require_isolation`
+    already checked)."""
     n = len(tests)
     payload = json.dumps({"code": code, "function": function,
                           "args": [list(t.args) for t in tests], "limits": rlimits(limits),
