@@ -502,6 +502,11 @@ def test_invalid_limits_and_tests_raise() -> None:
         run_tests(GOOD, "add", ADD_TESTS, SandboxLimits(cpu_seconds=0))
     with pytest.raises(ValueError, match="plain JSON"):
         run_tests(GOOD, "add", [TestCase((object(),), 1)], LIMITS)
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="plain JSON"):  # was a RecursionError
+        run_tests(GOOD, "add", [TestCase((deep, 1), 1)], LIMITS)
 
 
 # --- refusal without isolation, and the weak mode ---------------------------------------------
