@@ -8,7 +8,6 @@ one short-lived child (~30 ms); limits are small to keep the file fast."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import socket
 import subprocess
@@ -31,6 +30,7 @@ from rlscope.sandbox import (
     run_many,
     run_tests,
 )
+from rlscope.sandbox.common import equal
 from rlscope.tasks.base import TaskConfig
 from rlscope.tasks.code import CodeConfig, CodeUnitTestsTask, load_specs, score_programs
 
@@ -68,6 +68,25 @@ def _sessions() -> set[int]:
     return out
 
 
+def _live_with(marker: bytes, grace: float = 2.0) -> list[int]:
+    """Live (not zombie) processes whose command line holds ``marker``, after waiting up to
+    ``grace`` s for dying ones (the sandbox's processes die of their parent's death, just
+    after the parent reaps bubblewrap)."""
+    deadline = time.monotonic() + grace
+    while True:
+        live = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if (marker in (proc / "cmdline").read_bytes()
+                        and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                    live.append(int(proc.name))
+            except (OSError, IndexError):
+                continue
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def listener() -> Iterator[socket.socket]:
     """A TCP server on the host's 127.0.0.1 that no sandboxed program may reach."""
@@ -83,7 +102,9 @@ def listener() -> Iterator[socket.socket]:
 def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listener: socket.socket) -> Any:
     """Runs code and checks afterwards that the test process and host are unharmed: same cwd,
     the sentinel file outside the sandbox unchanged, none of `HOST_FILES` created, no
-    connection to `listener`, no process left in the child's session."""
+    connection to `listener`, no process left in the child's session nor any running the
+    harness of this test (bubblewrap's ``--new-session`` puts the isolated program in a
+    session of its own, so a run is tagged by a comment in the harness source it is given)."""
     for path in HOST_FILES:
         assert not os.path.exists(path), f"leftover {path}"
     sentinel = tmp_path / "sentinel.txt"
@@ -98,6 +119,8 @@ def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listener: socket.so
             pids.append(self.pid)
 
     monkeypatch.setattr(subprocess, "Popen", RecordingPopen)
+    marker = f"# rlscope-test-run {os.getpid()} {time.monotonic_ns()}"
+    monkeypatch.setattr(isolated, "HARNESS_SOURCE", f"{marker}\n{isolated.HARNESS_SOURCE}")
     cwd = os.getcwd()
     port = listener.getsockname()[1]
 
@@ -115,6 +138,7 @@ def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listener: socket.so
         with pytest.raises(BlockingIOError):
             listener.accept()
         assert pids and not set(pids) & _sessions(), "a sandboxed process outlived its run"
+        assert not _live_with(marker.encode()), "a sandboxed process outlived its run"
         assert elapsed < limits.wall_seconds + 1.0
         assert result.total == len(tests) and len(result.outcomes) == len(tests)
         return result, elapsed
@@ -383,6 +407,18 @@ def test_lying_and_oversized_return_values_do_not_pass(guarded: Any) -> None:
 
 
 @isolated_only
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_value_slow_to_encode_fails_its_test_alone(guarded: Any, unsafe: bool) -> None:
+    """A shared 2**40-node tree (40 levels of ``[x, x]``) takes forever to encode; encoding is
+    timed with the call in both modes (the weak mode once encoded after the alarm, so the CPU
+    limit ended the whole run)."""
+    code = ("def add(a, b):\n    if a == 1:\n        x = []\n        for _ in range(40):\n"
+            "            x = [x, x]\n        return x\n    return a + b\n")
+    result, _ = guarded(code, ADD_TESTS[:2], QUICK, unsafe=unsafe)
+    assert (result.status, [o.error for o in result.outcomes]) == ("ok", ["TestTimeout", ""])
+
+
+@isolated_only
 def test_private_tmp_is_writable_and_private(guarded: Any) -> None:
     code = ("with open('scratch.txt', 'w') as f:\n    f.write('ok')\n"
             "import os\nos.remove('scratch.txt')\n" + GOOD)
@@ -430,6 +466,27 @@ def test_float_tolerance_and_containers(guarded: Any) -> None:
     assert [o.passed for o in result.outcomes] == [True, True, False]
 
 
+def test_ints_compare_exactly_and_huge_ints_do_not_raise() -> None:
+    """The 1e-9 tolerance is for floats: with it 10**9 passed for 10**9 + 1 and 2**60 for
+    2**60 + 1, and an int beyond float range raised OverflowError into the trainer."""
+    assert not equal(10**9, 10**9 + 1) and not equal(2**60, 2**60 + 1)
+    assert not equal([2**60], (2**60 + 1,)) and not equal({"k": 10**9}, {"k": 10**9 + 1})
+    assert equal(2**60 + 1, 2**60 + 1) and equal(3, 3.0) and equal(0.1 + 0.2, 0.3)
+    assert not equal(10**400, 1.5) and not equal(10**400, 1) and not equal(1.5, 10**400)
+
+
+@isolated_only
+def test_huge_int_answer_scores_zero_without_raising(guarded: Any) -> None:
+    """A body returning 10**400 (a plain int the harness sends) or an int off by one."""
+    code = ("def add(a, b):\n    if a == 1:\n        return 10**400\n"
+            "    return 10**9 if a == 2 else a + b\n")
+    tests = [TestCase((1, 2), 3), TestCase((2, 0), 10**9 + 1), TestCase((5, 0), 5)]
+    for unsafe in (False, True):
+        result, _ = guarded(code, tests, unsafe=unsafe)
+        assert (result.status, [o.passed for o in result.outcomes]) == (
+            "ok", [False, False, True]), (unsafe, result)
+
+
 @isolated_only
 def test_run_many_keeps_order_and_bounds_time() -> None:
     jobs = [(GOOD if i % 2 else "while True:\n    pass\n", "add", ADD_TESTS) for i in range(4)]
@@ -444,6 +501,11 @@ def test_invalid_limits_and_tests_raise() -> None:
         run_tests(GOOD, "add", ADD_TESTS, SandboxLimits(cpu_seconds=0))
     with pytest.raises(ValueError, match="plain JSON"):
         run_tests(GOOD, "add", [TestCase((object(),), 1)], LIMITS)
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="plain JSON"):  # was a RecursionError
+        run_tests(GOOD, "add", [TestCase((deep, 1), 1)], LIMITS)
 
 
 # --- refusal without isolation, and the weak mode ---------------------------------------------
@@ -549,4 +611,4 @@ def test_harness_source_has_no_secret() -> None:
     for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                  "--unshare-uts", "--die-with-parent", "--new-session", "--seccomp"):
         assert flag in cmd
-    assert json.dumps(cmd)  # plain strings only
+    assert all(type(arg) is str for arg in cmd)

@@ -61,7 +61,7 @@ def run_tests(code: str, function: str, tests: Sequence[TestCase],
         raise ValueError("; ".join(problems))
     try:
         json.dumps([list(t.args) for t in tests])
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"sandbox tests must be plain JSON data: {e}") from e
     start, n = time.monotonic(), len(tests)
     if not unsafe:

@@ -9,15 +9,13 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 Status = Literal["ok", "timeout", "crashed", "limit", "blocked", "invalid_output"]
 MAX_CODE_CHARS = 200_000
 """Longer code is not run (status ``invalid_output``: the policy's output is unusable)."""
-MAX_VALUE_CHARS = 65_536
-"""A return value whose JSON exceeds this is reported by the harness as an error, not sent."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -99,12 +97,18 @@ class SandboxResult:
 
 
 def equal(got: Any, want: Any) -> bool:
-    """Plain-data equality with float tolerance; bool is not an int here. Recursion follows
-    ``want`` (trusted), so a deeply nested ``got`` cannot exhaust the stack."""
+    """Plain-data equality with float tolerance (ints against ints exactly); bool is not an
+    int here. Recursion follows ``want`` (trusted), so a deeply nested ``got`` cannot exhaust
+    the stack."""
     if isinstance(want, bool) or isinstance(got, bool):
         return type(got) is type(want) and got == want
+    if isinstance(want, int) and isinstance(got, int):
+        return got == want
     if isinstance(want, (int, float)) and isinstance(got, (int, float)):
-        return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+        try:
+            return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+        except OverflowError:  # an int beyond float range is close to no finite float
+            return False
     if isinstance(want, (list, tuple)) and isinstance(got, list):
         return len(got) == len(want) and all(equal(g, w) for g, w in zip(got, want, strict=True))
     if isinstance(want, dict) and isinstance(got, dict):
@@ -201,12 +205,24 @@ def run_child(start_child: Callable[[], subprocess.Popen[bytes]], payload: bytes
     return stdout, stderr, proc.returncode
 
 
-def judge(tests: tuple[Any, ...] | list[Any], got: list[dict[str, Any]], start: float
-          ) -> SandboxResult:
-    """Compare the child's reported values (``[{"value", "error"}]``, already checked to be
-    one dict per test) with the expected outputs: the trusted decision of pass/fail."""
+def well_formed(out: Any, n_tests: int) -> bool:
+    """Whether ``out`` (the child's parsed answer) is ``{"load": str, "tests": [dict, ...]}``
+    with one entry per test when ``load`` is ``ok``."""
+    return (isinstance(out, dict) and isinstance(out.get("load"), str)
+            and isinstance(out.get("tests"), list)
+            and all(isinstance(t, dict) for t in out["tests"])
+            and (out["load"] != "ok" or len(out["tests"]) == n_tests))
+
+
+def judge(tests: Sequence[TestCase], out: dict[str, Any], start: float) -> SandboxResult:
+    """The trusted verdict on a `well_formed` answer: code that did not load scores 0
+    (``limit`` for a MemoryError, else ``crashed``); otherwise each reported value
+    (``{"value", "error"}``) is compared with its expected output."""
+    if out["load"] != "ok":
+        status: Status = "limit" if out["load"] == "memory" else "crashed"
+        return failed(status, str(out.get("load_error", out["load"]))[:300], len(tests), start)
     outcomes = []
-    for test, answer in zip(tests, got, strict=True):
+    for test, answer in zip(tests, out["tests"], strict=True):
         error = answer.get("error")
         error = str(error)[:100] if error else ""
         passed = not error and equal(answer.get("value"), test.expected)

@@ -13,6 +13,9 @@ encoded as plain JSON (exact builtin types only, so an object with a lying ``__e
 ``int`` subclass is an error, not a value). The parent compares them with the expected
 outputs. Code that tampers with this harness (replaces ``json.dumps``, writes to the result
 channel, edits ``__main__``) can only change what is reported as its own return values.
+
+The weak mode's child (``weak_harness.py``) loads this file by path and reuses `set_limits`,
+`run_candidate` and `write_all`, so the two modes load and call the code alike.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 MAX_VALUE_CHARS = 65_536
@@ -52,14 +56,18 @@ def plain(value: Any, depth: int = 0) -> Any:
     raise TypeError(f"return value of type {t.__name__} is not plain data")
 
 
-def main() -> None:
-    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write raises, not kills
-    for name, value in request["limits"].items():
+def set_limits(limits: dict[str, int]) -> None:
+    """Soft = hard for each limit (by `resource` name), so the candidate cannot raise them
+    back."""
+    for name, value in limits.items():
         resource.setrlimit(getattr(resource, name), (value, value))
-    result_fd = os.dup(1)
-    os.dup2(2, 1)
-    dumps = json.dumps
+
+
+def run_candidate(request: dict[str, Any], dumps: Callable[[Any], str]) -> dict[str, Any]:
+    """``exec`` ``request["code"]`` in a fresh namespace and call ``request["function"]`` on
+    each of ``request["args"]`` under an alarm of ``request["per_test_seconds"]`` (encoding
+    the value with `plain` and ``dumps`` counts against it). Returns ``{"load", "load_error",
+    "tests": [{"value", "error"}]}``; never raises for anything the code does."""
     out: dict[str, Any] = {"load": "ok", "load_error": "", "tests": []}
     per_test = float(request["per_test_seconds"])
 
@@ -95,9 +103,24 @@ def main() -> None:
             except BaseException as e:
                 test["error"] = type(e).__name__
             out["tests"].append(test)
-    line = (dumps(out) + "\n").encode("utf-8", errors="replace")
-    while line:
-        line = line[os.write(result_fd, line):]
+    return out
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (a pipe may take it in parts)."""
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write raises, not kills
+    set_limits(request["limits"])
+    result_fd = os.dup(1)
+    os.dup2(2, 1)
+    dumps = json.dumps  # taken before the code runs: replacing json.dumps changes nothing here
+    out = run_candidate(request, dumps)
+    write_all(result_fd, (dumps(out) + "\n").encode("utf-8", errors="replace"))
     os._exit(0)  # no atexit, no waiting for threads the candidate started
 
 

@@ -41,6 +41,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,14 +50,12 @@ from rlscope.sandbox.common import (
     SandboxLimits,
     SandboxResult,
     SandboxUnavailable,
-    Status,
     TestCase,
-    communicate,
     failed,
     judge,
-    kill_group,
     rlimits,
     run_child,
+    well_formed,
 )
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
@@ -221,21 +220,17 @@ def _probe(bwrap: str) -> str:
     limits = SandboxLimits(wall_seconds=10.0)
     request = {"code": "def f(x):\n    return x + 1\n", "function": "f", "args": [[1]],
                "limits": rlimits(limits), "per_test_seconds": 5.0}
-    try:
-        proc = _spawn(bwrap, limits.tmp_bytes)
-    except OSError as e:
-        return f"bubblewrap could not start: {e}"
-    try:
-        stdout, stderr, cut = communicate(proc, json.dumps(request).encode(), limits)
-    finally:
-        kill_group(proc.pid)
-        proc.wait()
+    child = run_child(lambda: _spawn(bwrap, limits.tmp_bytes), json.dumps(request).encode(),
+                      limits, 1, time.monotonic())
+    if isinstance(child, SandboxResult):
+        return f"bubblewrap could not run a probe program: {child.reason}"
+    stdout, stderr, rc = child
     lines = stdout.strip().splitlines()
-    if not cut and lines and lines[-1] == b'{"load": "ok", "load_error": "", "tests": ' \
-                                          b'[{"value": 2, "error": ""}]}':
+    if lines and lines[-1] == b'{"load": "ok", "load_error": "", "tests": ' \
+                              b'[{"value": 2, "error": ""}]}':
         return ""
     detail = stderr.decode("utf-8", "replace").strip().splitlines()
-    return (f"bubblewrap cannot create the sandbox here (exit {proc.returncode}"
+    return (f"bubblewrap cannot create the sandbox here (exit {rc}"
             f"{': ' + detail[0][:200] if detail else ''})")
 
 
@@ -260,19 +255,13 @@ def _parse(stdout: bytes, n_tests: int) -> dict[str, Any] | None:
         out = json.loads(lines[-1].decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not (isinstance(out, dict) and isinstance(out.get("load"), str)
-            and isinstance(out.get("tests"), list)
-            and all(isinstance(t, dict) for t in out["tests"])):
-        return None
-    if out["load"] == "ok" and len(out["tests"]) != n_tests:
-        return None
-    return out
+    return out if well_formed(out, n_tests) else None
 
 
 def run_tests_isolated(code: str, function: str, tests: Sequence[TestCase],
                        limits: SandboxLimits, start: float) -> SandboxResult:
-    """`rlscope.sandbox.run_tests` in the isolated mode (arguments already checked)."""
-    require_isolation()
+    """`rlscope.sandbox.run_tests` in the isolated mode (arguments and `require_isolation`
+    already checked)."""
     n = len(tests)
     payload = json.dumps({"code": code, "function": function,
                           "args": [list(t.args) for t in tests], "limits": rlimits(limits),
@@ -294,8 +283,4 @@ def run_tests_isolated(code: str, function: str, tests: Sequence[TestCase],
             return failed("crashed", f"exited with code {rc} without a result"
                           + (f" ({bwrap_error[0][:200]})" if bwrap_error else ""), n, start)
         return failed("invalid_output", "no well-formed result line", n, start)
-    load = out["load"]
-    if load != "ok":
-        status: Status = "limit" if load == "memory" else "crashed"
-        return failed(status, str(out.get("load_error", load))[:300], n, start)
-    return judge(list(tests), out["tests"], start)
+    return judge(tests, out, start)

@@ -25,12 +25,12 @@ from typing import Any
 from rlscope.sandbox.common import (
     SandboxLimits,
     SandboxResult,
-    Status,
     TestCase,
     failed,
     judge,
     rlimits,
     run_child,
+    well_formed,
 )
 
 HARNESS = Path(__file__).with_name("weak_harness.py")
@@ -46,10 +46,7 @@ def _parse(stdout: bytes, nonce: str, n_tests: int) -> dict[str, Any] | None:
             out = json.loads(line[len(prefix):].decode("utf-8"))
         except (ValueError, UnicodeDecodeError, RecursionError):
             return None
-        ok = (isinstance(out, dict) and isinstance(out.get("tests"), list)
-              and isinstance(out.get("violations"), list) and isinstance(out.get("load"), str)
-              and all(isinstance(t, dict) for t in out["tests"]))
-        if ok and (out["load"] != "ok" or len(out["tests"]) == n_tests):
+        if well_formed(out, n_tests) and isinstance(out.get("violations"), list):
             return out
         return None
     return None
@@ -82,8 +79,4 @@ def run_tests_weak(code: str, function: str, tests: Sequence[TestCase],
         return failed("invalid_output", "no well-formed result line", n, start)
     if out["violations"]:
         return failed("blocked", str(out["violations"][0])[:300], n, start)
-    load = out["load"]
-    if load != "ok":
-        status: Status = "limit" if load == "memory" else "crashed"
-        return failed(status, str(out.get("load_error", load))[:300], n, start)
-    return judge(list(tests), out["tests"], start)
+    return judge(tests, out, start)

@@ -11,15 +11,16 @@ each argument list, and writes ONE line ``nonce + json`` to the result channel:
 only, so an object with a lying ``__eq__`` cannot pass a test); the parent compares them.
 
 Must not import rlscope (it runs isolated from site-packages) nor anything that needs a
-file after the guard is installed.
+file after the guard is installed. It loads ``harness.py`` (the isolated mode's child, also
+stdlib only) by path before installing the guard and reuses its loading and calling of the
+code (`run_candidate`), its limits and its result writing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import math
 import os
-import resource
 import signal
 import sys
 from typing import Any
@@ -44,39 +45,17 @@ READ_EVENTS = {"os.listdir": 1, "os.scandir": 1, "glob.glob": 1, "os.getxattr": 
                "os.listxattr": 1, "os.chdir": 1}
 """Path-reading events: allowed inside the root and (read-only) in the standard library."""
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-MAX_VALUE_CHARS = 65_536
-"""A return value whose JSON exceeds this is reported as an error, not sent."""
 
 
-class TestTimeout(BaseException):
-    """One test ran past its time; a BaseException so ``except Exception`` does not eat it."""
-
-
-def set_limits(limits: dict[str, int]) -> None:
-    """Soft = hard for each limit, so the candidate cannot raise them back (root can; the
-    guard refuses ``resource.setrlimit``)."""
-    for name, value in limits.items():
-        rlimit = getattr(resource, name)
-        resource.setrlimit(rlimit, (value, value))
-
-
-def plain(value: Any, depth: int = 0) -> Any:
-    """``value`` as JSON-able builtins of exactly these types (tuples become lists); raises
-    TypeError for anything else, subclasses included."""
-    if depth > 50:
-        raise TypeError("return value nested too deeply")
-    t = type(value)
-    if value is None or t in (bool, int, str):
-        return value
-    if t is float:
-        return value if math.isfinite(value) else repr(value)
-    if t in (list, tuple):
-        return [plain(v, depth + 1) for v in value]
-    if t is dict:
-        if not all(type(k) is str for k in value):
-            raise TypeError("dict keys must be str")
-        return {k: plain(v, depth + 1) for k, v in value.items()}
-    raise TypeError(f"return value of type {t.__name__} is not plain data")
+def load_shared_harness() -> Any:
+    """``harness.py`` of this directory as a module (not run: its ``__name__`` is not
+    ``__main__``)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
+    spec = importlib.util.spec_from_file_location("rlscope_sandbox_harness", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_guard(root: str, read_roots: tuple[str, ...], violations: list[str]) -> Any:
@@ -128,6 +107,7 @@ def make_guard(root: str, read_roots: tuple[str, ...], violations: list[str]) ->
 
 
 def main() -> None:
+    shared = load_shared_harness()
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     nonce: str = request["nonce"]
     root = os.path.realpath(request["root"])
@@ -136,48 +116,13 @@ def main() -> None:
     result_fd = os.dup(1)
     os.dup2(2, 1)
     stdlib = os.path.realpath(os.path.dirname(os.__file__))
-    set_limits(request["limits"])
+    shared.set_limits(request["limits"])  # soft = hard (root can raise them; the guard refuses)
     violations: list[str] = []
     sys.addaudithook(make_guard(root, (stdlib,), violations))
-    out: dict[str, Any] = {"load": "ok", "load_error": "", "tests": [], "violations": violations}
-    per_test = float(request["per_test_seconds"])
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise TestTimeout(f"test ran past {per_test:g} s")
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    namespace: dict[str, Any] = {"__name__": "candidate", "__builtins__": __builtins__}
-    fn: Any = None
-    try:
-        exec(compile(request["code"], "<candidate>", "exec"), namespace)
-        fn = namespace.get(request["function"])
-        if not callable(fn):
-            out["load"], out["load_error"] = "missing", f"no function {request['function']!r}"
-    except SyntaxError as e:
-        out["load"], out["load_error"] = "syntax", f"SyntaxError: {e.msg} (line {e.lineno})"
-    except MemoryError:
-        out["load"], out["load_error"] = "memory", "MemoryError while loading the code"
-    except BaseException as e:  # anything the candidate raises is a result
-        out["load"], out["load_error"] = "error", f"{type(e).__name__} while loading the code"
-    if out["load"] == "ok":
-        for args in request["args"]:
-            test: dict[str, Any] = {"value": None, "error": ""}
-            try:
-                signal.setitimer(signal.ITIMER_REAL, per_test)
-                try:
-                    value = fn(*args)
-                finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                encoded = plain(value)
-                if len(json.dumps(encoded)) > MAX_VALUE_CHARS:
-                    raise ValueError("return value too large")
-                test["value"] = encoded
-            except BaseException as e:
-                test["error"] = type(e).__name__
-            out["tests"].append(test)
-    line = (nonce + json.dumps(out) + "\n").encode("utf-8", errors="replace")
-    while line:
-        line = line[os.write(result_fd, line):]
+    dumps = json.dumps
+    out = shared.run_candidate(request, dumps)
+    out["violations"] = violations
+    shared.write_all(result_fd, (nonce + dumps(out) + "\n").encode("utf-8", errors="replace"))
     os._exit(0)  # no atexit, no waiting for threads the candidate started
 
 
