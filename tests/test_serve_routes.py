@@ -88,3 +88,10 @@ def test_endpoints_use_the_injected_engine_and_shared_error_mapping(
     assert client.post("/api/v1/telemetry", content=b"x", headers={
         "content-encoding": "br"}).status_code == 400
     assert TestClient(client.app).post("/api/v1/telemetry").status_code == 401
+
+
+def test_deeply_nested_json_is_400(client: TestClient) -> None:
+    nested = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for raw in (nested, b"[" * 100_000):
+        r = client.post("/api/v1/create_session", content=raw)
+        assert r.status_code == 400 and "JSON object" in r.json()["detail"], r.text

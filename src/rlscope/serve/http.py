@@ -157,10 +157,11 @@ RawBody = Annotated[bytes, Depends(read_body)]
 
 
 async def json_body(raw: RawBody) -> dict[str, Any]:
-    """The body as a JSON object (`UserError` otherwise)."""
+    """The body as a JSON object (`UserError` otherwise, also for nesting too deep for the
+    parser, which raises `RecursionError`)."""
     try:
         body = json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     if not isinstance(body, dict):
         raise UserError("the request body must be a JSON object")
