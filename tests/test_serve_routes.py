@@ -4,6 +4,7 @@ injected into it (here a stub engine: no model, no worker started)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -95,3 +96,12 @@ def test_deeply_nested_json_is_400(client: TestClient) -> None:
     for raw in (nested, b"[" * 100_000):
         r = client.post("/api/v1/create_session", content=raw)
         assert r.status_code == 400 and "JSON object" in r.json()["detail"], r.text
+
+
+def test_a_float_field_given_an_integer_too_large_for_a_float_is_400(
+        client: TestClient) -> None:
+    r = client.post("/api/v1/optim_step", content=json.dumps(
+        {"model_id": "m", "adam_params": {"learning_rate": 10**400}}))
+    assert r.status_code == 400, r.text
+    assert r.json()["detail"] == ("field 'learning_rate' must be finite, got an "
+                                  "integer too large for a float")

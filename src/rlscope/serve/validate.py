@@ -48,7 +48,11 @@ def get_float(body: dict[str, Any], name: str, default: Any = _MISSING, *,
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UserError(f"field {name!r} must be a number, got {_show(value)}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise UserError(f"field {name!r} must be finite, got an integer too large for a "
+                        "float") from None
     if not math.isfinite(value):
         raise UserError(f"field {name!r} must be finite, got {value}")
     if lo is not None and value < lo:
