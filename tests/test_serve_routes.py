@@ -105,3 +105,12 @@ def test_a_float_field_given_an_integer_too_large_for_a_float_is_400(
     assert r.status_code == 400, r.text
     assert r.json()["detail"] == ("field 'learning_rate' must be finite, got an "
                                   "integer too large for a float")
+
+
+def test_a_lora_seed_outside_torchs_range_is_400(client: TestClient) -> None:
+    for seed in (2**64, -(2**63) - 1):
+        r = client.post("/api/v1/create_model", json={
+            "session_id": "s", "model_seq_id": 0, "base_model": "tiny",
+            "lora_config": {"rank": 4, "seed": seed}})
+        assert r.status_code == 400, r.text
+        assert r.json()["detail"].startswith("field 'seed' must be ")
