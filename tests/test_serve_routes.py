@@ -5,6 +5,7 @@ injected into it (here a stub engine: no model, no worker started)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient
 
 from rlscope.serve.app import create_app
+from rlscope.serve.checkpoints import run_key
 from rlscope.serve.config import ServeConfig
 from rlscope.serve.routes import futures, rest, sampling, session, training
 
@@ -114,3 +116,22 @@ def test_a_lora_seed_outside_torchs_range_is_400(client: TestClient) -> None:
             "lora_config": {"rank": 4, "seed": seed}})
         assert r.status_code == 400, r.text
         assert r.json()["detail"].startswith("field 'seed' must be ")
+
+
+def test_a_half_written_checkpoint_or_run_record_is_skipped_or_400_not_500(
+        tmp_path: Path) -> None:
+    engine = StubEngine()
+    engine.root = tmp_path  # type: ignore[attr-defined]
+    run_dir = tmp_path / run_key("r")
+    for name, meta in (("ok", json.dumps({"name": "ok", "time": "t"})), ("half", "")):
+        (run_dir / "checkpoints/weights" / name).mkdir(parents=True)
+        (run_dir / "checkpoints/weights" / name / "meta.json").write_text(meta)
+    (run_dir / "run.json").write_text(json.dumps({"training_run_id": "r"}))
+    app = create_app(ServeConfig(), engine=engine)  # type: ignore[arg-type]
+    client = TestClient(app, raise_server_exceptions=False)
+    r = client.get("/api/v1/training_runs/r/checkpoints")
+    assert r.status_code == 200, r.text
+    assert [c["checkpoint_id"] for c in r.json()["checkpoints"]] == ["weights/ok"]
+    (run_dir / "run.json").write_text('{"training_run_id": ')
+    r = client.get("/api/v1/training_runs/r/checkpoints")
+    assert r.status_code == 400 and r.json()["detail"] == "training run 'r' is unreadable"
