@@ -165,9 +165,9 @@ def record(path: str) -> dict[str, Any]:
             "time": iso(time.time()), "tinker_path": path}
 
 
-def write_run(model: TrainingModel) -> None:
-    """``run.json``: the ``TrainingRun`` record of ``model``."""
-    atomic_write_text(model.run_dir / "run.json", json.dumps({
+def run_record(model: TrainingModel) -> dict[str, Any]:
+    """The ``TrainingRun`` record of ``model`` (what ``run.json`` holds)."""
+    return {
         "training_run_id": model.model_id, "base_model": model.base_model,
         "model_owner": "local", "is_lora": model.lora.rank > 0, "corrupted": False,
         "lora_rank": model.lora.rank if model.lora.rank > 0 else None,
@@ -175,7 +175,12 @@ def write_run(model: TrainingModel) -> None:
         "last_checkpoint": model.last_checkpoint,
         "last_sampler_checkpoint": model.last_sampler_checkpoint,
         "user_metadata": model.user_metadata or None,
-    }, indent=2) + "\n")
+    }
+
+
+def write_run(model: TrainingModel) -> None:
+    """``run.json``: `run_record` of ``model``."""
+    atomic_write_text(model.run_dir / "run.json", json.dumps(run_record(model), indent=2) + "\n")
 
 
 def read_run(root: Path, run_id: str) -> dict[str, Any]:

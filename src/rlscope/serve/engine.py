@@ -466,8 +466,8 @@ class Engine:
     def training_run(self, run_id: str) -> dict[str, Any]:
         with self.lock:
             model = self.models.get(run_id)
-        if model is not None:
-            checkpoints.write_run(model)
+        if model is not None:  # live: from memory (run.json is written on the worker only)
+            return checkpoints.run_record(model)
         return checkpoints.read_run(self.root, run_id)
 
     def finish_session(self, session_id: str) -> None:
