@@ -135,3 +135,13 @@ def test_a_half_written_checkpoint_or_run_record_is_skipped_or_400_not_500(
     (run_dir / "run.json").write_text('{"training_run_id": ')
     r = client.get("/api/v1/training_runs/r/checkpoints")
     assert r.status_code == 400 and r.json()["detail"] == "training run 'r' is unreadable"
+
+
+def test_a_retried_create_model_gets_the_first_answer_model_id_included(
+        client: TestClient) -> None:
+    body = {"session_id": "retry", "model_seq_id": 3, "base_model": "tiny"}
+    first = client.post("/api/v1/create_model", json=body)
+    again = client.post("/api/v1/create_model", json=body)
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json() == {"request_id": first.json()["request_id"],
+                                            "model_id": "retry:train:3"}
