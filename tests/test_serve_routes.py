@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -145,3 +146,16 @@ def test_a_retried_create_model_gets_the_first_answer_model_id_included(
     assert first.status_code == again.status_code == 200
     assert again.json() == first.json() == {"request_id": first.json()["request_id"],
                                             "model_id": "retry:train:3"}
+
+
+def test_finishing_a_session_marks_only_its_own_clients(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlscope.serve.engine import Engine
+
+    engine = Engine(ServeConfig(root=str(tmp_path)))
+    ids = ["a:train:0", "a:train:1:train:0", "a:b:train:0", "ab:train:0"]
+    engine.models = {i: SimpleNamespace(model_id=i) for i in ids}  # type: ignore[misc]
+    marked: list[str] = []
+    monkeypatch.setattr(engine, "_write_status", lambda m, status: marked.append(m.model_id))
+    engine.finish_session("a")
+    assert marked == ["a:train:0"]

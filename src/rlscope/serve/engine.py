@@ -473,8 +473,9 @@ class Engine:
     def finish_session(self, session_id: str) -> None:
         """Mark the run directories of a finished session's training clients."""
         with self.lock:
+            # the session is what precedes the last ":train:" (a session id may hold one)
             models = [m for m in self.models.values()
-                      if m.model_id.startswith(f"{session_id}:train:")]
+                      if m.model_id.rsplit(":train:", 1)[0] == session_id]
         for model in models:
             self._write_status(model, "finished")
 
