@@ -15,6 +15,7 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient
 
+from rlscope.serve import http
 from rlscope.serve.app import create_app
 from rlscope.serve.checkpoints import run_key
 from rlscope.serve.config import ServeConfig
@@ -159,3 +160,12 @@ def test_finishing_a_session_marks_only_its_own_clients(tmp_path: Path,
     monkeypatch.setattr(engine, "_write_status", lambda m, status: marked.append(m.model_id))
     engine.finish_session("a")
     assert marked == ["a:train:0"]
+
+
+def test_an_endpoint_taking_the_raw_and_the_json_body_reads_it_once(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    decompress = http.decompress
+    monkeypatch.setattr(http, "decompress", lambda *a: calls.append(1) or decompress(*a))
+    r = client.post("/api/v1/optim_step", json={"model_id": "m", "adam_params": {}})
+    assert r.status_code == 200 and calls == [1]
