@@ -1,6 +1,7 @@
 """The routers of `rlscope serve`: every endpoint of TINKER_PROTOCOL.md that the server speaks
 is served by exactly one router, the one of its family, and an endpoint works on the parts
-injected into it (here a stub engine: no model, no worker started)."""
+injected into it (here a stub engine: no model, no worker started); hostile edge cases the
+stub reaches (deep JSON, overflowing numbers, half-written records, retries) answer 4xx."""
 
 from __future__ import annotations
 
