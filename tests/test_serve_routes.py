@@ -1,9 +1,13 @@
 """The routers of `rlscope serve`: every endpoint of TINKER_PROTOCOL.md that the server speaks
 is served by exactly one router, the one of its family, and an endpoint works on the parts
-injected into it (here a stub engine: no model, no worker started)."""
+injected into it (here a stub engine: no model, no worker started); hostile edge cases the
+stub reaches (deep JSON, overflowing numbers, half-written records, retries) answer 4xx."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,7 +16,9 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient
 
+from rlscope.serve import http
 from rlscope.serve.app import create_app
+from rlscope.serve.checkpoints import run_key
 from rlscope.serve.config import ServeConfig
 from rlscope.serve.routes import futures, rest, sampling, session, training
 
@@ -88,3 +94,79 @@ def test_endpoints_use_the_injected_engine_and_shared_error_mapping(
     assert client.post("/api/v1/telemetry", content=b"x", headers={
         "content-encoding": "br"}).status_code == 400
     assert TestClient(client.app).post("/api/v1/telemetry").status_code == 401
+
+
+def test_deeply_nested_json_is_400(client: TestClient) -> None:
+    nested = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for raw in (nested, b"[" * 100_000):
+        r = client.post("/api/v1/create_session", content=raw)
+        assert r.status_code == 400 and "JSON object" in r.json()["detail"], r.text
+
+
+def test_a_float_field_given_an_integer_too_large_for_a_float_is_400(
+        client: TestClient) -> None:
+    r = client.post("/api/v1/optim_step", content=json.dumps(
+        {"model_id": "m", "adam_params": {"learning_rate": 10**400}}))
+    assert r.status_code == 400, r.text
+    assert r.json()["detail"] == ("field 'learning_rate' must be finite, got an "
+                                  "integer too large for a float")
+
+
+def test_a_lora_seed_outside_torchs_range_is_400(client: TestClient) -> None:
+    for seed in (2**64, -(2**63) - 1):
+        r = client.post("/api/v1/create_model", json={
+            "session_id": "s", "model_seq_id": 0, "base_model": "tiny",
+            "lora_config": {"rank": 4, "seed": seed}})
+        assert r.status_code == 400, r.text
+        assert r.json()["detail"].startswith("field 'seed' must be ")
+
+
+def test_a_half_written_checkpoint_or_run_record_is_skipped_or_400_not_500(
+        tmp_path: Path) -> None:
+    engine = StubEngine()
+    engine.root = tmp_path  # type: ignore[attr-defined]
+    run_dir = tmp_path / run_key("r")
+    for name, meta in (("ok", json.dumps({"name": "ok", "time": "t"})), ("half", "")):
+        (run_dir / "checkpoints/weights" / name).mkdir(parents=True)
+        (run_dir / "checkpoints/weights" / name / "meta.json").write_text(meta)
+    (run_dir / "run.json").write_text(json.dumps({"training_run_id": "r"}))
+    app = create_app(ServeConfig(), engine=engine)  # type: ignore[arg-type]
+    client = TestClient(app, raise_server_exceptions=False)
+    r = client.get("/api/v1/training_runs/r/checkpoints")
+    assert r.status_code == 200, r.text
+    assert [c["checkpoint_id"] for c in r.json()["checkpoints"]] == ["weights/ok"]
+    (run_dir / "run.json").write_text('{"training_run_id": ')
+    r = client.get("/api/v1/training_runs/r/checkpoints")
+    assert r.status_code == 400 and r.json()["detail"] == "training run 'r' is unreadable"
+
+
+def test_a_retried_create_model_gets_the_first_answer_model_id_included(
+        client: TestClient) -> None:
+    body = {"session_id": "retry", "model_seq_id": 3, "base_model": "tiny"}
+    first = client.post("/api/v1/create_model", json=body)
+    again = client.post("/api/v1/create_model", json=body)
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json() == {"request_id": first.json()["request_id"],
+                                            "model_id": "retry:train:3"}
+
+
+def test_finishing_a_session_marks_only_its_own_clients(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlscope.serve.engine import Engine
+
+    engine = Engine(ServeConfig(root=str(tmp_path)))
+    ids = ["a:train:0", "a:train:1:train:0", "a:b:train:0", "ab:train:0"]
+    engine.models = {i: SimpleNamespace(model_id=i) for i in ids}  # type: ignore[misc]
+    marked: list[str] = []
+    monkeypatch.setattr(engine, "_write_status", lambda m, status: marked.append(m.model_id))
+    engine.finish_session("a")
+    assert marked == ["a:train:0"]
+
+
+def test_an_endpoint_taking_the_raw_and_the_json_body_reads_it_once(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    decompress = http.decompress
+    monkeypatch.setattr(http, "decompress", lambda *a: calls.append(1) or decompress(*a))
+    r = client.post("/api/v1/optim_step", json={"model_id": "m", "adam_params": {}})
+    assert r.status_code == 200 and calls == [1]

@@ -83,8 +83,6 @@ def create_app(cfg: ServeConfig, engine: Engine | None = None) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
     app.state.context = ctx
-    app.state.engine = ctx.engine
-    app.state.store = ctx.store
     app.state.worker = ctx.worker
     app.state.begin_shutdown = ctx.begin_shutdown
     app.state.warm = ctx.warm

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from rlscope.files import atomic_write_text
 from rlscope.policy.hf import HFPolicy
 from rlscope.serve.state import TrainingModel, UserError
 
@@ -98,7 +99,7 @@ def save(model: TrainingModel, kind: str, name: str) -> str:
         # PEFT format; LoRA on lm_head must not drag the whole head into the adapter
         model.policy.unwrap().save_pretrained(  # type: ignore[operator]
             str(out / "adapter"), save_embedding_layers=False)
-    (out / "meta.json").write_text(json.dumps({
+    atomic_write_text(out / "meta.json", json.dumps({
         "base_model": model.base_model, "spec": model.spec, "lora": model.lora.as_dict(),
         "run_id": model.model_id, "kind": kind, "name": name, "step": model.step,
         "time": iso(time.time())}, indent=2) + "\n")
@@ -164,9 +165,9 @@ def record(path: str) -> dict[str, Any]:
             "time": iso(time.time()), "tinker_path": path}
 
 
-def write_run(model: TrainingModel) -> None:
-    """``run.json``: the ``TrainingRun`` record of ``model``."""
-    (model.run_dir / "run.json").write_text(json.dumps({
+def run_record(model: TrainingModel) -> dict[str, Any]:
+    """The ``TrainingRun`` record of ``model`` (what ``run.json`` holds)."""
+    return {
         "training_run_id": model.model_id, "base_model": model.base_model,
         "model_owner": "local", "is_lora": model.lora.rank > 0, "corrupted": False,
         "lora_rank": model.lora.rank if model.lora.rank > 0 else None,
@@ -174,7 +175,12 @@ def write_run(model: TrainingModel) -> None:
         "last_checkpoint": model.last_checkpoint,
         "last_sampler_checkpoint": model.last_sampler_checkpoint,
         "user_metadata": model.user_metadata or None,
-    }, indent=2) + "\n")
+    }
+
+
+def write_run(model: TrainingModel) -> None:
+    """``run.json``: `run_record` of ``model``."""
+    atomic_write_text(model.run_dir / "run.json", json.dumps(run_record(model), indent=2) + "\n")
 
 
 def read_run(root: Path, run_id: str) -> dict[str, Any]:
@@ -183,7 +189,10 @@ def read_run(root: Path, run_id: str) -> dict[str, Any]:
     path = root / run_key(run_id) / "run.json"
     if not path.is_file():
         raise UserError(f"unknown training run {run_id!r}")
-    run: dict[str, Any] = json.loads(path.read_text())
+    try:
+        run: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"training run {run_id!r} is unreadable") from e
     return run
 
 
@@ -202,7 +211,10 @@ def list_checkpoints(root: Path, run_id: str) -> list[dict[str, Any]]:
     out = []
     for kind in KINDS:
         for meta_path in sorted((run_dir / "checkpoints" / kind).glob("*/meta.json")):
-            meta = json.loads(meta_path.read_text())
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                continue  # unreadable (a crash mid-write): not listed, as in `list_runs`
             out.append({"checkpoint_id": f"{kind}/{meta['name']}",
                         "checkpoint_type": CHECKPOINT_TYPES[kind], "time": meta["time"],
                         "tinker_path": f"tinker://{run_id}/{kind}/{meta['name']}"})

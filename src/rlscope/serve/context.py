@@ -130,16 +130,17 @@ class ServerContext:
         once: a retry gets the first request's future back; ``refusal`` (checked after that)
         fails it at once instead."""
         key = (session_id, model_seq_id)
+        model_id = f"{session_id}:train:{model_seq_id}"
         with self._keys_lock:
             if key in self._create_keys:
-                return future(self._create_keys[key])
+                return future(self._create_keys[key], model_id)
             if refusal is not None:
                 return self.fail_now(kind, refusal)
             request_id = self.submit(kind, run, session_id)
             self._create_keys[key] = request_id
             while len(self._create_keys) > MAX_CREATE_KEYS:
                 self._create_keys.popitem(last=False)
-        return future(request_id, f"{session_id}:train:{model_seq_id}")
+        return future(request_id, model_id)
 
 
 async def context_of(request: Request) -> ServerContext:

@@ -466,15 +466,16 @@ class Engine:
     def training_run(self, run_id: str) -> dict[str, Any]:
         with self.lock:
             model = self.models.get(run_id)
-        if model is not None:
-            checkpoints.write_run(model)
+        if model is not None:  # live: from memory (run.json is written on the worker only)
+            return checkpoints.run_record(model)
         return checkpoints.read_run(self.root, run_id)
 
     def finish_session(self, session_id: str) -> None:
         """Mark the run directories of a finished session's training clients."""
         with self.lock:
+            # the session is what precedes the last ":train:" (a session id may hold one)
             models = [m for m in self.models.values()
-                      if m.model_id.startswith(f"{session_id}:train:")]
+                      if m.model_id.rsplit(":train:", 1)[0] == session_id]
         for model in models:
             self._write_status(model, "finished")
 

@@ -135,10 +135,8 @@ def decompress(raw: bytes, encoding: str, limit: int) -> bytes:
 async def read_body(request: Request, ctx: Context) -> bytes:
     """The body, read as a stream that stops at ``--max_body_bytes`` (a chunked body has no
     Content-Length for the middleware to check), then decompressed with a cap; read once per
-    request."""
-    cached = getattr(request.state, "raw_body", None)
-    if cached is not None:
-        return bytes(cached)
+    request (FastAPI caches a dependency's value within a request, so an endpoint taking both
+    `RawBody` and `JsonBody` reads the stream once)."""
     cap = ctx.cfg.max_body_bytes
     buf = bytearray()
     async for chunk in request.stream():
@@ -148,7 +146,6 @@ async def read_body(request: Request, ctx: Context) -> bytes:
                                        "(--max_body_bytes)")
     raw = decompress(bytes(buf), request.headers.get("content-encoding", ""),
                      ctx.cfg.max_decompressed_bytes)
-    request.state.raw_body = raw
     return raw
 
 
@@ -157,10 +154,11 @@ RawBody = Annotated[bytes, Depends(read_body)]
 
 
 async def json_body(raw: RawBody) -> dict[str, Any]:
-    """The body as a JSON object (`UserError` otherwise)."""
+    """The body as a JSON object (`UserError` otherwise, also for nesting too deep for the
+    parser, which raises `RecursionError`)."""
     try:
         body = json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     if not isinstance(body, dict):
         raise UserError("the request body must be a JSON object")

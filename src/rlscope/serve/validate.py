@@ -9,6 +9,7 @@ bounded length, objects objects.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from rlscope.serve.state import UserError
@@ -25,67 +26,70 @@ def _get(body: dict[str, Any], name: str, default: Any) -> Any:
     return value
 
 
-def get_int(body: dict[str, Any], name: str, default: Any = _MISSING, *,
-            lo: int | None = None, hi: int | None = None) -> Any:
-    """``body[name]`` as an int in ``[lo, hi]`` (``default`` when absent or null)."""
+def _typed(body: dict[str, Any], name: str, default: Any, types: type | tuple[type, ...],
+           what: str, check: Callable[[Any], Any] | None = None) -> Any:
+    """``body[name]`` if it is an instance of ``types`` (a JSON ``true`` passes only where
+    ``types`` is ``bool``), passed through ``check``; ``default`` or null as they are.
+    Raises `UserError` "field ... must be {what}" otherwise."""
     value = _get(body, name, default)
     if value is None or value is default:
         return value
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UserError(f"field {name!r} must be an integer, got {_show(value)}")
+    if not isinstance(value, types) or (isinstance(value, bool) and types is not bool):
+        raise UserError(f"field {name!r} must be {what}, got {_show(value)}")
+    return value if check is None else check(value)
+
+
+def _in_range(name: str, value: Any, lo: float | None, hi: float | None) -> Any:
+    """``value`` after checking ``lo <= value <= hi`` (either bound optional)."""
     if lo is not None and value < lo:
         raise UserError(f"field {name!r} must be >= {lo}, got {value}")
     if hi is not None and value > hi:
         raise UserError(f"field {name!r} must be <= {hi}, got {value}")
     return value
+
+
+def _finite(name: str, value: int | float) -> float:
+    """``value`` as a finite float."""
+    try:
+        out = float(value)
+    except OverflowError:
+        raise UserError(f"field {name!r} must be finite, got an integer too large for a "
+                        "float") from None
+    if not math.isfinite(out):
+        raise UserError(f"field {name!r} must be finite, got {out}")
+    return out
+
+
+def get_int(body: dict[str, Any], name: str, default: Any = _MISSING, *,
+            lo: int | None = None, hi: int | None = None) -> Any:
+    """``body[name]`` as an int in ``[lo, hi]`` (``default`` when absent or null)."""
+    return _typed(body, name, default, int, "an integer",
+                  lambda v: _in_range(name, v, lo, hi))
 
 
 def get_float(body: dict[str, Any], name: str, default: Any = _MISSING, *,
               lo: float | None = None, hi: float | None = None) -> Any:
     """``body[name]`` as a finite float in ``[lo, hi]`` (``default`` when absent or null)."""
-    value = _get(body, name, default)
-    if value is None or value is default:
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"field {name!r} must be a number, got {_show(value)}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise UserError(f"field {name!r} must be finite, got {value}")
-    if lo is not None and value < lo:
-        raise UserError(f"field {name!r} must be >= {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise UserError(f"field {name!r} must be <= {hi}, got {value}")
-    return value
+    return _typed(body, name, default, (int, float), "a number",
+                  lambda v: _in_range(name, _finite(name, v), lo, hi))
 
 
 def get_bool(body: dict[str, Any], name: str, default: Any = _MISSING) -> Any:
-    value = _get(body, name, default)
-    if value is None or value is default:
-        return value
-    if not isinstance(value, bool):
-        raise UserError(f"field {name!r} must be true or false, got {_show(value)}")
-    return value
+    return _typed(body, name, default, bool, "true or false")
 
 
 def get_str(body: dict[str, Any], name: str, default: Any = _MISSING, *,
             max_chars: int = MAX_STR_CHARS) -> Any:
-    value = _get(body, name, default)
-    if value is None or value is default:
+    def bounded(value: str) -> str:
+        if len(value) > max_chars:
+            raise UserError(f"field {name!r} is longer than {max_chars} characters")
         return value
-    if not isinstance(value, str):
-        raise UserError(f"field {name!r} must be a string, got {_show(value)}")
-    if len(value) > max_chars:
-        raise UserError(f"field {name!r} is longer than {max_chars} characters")
-    return value
+
+    return _typed(body, name, default, str, "a string", bounded)
 
 
 def get_dict(body: dict[str, Any], name: str, default: Any = _MISSING) -> Any:
-    value = _get(body, name, default)
-    if value is None or value is default:
-        return value
-    if not isinstance(value, dict):
-        raise UserError(f"field {name!r} must be an object, got {_show(value)}")
-    return value
+    return _typed(body, name, default, dict, "an object")
 
 
 def str_dict(value: Any, name: str) -> dict[str, str]:

@@ -22,6 +22,10 @@ from rlscope.serve.wire import WireError, decode_forward_backward
 SESSION_ID = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}")
 """A ``session_id`` this server accepts (`session_of`)."""
 
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""The seeds ``torch.Generator.manual_seed`` takes (a LoRA ``seed`` outside it is a 400, not a
+failed build)."""
+
 router = APIRouter(prefix="/api/v1")
 
 
@@ -43,7 +47,7 @@ def seq_id_of(body: dict[str, Any]) -> int:
 def lora_config(lora: dict[str, Any]) -> dict[str, Any]:
     """``lora_config`` with every field type-checked (rank 0 = full fine-tuning)."""
     return {"rank": get_int(lora, "rank", 32, lo=0, hi=4096),
-            "seed": get_int(lora, "seed", None),
+            "seed": get_int(lora, "seed", None, lo=SEED_RANGE[0], hi=SEED_RANGE[1]),
             "train_attn": get_bool(lora, "train_attn", True),
             "train_mlp": get_bool(lora, "train_mlp", True),
             "train_unembed": get_bool(lora, "train_unembed", True)}
