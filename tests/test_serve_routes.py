@@ -170,3 +170,24 @@ def test_an_endpoint_taking_the_raw_and_the_json_body_reads_it_once(
     monkeypatch.setattr(http, "decompress", lambda *a: calls.append(1) or decompress(*a))
     r = client.post("/api/v1/optim_step", json={"model_id": "m", "adam_params": {}})
     assert r.status_code == 200 and calls == [1]
+
+
+def test_status_json_stays_finished_and_is_written_whole(tmp_path: Path) -> None:
+    """The worker (after each step) and the finish handler's thread both write status.json: a
+    step already queued when the session ends must not set it back to running, and the file is
+    replaced atomically (a reader never sees half of it)."""
+    from rlscope.serve.engine import Engine
+
+    engine = Engine(ServeConfig(root=str(tmp_path)))
+    model = SimpleNamespace(model_id="s:train:0", run_dir=tmp_path, step=3, finished=False)
+
+    def status() -> dict[str, object]:
+        return json.loads((tmp_path / "status.json").read_text())
+
+    engine._write_status(model, "running")  # type: ignore[arg-type]
+    assert status() == {"status": "running", "steps": 3, "model_id": "s:train:0"}
+    engine._write_status(model, "finished")  # type: ignore[arg-type]
+    model.step = 4
+    engine._write_status(model, "running")  # type: ignore[arg-type]  # the late step
+    assert status() == {"status": "finished", "steps": 4, "model_id": "s:train:0"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["status.json"]  # no temp file left

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlscope.files import atomic_write_text
 from rlscope.metrics.sinks import JsonlWriter
 from rlscope.policy.hf import HFPolicy
 from rlscope.sampling.sampler import SamplingConfig
@@ -299,8 +300,14 @@ class Engine:
                             "rlscope/lr": lr}}
 
     def _write_status(self, model: TrainingModel, status: str) -> None:
-        (model.run_dir / "status.json").write_text(json.dumps(
-            {"status": status, "steps": model.step, "model_id": model.model_id}) + "\n")
+        """Write ``status.json`` (atomically, one writer at a time: the worker and the
+        ``finish`` handler's thread both write it); once finished it stays finished, so a step
+        already queued when the session ends cannot set it back to running."""
+        with self.lock:
+            model.finished = model.finished or status == "finished"
+            atomic_write_text(model.run_dir / "status.json", json.dumps(
+                {"status": "finished" if model.finished else status, "steps": model.step,
+                 "model_id": model.model_id}) + "\n")
 
     # ------------------------------------------------------------------ snapshots, sampling
 

@@ -236,6 +236,8 @@ class TrainingModel:
     last_sampler_checkpoint: dict[str, Any] | None = None
     ephemeral: list[str] = field(default_factory=list)
     stats: StepStats = field(default_factory=StepStats)
+    finished: bool = False
+    """Its session finished: ``status.json`` says so from then on."""
 
     def trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
