@@ -157,7 +157,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     sum_p2_BT = values_BT = ref_logp_BT = ref_logp_BTV = token_rewards_BT = is_weight_BT = None
     if needs_probs or spec.needs_value or corrected:
         fwd = forward_completion(policy, batch, tokens_BT, dist, group_size)
-        sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
+        if needs_probs:  # only the Σπ² baselines read it; a critic or correction does not
+            sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
         if value_head is not None:
             values_BT = value_head(fwd.hidden_BTD) * mask_BT
         if corrected:
