@@ -282,7 +282,9 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     policy_loss = agg(obj_BT)
     loss = policy_loss
     parts = {"loss/policy": policy_loss.detach()}
-    entropy_BT = entropy_from_logp(fwd.logp_BTV)
+    # Only the entropy bonus differentiates H_t; otherwise it is a metric: record no graph.
+    entropy_BT = entropy_from_logp(fwd.logp_BTV if spec.uses_entropy_bonus
+                                   else fwd.logp_BTV.detach())
     if spec.uses_entropy_bonus:
         entropy_term = agg(entropy_BT)
         loss = loss - (spec.entropy_coef if entropy_coef is None else entropy_coef) * entropy_term
