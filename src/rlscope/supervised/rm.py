@@ -88,8 +88,7 @@ def validate_rm(cfg: RmConfig) -> list[str]:
         errors.append("model.lora_rank > 0 is not supported for reward models: leave it at 0")
     if cfg.init and not Path(cfg.init).exists():
         errors.append(f"--init {cfg.init}: no such file or directory")
-    if cfg.num_steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.eval_every < 0 \
-            or cfg.heldout_pairs < 1:
+    if cfg.batch_size < 1 or cfg.lr <= 0 or cfg.heldout_pairs < 1:  # counts < 0: job_errors
         errors.append("--num_steps and --eval_every must be >= 0, --batch_size and "
                       "--heldout_pairs >= 1, --lr > 0")
     return errors

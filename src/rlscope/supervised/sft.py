@@ -142,7 +142,7 @@ def validate_sft(cfg: SftConfig) -> list[str]:
         errors.append(f"task {cfg.task!r} generates no supervised pairs: give --data FILE.jsonl")
     if cfg.data and not Path(cfg.data).is_file():
         errors.append(f"--data {cfg.data}: no such file")
-    if cfg.num_steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.eval_every < 0:
+    if cfg.batch_size < 1 or cfg.lr <= 0:  # job_errors has rejected negative counts
         errors.append("--num_steps and --eval_every must be >= 0, --batch_size >= 1, --lr > 0")
     return errors
 
