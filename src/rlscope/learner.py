@@ -157,7 +157,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     sum_p2_BT = values_BT = ref_logp_BT = ref_logp_BTV = token_rewards_BT = is_weight_BT = None
     if needs_probs or spec.needs_value or corrected:
         fwd = forward_completion(policy, batch, tokens_BT, dist, group_size)
-        sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
+        if needs_probs:  # only the Σπ² baselines read it; a critic or correction does not
+            sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
         if value_head is not None:
             values_BT = value_head(fwd.hidden_BTD) * mask_BT
         if corrected:
@@ -281,7 +282,9 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     policy_loss = agg(obj_BT)
     loss = policy_loss
     parts = {"loss/policy": policy_loss.detach()}
-    entropy_BT = entropy_from_logp(fwd.logp_BTV)
+    # Only the entropy bonus differentiates H_t; otherwise it is a metric: record no graph.
+    entropy_BT = entropy_from_logp(fwd.logp_BTV if spec.uses_entropy_bonus
+                                   else fwd.logp_BTV.detach())
     if spec.uses_entropy_bonus:
         entropy_term = agg(entropy_BT)
         loss = loss - (spec.entropy_coef if entropy_coef is None else entropy_coef) * entropy_term

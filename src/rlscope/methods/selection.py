@@ -30,6 +30,11 @@ KONDO_BISECTION_STEPS = 20
 KONDO_SEED_OFFSET = 3_000_017
 
 
+def mixed_groups_G(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Groups (contiguous rows) whose reward population std is above 1e-6, ``[G]`` bool."""
+    return rewards_B.view(-1, group_size).std(-1, unbiased=False) > MIXED_STD
+
+
 def mixed_groups(rewards_B: torch.Tensor, group_size: int
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Rows to keep, ``keep_B`` (bool), and ``group/`` metrics as 0-d tensors.
@@ -38,8 +43,7 @@ def mixed_groups(rewards_B: torch.Tensor, group_size: int
     ``retained_rate``: fraction of rows kept; ``fallback``: 1 when no group was mixed and every
     row was kept.
     """
-    std_G = rewards_B.view(-1, group_size).std(-1, unbiased=False)
-    mixed_G = std_G > MIXED_STD
+    mixed_G = mixed_groups_G(rewards_B, group_size)
     fallback = ~mixed_G.any()
     keep_G = mixed_G | fallback
     keep_B = keep_G.repeat_interleave(group_size)
@@ -61,8 +65,7 @@ def fill_mixed_groups(first: RolloutBatch, sample_more: Callable[[], RolloutBatc
     """
     def mixed_rows(batch: RolloutBatch) -> torch.Tensor:
         assert batch.rewards_B is not None
-        std_G = batch.rewards_B.view(-1, group_size).std(-1, unbiased=False)
-        return (std_G > MIXED_STD).repeat_interleave(group_size)
+        return mixed_groups_G(batch.rewards_B, group_size).repeat_interleave(group_size)
 
     keep_B = mixed_rows(first)
     if not bool(keep_B.any()):

@@ -119,9 +119,3 @@ def gumbel_offsets(row_seeds: torch.Tensor, step: int | torch.Tensor,
     ``argmax(logp − offsets)`` draws one token from ``exp(logp)`` (the Gumbel-max trick).
     """
     return (-uniform_noise(row_seeds, step, width).log()).log()
-
-
-def gumbel_sample(logp_NV: torch.Tensor, row_seeds_N: torch.Tensor,
-                  step: int | torch.Tensor) -> torch.Tensor:
-    """One draw per row from ``exp(logp_NV)`` by the Gumbel-max trick, ``[N]``."""
-    return (logp_NV - gumbel_offsets(row_seeds_N, step, logp_NV.shape[-1])).argmax(-1)

@@ -4,7 +4,7 @@ A job names its output directory ``<runs_dir>/<name>`` (default ``<kind>_<task>_
 writes ``config.json`` (its config under ``kind``, the task's description and the environment)
 and ``metrics.jsonl`` (one record per step, one per evaluation), shows a progress bar, evaluates
 every ``eval_every`` steps and after the last, and then saves its model. What a step, an
-evaluation and the save do is the job's own.
+evaluation and the save do is the job's own. `JobConfig` holds the settings every job shares.
 """
 
 from __future__ import annotations
@@ -14,15 +14,37 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlscope.metrics.sinks import JsonlWriter, LiveDisplay
-from rlscope.tasks import Task
+from rlscope.policy import ModelConfig
+from rlscope.tasks import Task, TaskConfig
 from rlscope.utils import environment_info
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The settings every supervised job shares; `rlscope.supervised.sft.SftConfig` and
+    `rlscope.supervised.rm.RmConfig` extend it (their flags stay flat: ``--device``, ...)."""
+
+    num_steps: int = 300
+    """Optimizer steps."""
+    eval_every: int = 100
+    """Evaluate every this many steps and at the end (0 = only at the end)."""
+    runs_dir: str = "runs"
+    """Parent folder of the output directory."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto."""
+    threads: int = 0
+    """CPU threads for torch (0 = leave torch's default)."""
+    progress: bool = True
+    """Show the progress bar."""
+    task_options: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,12 @@ SFT model (Ouyang et al. arXiv:2203.02155).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from rlscope import checkpoint
-from rlscope.policy import ModelConfig
 from rlscope.policy.reward_model import (
     RewardModel,
     bradley_terry_loss,
@@ -31,8 +30,8 @@ from rlscope.policy.reward_model import (
     pack_sequences,
     save_reward_model,
 )
-from rlscope.supervised.loop import JobResult, run_job, torch_threads
-from rlscope.tasks import TASKS, TaskConfig, make_task
+from rlscope.supervised.loop import JobConfig, JobResult, run_job, torch_threads
+from rlscope.tasks import TASKS, make_task
 from rlscope.tasks.base import PreferencePair, PreferencePairs
 from rlscope.utils import resolve_device
 
@@ -42,15 +41,13 @@ PROBE_SEED_OFFSET = 3_000_017
 
 
 @dataclass(frozen=True)
-class RmConfig:
+class RmConfig(JobConfig):
     """Train a reward model with the Bradley–Terry loss on a task's generated preference
     pairs, then save it for ``rlscope train --rm_path``."""
 
     task: str = "preference_rm"
     """Task whose preference pairs (task.preference_pairs) train the model and whose prompt
     width and completion length shape its input."""
-    num_steps: int = 300
-    """Optimizer steps."""
     batch_size: int = 64
     """Fresh pairs per step."""
     lr: float = 1e-3
@@ -59,24 +56,12 @@ class RmConfig:
     """Model init and pair order (held-out pairs: seed + 2000029)."""
     heldout_pairs: int = 512
     """Held-out pairs for rm/heldout_accuracy (and as many repeat-probe pairs)."""
-    eval_every: int = 100
-    """Evaluate every this many steps and at the end (0 = only at the end)."""
     init: str = ""
     """Start the backbone from these policy weights (an rlscope sft output directory or
     sft.pt; same model options); empty = random init."""
-    runs_dir: str = "runs"
-    """Parent folder of the output directory."""
     name: str = ""
     """Output directory name (default: rm_<task>_s<seed>_<time>); pass runs_dir/name to
     rlscope train --rm_path."""
-    device: str = "auto"
-    """cpu, cuda, cuda:N or auto."""
-    threads: int = 0
-    """CPU threads for torch (0 = leave torch's default)."""
-    progress: bool = True
-    """Show the progress bar."""
-    task_options: TaskConfig = field(default_factory=TaskConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
 
 
 RmResult = JobResult
@@ -103,8 +88,7 @@ def validate_rm(cfg: RmConfig) -> list[str]:
         errors.append("model.lora_rank > 0 is not supported for reward models: leave it at 0")
     if cfg.init and not Path(cfg.init).exists():
         errors.append(f"--init {cfg.init}: no such file or directory")
-    if cfg.num_steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.eval_every < 0 \
-            or cfg.heldout_pairs < 1:
+    if cfg.batch_size < 1 or cfg.lr <= 0 or cfg.heldout_pairs < 1:  # counts < 0: job_errors
         errors.append("--num_steps and --eval_every must be >= 0, --batch_size and "
                       "--heldout_pairs >= 1, --lr > 0")
     return errors

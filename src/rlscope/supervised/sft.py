@@ -22,7 +22,7 @@ import copy
 import dataclasses
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,8 @@ import torch
 from rlscope.batch import PromptBatch
 from rlscope.checkpoint import SFT_FILE, atomic_save
 from rlscope.evaluation import evaluate, heldout_batch
-from rlscope.policy import ModelConfig
-from rlscope.supervised.loop import JobResult, run_job, torch_threads
-from rlscope.tasks import TASKS, Task, TaskConfig, make_task
+from rlscope.supervised.loop import JobConfig, JobResult, run_job, torch_threads
+from rlscope.tasks import TASKS, Task, make_task
 from rlscope.tasks.base import Pair, SupervisedPairs, Tokenized, make_policy_for
 from rlscope.utils import resolve_device
 
@@ -43,7 +42,7 @@ HELDOUT_PAIRS = 256
 
 
 @dataclass(frozen=True)
-class SftConfig:
+class SftConfig(JobConfig):
     """A supervised warm start: cross-entropy on completion tokens, then a checkpoint."""
 
     task: str = "arithmetic"
@@ -52,8 +51,6 @@ class SftConfig:
     data: str = ""
     """JSONL file of {"prompt": ..., "completion": ...} strings; empty = pairs the task
     generates (task.sft_pairs)."""
-    num_steps: int = 300
-    """Optimizer steps."""
     batch_size: int = 64
     """Pairs per step (drawn fresh from the task, or uniformly with replacement from --data)."""
     lr: float = 3e-3
@@ -61,20 +58,8 @@ class SftConfig:
     seed: int = 0
     """Model init and data order; the evaluation set is the task's for this seed (as in
     rlscope train with the same --seed)."""
-    eval_every: int = 100
-    """Evaluate every this many steps and at the end (0 = only at the end)."""
-    runs_dir: str = "runs"
-    """Parent folder of the output directory."""
     name: str = ""
     """Output directory name (default: sft_<task>_s<seed>_<time>)."""
-    device: str = "auto"
-    """cpu, cuda, cuda:N or auto."""
-    threads: int = 0
-    """CPU threads for torch (0 = leave torch's default)."""
-    progress: bool = True
-    """Show the progress bar."""
-    task_options: TaskConfig = field(default_factory=TaskConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
 
 
 SftResult = JobResult
@@ -157,7 +142,7 @@ def validate_sft(cfg: SftConfig) -> list[str]:
         errors.append(f"task {cfg.task!r} generates no supervised pairs: give --data FILE.jsonl")
     if cfg.data and not Path(cfg.data).is_file():
         errors.append(f"--data {cfg.data}: no such file")
-    if cfg.num_steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.eval_every < 0:
+    if cfg.batch_size < 1 or cfg.lr <= 0:  # job_errors has rejected negative counts
         errors.append("--num_steps and --eval_every must be >= 0, --batch_size >= 1, --lr > 0")
     return errors
 
