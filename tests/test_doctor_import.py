@@ -349,6 +349,11 @@ def test_two_foreign_names_for_one_quantity_are_never_merged(tmp_path: Path) -> 
     ("deep.json", b"[" * 100_000),
     ("fake.wandb", b":W&B\xe1\xbe\x00" + bytes(range(256)) * 8),
     ("events.out.tfevents.123.host", b"not an event file"),
+    ("big_int.jsonl", b'{"step": 1, "x": 1' + b"0" * 400 + b'}\n{"step": 2, "x": 1}\n'),
+    ("big_step.jsonl", b'{"step": 1' + b"0" * 400 + b', "x": 1}\n{"step": 2, "x": 1}\n'),
+    ("long_int.jsonl", b'{"step": 1, "x": 1' + b"0" * 5000 + b'}\n{"step": 2, "x": 1}\n'),
+    ("deep_object.jsonl", b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"\n"),
+    ("trl_list_step.json", b'{"log_history": [{"step": [1], "epoch": 1, "loss": 1}]}'),
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_junk_never_crashes_the_doctor(tmp_path: Path, name: str, content: bytes) -> None:
     """Whatever the file, `load` (and the whole doctor) reads something or raises DoctorError
@@ -369,6 +374,21 @@ def test_junk_never_crashes_the_doctor(tmp_path: Path, name: str, content: bytes
         run_doctor(path)
     except DoctorError:
         pass
+
+
+@pytest.mark.parametrize("config", [b"[1, 2]", b'"text"', b"[" * 100_000,
+                                    b'{"a": 1' + b"0" * 5000 + b"}"],
+                         ids=["list", "string", "deep", "long_int"])
+def test_a_run_directory_with_a_foreign_config_json_is_still_diagnosed(tmp_path: Path,
+                                                                      config: bytes) -> None:
+    """config.json that is not a JSON object is a problem of the table, not a crash."""
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "reward/mean": 0.1 * i}) + "\n" for i in range(5)))
+    (tmp_path / "config.json").write_bytes(config)
+    table = load(tmp_path).tables[0]
+    assert table.values("reward/mean").tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert table.config == {}
+    assert any("config.json" in str(problem) for problem in table.problems)
 
 
 # --- TensorBoard and W&B offline runs ---------------------------------------------------------

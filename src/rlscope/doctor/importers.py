@@ -71,7 +71,7 @@ def _tinker_jsonl(text: str) -> bool:
         return False
     try:
         keys = list(json.loads(_first_line(text)))
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # ValueError: also an int over 4300 digits
         keys = []
     return guess_framework(keys) == "tinker"
 
