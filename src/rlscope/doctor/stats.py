@@ -202,7 +202,7 @@ def spikes(steps: np.ndarray, values: np.ndarray, z: float = SPIKE_Z,
         rz = dev / mad
     else:
         scale = max(float(np.median(np.abs(values))), 1e-12) * 1e-6
-        rz = np.where(np.abs(dev) > scale, np.sign(dev) * np.inf, 0.0)
+        rz = np.where(np.abs(dev) > scale, np.copysign(np.inf, dev), 0.0)
     signed = {"up": rz, "down": -rz, "both": np.abs(rz)}[direction]
     hit = signed > z
     if min_ratio > 0:
