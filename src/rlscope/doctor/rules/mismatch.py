@@ -4,6 +4,7 @@ buffer gone stale.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,26 +57,20 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
             f"num_minibatches = {minibatches}: the first pass of every minibatch after the "
             "first follows an optimizer step, so it is not expected to match the sampler"))
     evidence: dict[str, Any] = {}
-    if t.has("policy/ratio_mean_first"):
-        off = np.abs(t.values("policy/ratio_mean_first") - 1.0)
-        if off.mean() > c.mismatch_tol:
-            evidence["ratio_mean_first_abs_dev"] = _r(float(off.mean()))
-    if t.has("sampler/frac_outside_band"):
-        band = t.values("sampler/frac_outside_band")
-        if band.mean() > c.outside_band:
-            evidence["frac_outside_band"] = _r(float(band.mean()))
-    if t.has("sampler/logp_diff_mean"):
-        diff = np.abs(t.values("sampler/logp_diff_mean"))
-        if diff.mean() > c.mismatch_tol:
-            evidence["logp_diff_mean_abs"] = _r(float(diff.mean()))
-    if t.has("policy/clipfrac_region_first"):
-        clipped = t.values("policy/clipfrac_region_first")
-        if clipped.mean() > 0:
-            evidence["clipfrac_region_first"] = _r(float(clipped.mean()))
-    if t.has("policy/kl_behaviour_k2_first"):
-        k2 = t.values("policy/kl_behaviour_k2_first")
-        if k2.mean() > c.mismatch_k2:
-            evidence["kl_behaviour_k2_first"] = _r(float(k2.mean()))
+    # (metric, evidence key, its distance from the on-policy value, the limit of its mean)
+    gaps: tuple[tuple[str, str, Callable[[np.ndarray], np.ndarray], float], ...] = (
+        ("policy/ratio_mean_first", "ratio_mean_first_abs_dev", lambda v: np.abs(v - 1.0),
+         c.mismatch_tol),
+        ("sampler/frac_outside_band", "frac_outside_band", lambda v: v, c.outside_band),
+        ("sampler/logp_diff_mean", "logp_diff_mean_abs", np.abs, c.mismatch_tol),
+        ("policy/clipfrac_region_first", "clipfrac_region_first", lambda v: v, 0.0),
+        ("policy/kl_behaviour_k2_first", "kl_behaviour_k2_first", lambda v: v, c.mismatch_k2),
+    )
+    for name, key, distance, limit in gaps:
+        if t.has(name):
+            gap = float(distance(t.values(name)).mean())
+            if gap > limit:
+                evidence[key] = _r(gap)
     if t.has("policy/kl_behaviour_k1_first"):
         # first-pass k1 (tinker-cookbook's kl_sample_train_v1, verl's rollout_corr/kl and
         # OpenRLHF's vllm_kl, sign flipped to ours): 0 on an on-policy step
