@@ -734,6 +734,24 @@ def mismatched() -> dict[str, np.ndarray]:
             "sampler/frac_outside_band": 0.05 + noise(21, 0.005)}
 
 
+@pytest.mark.parametrize("config", [
+    {"config": "text", "method_spec": 3},
+    {"config": {"run": "x", "sampling": [1], "optim": None}},
+    {"config": {"run": {"delay": 0, "num_minibatches": "two", "inner_epochs": None},
+                "replay": {"replay_capacity": "x"}, "optim": {"grad_clip": "1.0x"},
+                "sampling": {"top_k": "x", "top_p": [0.9], "stop_token_ids": 3}},
+     "method_spec": {"kl": {"control": "adaptive", "target_value": "six"}}},
+], ids=["not_objects", "wrong_sections", "wrong_values"])
+def test_a_config_of_the_wrong_types_counts_as_not_recorded(config: dict[str, Any]) -> None:
+    """A foreign log's config (TRL keeps every top-level key of trainer_state.json) or a
+    hand-edited config.json may hold anything under our keys: every rule still runs."""
+    t = table(mismatched() | {"policy/kl_ref_seq_k1": np.linspace(1.0, 40.0, N),
+                              "optim/grad_norm": 2.0 + noise(3, 0.1)}, config)
+    findings, unavailable = diagnose(t, DEFAULT)
+    assert "sampler_mismatch" in {f.id for f in findings}
+    assert unavailable["grad_clip_saturation"].reason == "config"
+
+
 def test_sampler_mismatch_fires_on_policy_with_the_sampling_cause():
     t = table(mismatched(), run_config(delay=0, top_p=0.9, mask=False))
     f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")

@@ -16,6 +16,7 @@ from rlscope.doctor.rules.common import (
     _need,
     _r,
     _sampling_cause,
+    _section,
     _why,
 )
 from rlscope.doctor.stats import (
@@ -25,6 +26,7 @@ from rlscope.doctor.stats import (
     trend,
 )
 from rlscope.doctor.table import MetricTable
+from rlscope.results import finite
 
 MISMATCH = ("sampler/logp_diff_mean", "policy/kl_behaviour_k2_first",
             "sampler/frac_outside_band", "sampler/logp_diff_max", "policy/kl_behaviour_k1_first")
@@ -50,8 +52,8 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
         return found
     if facts.get("on_policy") is False:
         return []
-    minibatches = t.config.get("config", {}).get("run", {}).get("num_minibatches", 1)
-    if minibatches > 1:
+    minibatches = _section(t.config, "config", "run").get("num_minibatches", 1)
+    if (finite(minibatches) or 1) > 1:
         # the first pass scores minibatch k after the optimizer steps of minibatches 1..k−1
         return Unavailable(("a first pass before any update",), reason="config", detail=(
             f"num_minibatches = {minibatches}: the first pass of every minibatch after the "
