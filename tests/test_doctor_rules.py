@@ -1249,6 +1249,18 @@ def test_nonfinite_gradients_fires_on_skipped_steps_and_not_otherwise():
     quiet(RULES["nonfinite_gradients"](table({"optim/nonfinite_steps": 0.0}), DEFAULT))
 
 
+def test_nonfinite_gradients_with_counts_whose_sum_overflows_still_reports():
+    """A corrupt log's counts (finite, but summing to inf) give a capped count, not an
+    OverflowError."""
+    n = np.zeros(len(STEPS))
+    n[[7, 9]] = [1e308, 1e308]
+    f = fired(RULES["nonfinite_gradients"](table({"optim/nonfinite_steps": n}), DEFAULT),
+              "nonfinite_gradients")
+    assert f.evidence["skipped_optimizer_steps"] == 2 ** 53
+    assert f.evidence["training_steps_affected"] == 2
+    assert f.evidence["first_step"] == float(STEPS[7])
+
+
 # ---------------------------------------------------------------- events (issue 16)
 
 def test_reward_peak_then_fall_reports_the_peak_step_and_the_fall():
