@@ -74,9 +74,9 @@ def nonfinite_gradients(t: MetricTable, c: DoctorConfig) -> RuleOut:
     if not bad.any():
         return []
     first = float(steps[bad][0])
-    # capped: a corrupt log's huge counts overflow their float sum to inf
+    # positive counts only, capped: a corrupt log's huge counts overflow their sum to inf
     with np.errstate(over="ignore"):
-        skipped = int(min(float(n.sum()), MAX_COUNT))
+        skipped = int(min(float(n[bad].sum()), MAX_COUNT))
     return [Finding(
         "nonfinite_gradients", "warning",
         f"{skipped} optimizer steps had a NaN or infinite gradient (skipped), the first at "
