@@ -1253,7 +1253,7 @@ def test_nonfinite_gradients_with_counts_whose_sum_overflows_still_reports():
     """A corrupt log's counts (finite, but summing to ±inf or NaN) give a capped count, not an
     OverflowError."""
     n = np.zeros(len(STEPS))
-    n[[5, 7, 9]] = [-1e308, 1e308, 1e308]  # a negative count is no skipped step
+    n[[3, 5, 7, 9]] = [-1e308, -1e308, 1e308, 1e308]  # a negative count is no skipped step
     f = fired(RULES["nonfinite_gradients"](table({"optim/nonfinite_steps": n}), DEFAULT),
               "nonfinite_gradients")
     assert f.evidence["skipped_optimizer_steps"] == 2 ** 53
