@@ -829,6 +829,15 @@ def test_sampler_mismatch_names_a_systematic_offset_only_when_its_test_passes(tm
     assert "top_p=0.9" in f.evidence["cause"]
 
 
+def test_sampler_mismatch_offset_test_with_a_huge_k1_does_not_overflow() -> None:
+    """A corrupt log's huge first-pass k1: k1² is inf (a float power would raise
+    OverflowError), a share of 1."""
+    t = table({"policy/kl_behaviour_k1_first": -1e200, "policy/kl_behaviour_k2_first": 1.0})
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert f.evidence["cause"].startswith("a systematic offset")
+    assert "explains 100%" in f.evidence["cause"]
+
+
 # ---------------------------------------------------------------- grad_clip_saturation
 
 def test_grad_clip_saturation_fires_from_clip_active():

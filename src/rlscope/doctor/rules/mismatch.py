@@ -127,11 +127,12 @@ def _offset_cause(t: MetricTable) -> str | None:
                         t.series("policy/kl_behaviour_k2_first"))
     if len(k1) == 0 or float(k2.mean()) <= 0:
         return None
-    share = float(k1.mean()) ** 2 / (2 * float(k2.mean()))
-    if share < OFFSET_SHARE:
+    m1, m2 = float(k1.mean()), float(k2.mean())
+    share = m1 * m1 / (2 * m2)  # not m1 ** 2: a float power overflowing raises OverflowError
+    if not share >= OFFSET_SHARE:  # NaN (inf / inf) included
         return None
     return (f"a systematic offset, not numerical noise: a constant shift of "
-            f"{float(k1.mean()):.3g} nats per token explains {min(share, 1.0):.0%} of the mean "
+            f"{m1:.3g} nats per token explains {min(share, 1.0):.0%} of the mean "
             "squared log-ratio (k1² / 2·k2), as when the sampler draws from a renormalised "
             "distribution (top-k/top-p filtering, a temperature) whose log-probs the learner "
             "does not reproduce")
