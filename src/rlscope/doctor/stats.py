@@ -125,15 +125,6 @@ def trend(steps: np.ndarray, values: np.ndarray, frac: float = WINDOW_FRAC,
                  ups=int((diffs > 0).sum()), downs=int((diffs < 0).sum()))
 
 
-def robust_z(values: np.ndarray) -> np.ndarray:
-    """(x − median) / (1.4826·MAD); zeros when the MAD is 0."""
-    median = np.median(values)
-    mad = 1.4826 * np.median(np.abs(values - median))
-    if mad == 0:
-        return np.zeros_like(values)
-    return (values - median) / mad
-
-
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
     """Pearson correlation (0 when either side is constant or shorter than 3)."""
     if len(a) < 3 or np.std(a) == 0 or np.std(b) == 0:
