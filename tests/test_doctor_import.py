@@ -583,6 +583,20 @@ def test_a_trl_name_under_the_wandb_train_prefix_is_read_under_its_own_name(
     assert table.values("frac_reward_zero_std (as logged)").tolist() == [0.5, 0.5]
 
 
+def test_a_foreign_name_logged_only_as_nan_does_not_keep_the_canonical_name(
+        tmp_path: Path) -> None:
+    """TRL's classic ppo/policy/entropy claims policy/entropy first but logs only inf (not
+    stored); the preferred policy/entropy_avg then gets the name (a KeyError before)."""
+    path = tmp_path / "trainer_state.json"
+    path.write_text('{"log_history": [{"step": 0, "ppo/policy/entropy": Infinity, '
+                    '"policy/entropy_avg": 1.5}, {"step": 1, "ppo/policy/entropy": NaN, '
+                    '"policy/entropy_avg": 1.25}]}')
+    (table,) = load(path).tables
+    assert table.values("policy/entropy").tolist() == [1.5, 1.25]
+    assert table.original["policy/entropy"] == "policy/entropy_avg"
+    assert not table.has("ppo/policy/entropy")
+
+
 def test_a_trl_evaluation_entry_does_not_make_its_step_look_logged_twice(tmp_path: Path) -> None:
     """transformers stamps every log entry with `epoch`: the training and the evaluation
     entries of step 20 both carry epoch 0.5. That is one step, not a resumed run; a real

@@ -94,7 +94,8 @@ def _finish(table: MetricTable, framework: str | None) -> None:
             if preferred == _bare(claimer):
                 continue
             stored = present[preferred]  # the preferred series, still under its own name
-            table.move(canonical, claimer)
+            if table.has(canonical):  # not when the claimer logged only non-finite values
+                table.move(canonical, claimer)
             table.move(stored, canonical)
             table.original[canonical] = stored.removesuffix(" (as logged)")
             table.notes[canonical] = translations[preferred].note
