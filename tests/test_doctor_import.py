@@ -413,6 +413,44 @@ def test_tensorboard_event_files_are_read_with_translation(tmp_path: Path) -> No
     assert {t.source for t in load(event_file).tables} == {"run_a"}
 
 
+def _leveldb_framed(records: list[bytes]) -> bytes:
+    """A W&B transaction log holding ``records``, framed as W&B writes them (32 KiB blocks,
+    a record longer than a block split into first/middle/last chunks)."""
+    import struct
+
+    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
+    for record in records:
+        pos = 0
+        while True:
+            left = 32768 - len(out) % 32768
+            if left < 7:
+                out += b"\0" * left
+                continue
+            n = min(left - 7, len(record) - pos)
+            last = pos + n == len(record)
+            kind = (1 if last else 2) if pos == 0 else (4 if last else 3)
+            out += struct.pack("<IHB", 0, n, kind)
+            out += record[pos:pos + n]
+            pos += n
+            if last:
+                break
+    return bytes(out)
+
+
+def test_wandb_records_over_many_blocks_are_joined_in_linear_time() -> None:
+    """A 64 MB record (2,000 chunks) comes back whole and fast: joining its chunks with +=
+    copied quadratically (tens of seconds)."""
+    import time
+
+    from rlscope.metrics.wandb_log import wandb_chunks
+
+    small, big = b"abc" * 10, bytes(range(256)) * (1 << 18)
+    start = time.perf_counter()
+    chunks = list(wandb_chunks(_leveldb_framed([small, big, small])))
+    assert time.perf_counter() - start < 3.0
+    assert chunks == [small, big, small]
+
+
 def test_wandb_reader_rejects_what_is_not_a_transaction_log(tmp_path: Path) -> None:
     path = _write(tmp_path, "run-x.wandb", b"PK\x03\x04 a zip file")
     with pytest.raises(DoctorError, match="not a W&B transaction log"):
