@@ -103,6 +103,21 @@ def test_verl_malformed_value_is_reported_with_its_line(tmp_path: Path) -> None:
     assert [(p.line, "c/d" in p.message) for p in table.problems] == [(2, True)]
 
 
+@pytest.mark.parametrize("tail", ["a" * 40_000 + " x", "a-" * 20_000, "k:" + "-a" * 20_000],
+                         ids=["token_without_colon", "dashed_token", "dashed_value"])
+def test_verl_record_with_a_long_token_is_read_in_linear_time(tmp_path: Path,
+                                                              tail: str) -> None:
+    """A 40 KB token on a record line: an unbounded key in the pair pattern made the search
+    quadratic (about 15 s here, a minute at 80 KB); the pair before it is still read."""
+    import time
+
+    path = _write(tmp_path, "verl.log", "step:1 - b:0.5 - " + tail + "\n")
+    start = time.perf_counter()
+    (table,) = load(path, "verl").tables
+    assert time.perf_counter() - start < 3.0
+    assert table.values("b").tolist() == [0.5]
+
+
 def test_trl_trainer_state(tmp_path: Path) -> None:
     state = {"global_step": 2, "log_history": [
         {"step": 1, "loss": 0.1, "reward": 0.2, "kl": 0.0, "completions/mean_length": 12.0},
