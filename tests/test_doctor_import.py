@@ -103,6 +103,20 @@ def test_verl_malformed_value_is_reported_with_its_line(tmp_path: Path) -> None:
     assert [(p.line, "c/d" in p.message) for p in table.problems] == [(2, True)]
 
 
+@pytest.mark.parametrize(("text", "value"), [
+    ("tensor(" + "," * 20_000, None), ("tensor(" + ",a" * 20_000 + ")x", None),
+    ("tensor(1.5" + ", a" * 20_000 + ")", 1.5)], ids=["commas", "commas_unclosed", "long"])
+def test_verl_tensor_value_with_many_commas_parses_in_linear_time(text: str,
+                                                                  value: float | None) -> None:
+    """tensor(...) with 20,000 commas: the lazy value group backtracked quadratically (3 to
+    6 s here)."""
+    import time
+
+    start = time.perf_counter()
+    assert parse_value(text) == value
+    assert time.perf_counter() - start < 1.0
+
+
 @pytest.mark.parametrize("tail", ["a" * 40_000 + " x", "a-" * 20_000, "k:" + "-a" * 20_000],
                          ids=["token_without_colon", "dashed_token", "dashed_value"])
 def test_verl_record_with_a_long_token_is_read_in_linear_time(tmp_path: Path,

@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterable
 from rlscope.doctor.table import MetricTable
 
 RECORD = re.compile(r"(?:^|[^\w/.-])step:\s*(\d+)\s+-\s")
+# tensor's value stops at its first comma ([^,]: ``.*?`` there backtracked quadratically)
 _WRAPPED_VALUE = re.compile(
-    r"^(?:np\.)?(?:float|int|uint|bool)\w*\((.*)\)$|^tensor\((.*?)(?:,.*)?\)$")
+    r"^(?:np\.)?(?:float|int|uint|bool)\w*\((.*)\)$|^tensor\(([^,]*?)(?:,.*)?\)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SEPARATOR = re.compile(r"\s-(?:\s|$)")  # " - ", or " -" where a wrap dropped the space
 
