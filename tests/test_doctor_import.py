@@ -103,6 +103,19 @@ def test_verl_malformed_value_is_reported_with_its_line(tmp_path: Path) -> None:
     assert [(p.line, "c/d" in p.message) for p in table.problems] == [(2, True)]
 
 
+def test_a_log_with_many_distinct_names_is_read_in_linear_time(tmp_path: Path) -> None:
+    """30,000 distinct metric names (one per line): the renamer looked each new name up in
+    the list of names given so far (quadratic: about 10 s here)."""
+    import time
+
+    path = _write(tmp_path, "many.jsonl", "".join(
+        json.dumps({"step": i, f"m{i}": 1.0}) + "\n" for i in range(30_000)))
+    start = time.perf_counter()
+    (table,) = load(path, "jsonl").tables
+    assert time.perf_counter() - start < 3.0
+    assert len(table.names()) == 30_000 and table.values("m29999").tolist() == [1.0]
+
+
 @pytest.mark.parametrize(("text", "value"), [
     ("tensor(" + "," * 20_000, None), ("tensor(" + ",a" * 20_000 + ")x", None),
     ("tensor(1.5" + ", a" * 20_000 + ")", 1.5)], ids=["commas", "commas_unclosed", "long"])
