@@ -88,6 +88,17 @@ def test_eval_of_a_directory_without_cases_is_a_one_line_error(
     assert "no case directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("spec", ["must_find = 3", 'must_find = "entropy_collapse"',
+                                  "must_not_find = [1]", "log = 3"])
+def test_an_expected_toml_of_the_wrong_types_is_a_one_line_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str) -> None:
+    corpus = _tiny_corpus(tmp_path)
+    (corpus / "collapse" / "expected.toml").write_text(spec + "\n")
+    assert main(["doctor", "--eval", str(corpus)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "expected.toml" in err and err.count("\n") == 1
+
+
 def test_scores_count_true_and_false_positives(tmp_path: Path) -> None:
     r = evaluate(_tiny_corpus(tmp_path))
     s = r.rules["entropy_collapse"]

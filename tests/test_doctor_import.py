@@ -104,6 +104,48 @@ def test_verl_malformed_value_is_reported_with_its_line(tmp_path: Path) -> None:
     assert [(p.line, "c/d" in p.message) for p in table.problems] == [(2, True)]
 
 
+def test_a_log_with_many_distinct_names_is_read_in_linear_time(tmp_path: Path) -> None:
+    """30,000 distinct metric names (one per line): the renamer looked each new name up in
+    the list of names given so far (quadratic: about 10 s here)."""
+    import time
+
+    path = _write(tmp_path, "many.jsonl", "".join(
+        json.dumps({"step": i, f"m{i}": 1.0}) + "\n" for i in range(30_000)))
+    start = time.perf_counter()
+    (table,) = load(path, "jsonl").tables
+    assert time.perf_counter() - start < 3.0
+    assert len(table.names()) == 30_000 and table.values("m29999").tolist() == [1.0]
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("tensor(" + "," * 20_000, None), ("tensor(" + ",a" * 20_000 + ")x", None),
+    ("tensor(1.5" + ", a" * 20_000 + ")", 1.5)], ids=["commas", "commas_unclosed", "long"])
+def test_verl_tensor_value_with_many_commas_parses_in_linear_time(text: str,
+                                                                  value: float | None) -> None:
+    """tensor(...) with 20,000 commas: the lazy value group backtracked quadratically (3 to
+    6 s here)."""
+    import time
+
+    start = time.perf_counter()
+    assert parse_value(text) == value
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("tail", ["a" * 40_000 + " x", "a-" * 20_000, "k:" + "-a" * 20_000],
+                         ids=["token_without_colon", "dashed_token", "dashed_value"])
+def test_verl_record_with_a_long_token_is_read_in_linear_time(tmp_path: Path,
+                                                              tail: str) -> None:
+    """A 40 KB token on a record line: an unbounded key in the pair pattern made the search
+    quadratic (about 15 s here, a minute at 80 KB); the pair before it is still read."""
+    import time
+
+    path = _write(tmp_path, "verl.log", "step:1 - b:0.5 - " + tail + "\n")
+    start = time.perf_counter()
+    (table,) = load(path, "verl").tables
+    assert time.perf_counter() - start < 3.0
+    assert table.values("b").tolist() == [0.5]
+
+
 def test_trl_trainer_state(tmp_path: Path) -> None:
     state = {"global_step": 2, "log_history": [
         {"step": 1, "loss": 0.1, "reward": 0.2, "kl": 0.0, "completions/mean_length": 12.0},
@@ -350,6 +392,11 @@ def test_two_foreign_names_for_one_quantity_are_never_merged(tmp_path: Path) -> 
     ("deep.json", b"[" * 100_000),
     ("fake.wandb", b":W&B\xe1\xbe\x00" + bytes(range(256)) * 8),
     ("events.out.tfevents.123.host", b"not an event file"),
+    ("big_int.jsonl", b'{"step": 1, "x": 1' + b"0" * 400 + b'}\n{"step": 2, "x": 1}\n'),
+    ("big_step.jsonl", b'{"step": 1' + b"0" * 400 + b', "x": 1}\n{"step": 2, "x": 1}\n'),
+    ("long_int.jsonl", b'{"step": 1, "x": 1' + b"0" * 5000 + b'}\n{"step": 2, "x": 1}\n'),
+    ("deep_object.jsonl", b'{"a": ' * 50_000 + b"1" + b"}" * 50_000 + b"\n"),
+    ("trl_list_step.json", b'{"log_history": [{"step": [1], "epoch": 1, "loss": 1}]}'),
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_junk_never_crashes_the_doctor(tmp_path: Path, name: str, content: bytes) -> None:
     """Whatever the file, `load` (and the whole doctor) reads something or raises DoctorError
@@ -372,6 +419,21 @@ def test_junk_never_crashes_the_doctor(tmp_path: Path, name: str, content: bytes
         pass
 
 
+@pytest.mark.parametrize("config", [b"[1, 2]", b'"text"', b"[" * 100_000,
+                                    b'{"a": 1' + b"0" * 5000 + b"}"],
+                         ids=["list", "string", "deep", "long_int"])
+def test_a_run_directory_with_a_foreign_config_json_is_still_diagnosed(tmp_path: Path,
+                                                                      config: bytes) -> None:
+    """config.json that is not a JSON object is a problem of the table, not a crash."""
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "reward/mean": 0.1 * i}) + "\n" for i in range(5)))
+    (tmp_path / "config.json").write_bytes(config)
+    table = load(tmp_path).tables[0]
+    assert table.values("reward/mean").tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert table.config == {}
+    assert any("config.json" in str(problem) for problem in table.problems)
+
+
 # --- TensorBoard and W&B offline runs ---------------------------------------------------------
 
 def test_tensorboard_event_files_are_read_with_translation(tmp_path: Path) -> None:
@@ -392,6 +454,44 @@ def test_tensorboard_event_files_are_read_with_translation(tmp_path: Path) -> No
     event_file = next((tmp_path / "tb" / "run_a").glob("events.out.tfevents.*"))
     assert sniff(event_file) == "tensorboard"
     assert {t.source for t in load(event_file).tables} == {"run_a"}
+
+
+def _leveldb_framed(records: list[bytes]) -> bytes:
+    """A W&B transaction log holding ``records``, framed as W&B writes them (32 KiB blocks,
+    a record longer than a block split into first/middle/last chunks)."""
+    import struct
+
+    out = bytearray(b":W&B" + struct.pack("<HB", 0xBEE1, 0))
+    for record in records:
+        pos = 0
+        while True:
+            left = 32768 - len(out) % 32768
+            if left < 7:
+                out += b"\0" * left
+                continue
+            n = min(left - 7, len(record) - pos)
+            last = pos + n == len(record)
+            kind = (1 if last else 2) if pos == 0 else (4 if last else 3)
+            out += struct.pack("<IHB", 0, n, kind)
+            out += record[pos:pos + n]
+            pos += n
+            if last:
+                break
+    return bytes(out)
+
+
+def test_wandb_records_over_many_blocks_are_joined_in_linear_time() -> None:
+    """A 64 MB record (2,000 chunks) comes back whole and fast: joining its chunks with +=
+    copied quadratically (tens of seconds)."""
+    import time
+
+    from rlscope.metrics.wandb_log import wandb_chunks
+
+    small, big = b"abc" * 10, bytes(range(256)) * (1 << 18)
+    start = time.perf_counter()
+    chunks = list(wandb_chunks(_leveldb_framed([small, big, small])))
+    assert time.perf_counter() - start < 3.0
+    assert chunks == [small, big, small]
 
 
 def test_wandb_reader_rejects_what_is_not_a_transaction_log(tmp_path: Path) -> None:
@@ -562,6 +662,20 @@ def test_a_trl_name_under_the_wandb_train_prefix_is_read_under_its_own_name(
     (table,) = load(path).tables
     assert table.values("frac_reward_zero_std").tolist() == [0.75, 0.875]
     assert table.values("frac_reward_zero_std (as logged)").tolist() == [0.5, 0.5]
+
+
+def test_a_foreign_name_logged_only_as_nan_does_not_keep_the_canonical_name(
+        tmp_path: Path) -> None:
+    """TRL's classic ppo/policy/entropy claims policy/entropy first but logs only inf (not
+    stored); the preferred policy/entropy_avg then gets the name (a KeyError before)."""
+    path = tmp_path / "trainer_state.json"
+    path.write_text('{"log_history": [{"step": 0, "ppo/policy/entropy": Infinity, '
+                    '"policy/entropy_avg": 1.5}, {"step": 1, "ppo/policy/entropy": NaN, '
+                    '"policy/entropy_avg": 1.25}]}')
+    (table,) = load(path).tables
+    assert table.values("policy/entropy").tolist() == [1.5, 1.25]
+    assert table.original["policy/entropy"] == "policy/entropy_avg"
+    assert not table.has("ppo/policy/entropy")
 
 
 def test_a_trl_evaluation_entry_does_not_make_its_step_look_logged_twice(tmp_path: Path) -> None:

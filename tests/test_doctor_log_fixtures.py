@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
+from doctor_fixtures import FIXTURES, generator
 
-FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
-
-
-def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_log_fixtures",
-                                                  FIXTURES / "make_log_fixtures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _generator()
+GEN = generator("make_log_fixtures")
 
 
 @pytest.mark.parametrize("name", sorted(GEN.WRITERS))
@@ -45,17 +28,7 @@ def test_verl_log_has_the_real_value_forms() -> None:
     assert len(wrapped) > 10
 
 
-def _name_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_name_fixtures",
-                                                  FIXTURES / "make_name_fixtures.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-NAME_GEN = _name_generator()
+NAME_GEN = generator("make_name_fixtures")
 
 
 @pytest.mark.parametrize("name", sorted(NAME_GEN.WRITERS))

@@ -734,6 +734,24 @@ def mismatched() -> dict[str, np.ndarray]:
             "sampler/frac_outside_band": 0.05 + noise(21, 0.005)}
 
 
+@pytest.mark.parametrize("config", [
+    {"config": "text", "method_spec": 3},
+    {"config": {"run": "x", "sampling": [1], "optim": None}},
+    {"config": {"run": {"delay": 0, "num_minibatches": "two", "inner_epochs": None},
+                "replay": {"replay_capacity": "x"}, "optim": {"grad_clip": "1.0x"},
+                "sampling": {"top_k": "x", "top_p": [0.9], "stop_token_ids": 3}},
+     "method_spec": {"kl": {"control": "adaptive", "target_value": "six"}}},
+], ids=["not_objects", "wrong_sections", "wrong_values"])
+def test_a_config_of_the_wrong_types_counts_as_not_recorded(config: dict[str, Any]) -> None:
+    """A foreign log's config (TRL keeps every top-level key of trainer_state.json) or a
+    hand-edited config.json may hold anything under our keys: every rule still runs."""
+    t = table(mismatched() | {"policy/kl_ref_seq_k1": np.linspace(1.0, 40.0, N),
+                              "optim/grad_norm": 2.0 + noise(3, 0.1)}, config)
+    findings, unavailable = diagnose(t, DEFAULT)
+    assert "sampler_mismatch" in {f.id for f in findings}
+    assert unavailable["grad_clip_saturation"].reason == "config"
+
+
 def test_sampler_mismatch_fires_on_policy_with_the_sampling_cause():
     t = table(mismatched(), run_config(delay=0, top_p=0.9, mask=False))
     f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
@@ -809,6 +827,15 @@ def test_sampler_mismatch_names_a_systematic_offset_only_when_its_test_passes(tm
               run_config(delay=0, top_p=0.9, mask=False))
     f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
     assert "top_p=0.9" in f.evidence["cause"]
+
+
+def test_sampler_mismatch_offset_test_with_a_huge_k1_does_not_overflow() -> None:
+    """A corrupt log's huge first-pass k1: k1² is inf (a float power would raise
+    OverflowError), a share of 1."""
+    t = table({"policy/kl_behaviour_k1_first": -1e200, "policy/kl_behaviour_k2_first": 1.0})
+    f = fired(RULES["sampler_mismatch"](t, DEFAULT), "sampler_mismatch")
+    assert f.evidence["cause"].startswith("a systematic offset")
+    assert "explains 100%" in f.evidence["cause"]
 
 
 # ---------------------------------------------------------------- grad_clip_saturation
@@ -1229,6 +1256,18 @@ def test_nonfinite_gradients_fires_on_skipped_steps_and_not_otherwise():
     assert f.evidence["training_steps_affected"] == 2
     assert f.evidence["first_step"] == float(STEPS[7]) == f.step
     quiet(RULES["nonfinite_gradients"](table({"optim/nonfinite_steps": 0.0}), DEFAULT))
+
+
+def test_nonfinite_gradients_with_counts_whose_sum_overflows_still_reports():
+    """A corrupt log's counts (finite, but summing to ±inf or NaN) give a capped count, not an
+    OverflowError."""
+    n = np.zeros(len(STEPS))
+    n[[3, 5, 7, 9]] = [-1e308, -1e308, 1e308, 1e308]  # a negative count is no skipped step
+    f = fired(RULES["nonfinite_gradients"](table({"optim/nonfinite_steps": n}), DEFAULT),
+              "nonfinite_gradients")
+    assert f.evidence["skipped_optimizer_steps"] == 2 ** 53
+    assert f.evidence["training_steps_affected"] == 2
+    assert f.evidence["first_step"] == float(STEPS[7])
 
 
 # ---------------------------------------------------------------- events (issue 16)

@@ -14,7 +14,6 @@ from rlscope.doctor.stats import (
     aligned,
     correlation,
     noise_sigma,
-    robust_z,
     slope_interval,
     trend,
     window_size,
@@ -136,17 +135,6 @@ def test_slope_interval_degenerate_steps():
     # all points at one step: no slope
     assert slope_interval(np.zeros(5), np.arange(5.0)) == (0.0, 0.0, 0.0)
     assert slope_interval(np.arange(2.0), np.arange(2.0)) == (0.0, 0.0, 0.0)
-
-
-def test_robust_z_by_hand():
-    # [1, 2, 3, 4, 100]: median 3; |x − 3| = [2, 1, 0, 1, 97], median 1; scale 1.4826·1
-    z = robust_z(np.array([1.0, 2.0, 3.0, 4.0, 100.0]))
-    assert z == pytest.approx(np.array([-2.0, -1.0, 0.0, 1.0, 97.0]) / 1.4826)
-    # [10, 12, 14, 16]: median 13; |x − 13| = [3, 1, 1, 3], median 2; scale 2.9652
-    z = robust_z(np.array([10.0, 12.0, 14.0, 16.0]))
-    assert z == pytest.approx(np.array([-3.0, -1.0, 1.0, 3.0]) / 2.9652)
-    # a constant series has MAD 0: zeros (documented), never inf or nan
-    assert np.array_equal(robust_z(np.full(6, 0.3)), np.zeros(6))
 
 
 def test_correlation_by_hand():

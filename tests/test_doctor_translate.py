@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from doctor_fixtures import FIXTURES, generator
 
 from rlscope.doctor.formats import STEP_KEYS
 from rlscope.doctor.importers import load
@@ -191,17 +189,7 @@ def test_is_seconds(name: str, seconds: bool) -> None:
     assert is_seconds(name) is seconds
 
 
-def _name_fixtures() -> ModuleType:
-    path = Path(__file__).parent / "fixtures" / "doctor" / "make_name_fixtures.py"
-    spec = importlib.util.spec_from_file_location("make_name_fixtures", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-NAME_GEN = _name_fixtures()
+NAME_GEN = generator("make_name_fixtures")
 
 
 @pytest.mark.parametrize("fixture", sorted(NAME_GEN.WRITERS))
@@ -214,7 +202,7 @@ def test_each_translator_on_a_log_holding_every_name_it_documents(fixture: str) 
     framework documents it (without W&B's ``train/`` prefix, which the rules do not read)."""
     framework = NAME_GEN.FRAMEWORK[fixture]
     prefix = NAME_GEN.PREFIX[framework]
-    (table,) = load(Path(__file__).parent / "fixtures" / "doctor" / fixture).tables
+    (table,) = load(FIXTURES / fixture).tables
     assert table.framework == framework and table.problems == []
     notes = "\n".join(table.import_notes)
     documented = NAME_GEN.names(framework)

@@ -84,7 +84,10 @@ def number(value: Any) -> float | None:
     and ``"nan"`` / ``"inf"`` / ``"-inf"``, which is how the JSONL files write non-finite
     floats); None for anything else."""
     if isinstance(value, bool | int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond the float range, as a JSON 1e400 reads
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, str):
         try:
             return float(value)

@@ -28,8 +28,6 @@ import re
 
 from rlscope.doctor.table import MetricTable
 
-FRAMEWORKS = ("rlscope", "verl", "trl", "trl_ppo", "openrlhf", "tinker")
-
 GENERIC: dict[str, str] = {
     "lr": "the learning rate", "entropy_coef": "an entropy bonus",
     "clip_high": "the upper clip bound", "clip": "the clip range",

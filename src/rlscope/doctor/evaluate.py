@@ -91,6 +91,13 @@ def load_case(directory: Path) -> Case:
     """One case directory (ValueError with what is wrong when it is not one)."""
     spec_path = directory / "expected.toml"
     spec = tomllib.loads(spec_path.read_text())
+    for key in ("must_find", "must_not_find"):
+        if not isinstance(spec.get(key, []), list) or not all(
+                isinstance(rule, str) for rule in spec.get(key, [])):
+            raise ValueError(f"{spec_path}: {key} must be a list of rule ids, e.g. "
+                             f'{key} = ["entropy_collapse"]')
+    if not isinstance(spec.get("log", ""), str):
+        raise ValueError(f"{spec_path}: log must be a file name (a string)")
     if "log" in spec:
         log = (directory / spec["log"]).resolve()
     elif (directory / "metrics.jsonl").exists() and (directory / "config.json").exists():

@@ -60,7 +60,7 @@ def read_jsonl(path: Path, fmt: str, framework: str | None = None) -> MetricTabl
             continue
         try:
             row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
+        except (ValueError, RecursionError) as e:  # ValueError: also an int over 4300 digits
             table.problem(line_no, f"not JSON ({e.__class__.__name__}): {line.strip()[:60]!r}")
             continue
         if not isinstance(row, dict):
@@ -79,7 +79,7 @@ def read_json(path: Path) -> MetricTable:
     the index)."""
     try:
         rows = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
         raise DoctorError(f"{path}: not a JSON array of step objects ({e.__class__.__name__}: "
                           f"{str(e)[:80]})") from None
     if not isinstance(rows, list):
@@ -154,10 +154,16 @@ def read_run_dir(path: Path) -> MetricTable:
     for extra in ("config.json", "status.json"):
         if (path / extra).exists():
             try:
-                table.config |= {"status": json.loads((path / extra).read_text())} \
-                    if extra == "status.json" else json.loads((path / extra).read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                table.problem(None, f"{extra}: {e}")
+                value = json.loads((path / extra).read_text())
+            except (ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
+                table.problem(None, f"{extra}: {e.__class__.__name__}: {str(e)[:80]}")
+                continue
+            if extra == "status.json":
+                table.config |= {"status": value}
+            elif isinstance(value, dict):
+                table.config |= value
+            else:
+                table.problem(None, f"{extra}: expected a JSON object, got {type(value).__name__}")
     return table
 
 
@@ -166,7 +172,7 @@ def read_trl(path: Path) -> MetricTable:
     summary entry (``train_runtime``, ...) is kept under its own names."""
     try:
         state = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
         raise DoctorError(f"{path}: not a JSON trainer_state.json ({e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
         raise DoctorError(f"{path}: a TRL trainer_state.json needs a 'log_history' list")
@@ -180,7 +186,7 @@ def read_trl(path: Path) -> MetricTable:
             continue
         # transformers stamps every log entry with `epoch`: the training and the evaluation
         # entries of one step carry the same value, which is not a step logged twice
-        step = entry.get("step")
+        step = _number(entry.get("step"))
         if "epoch" in entry and step in epochs and epochs[step] == entry["epoch"]:
             entry = {k: v for k, v in entry.items() if k != "epoch"}
         elif "epoch" in entry:

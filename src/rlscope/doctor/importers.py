@@ -71,7 +71,7 @@ def _tinker_jsonl(text: str) -> bool:
         return False
     try:
         keys = list(json.loads(_first_line(text)))
-    except (json.JSONDecodeError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # ValueError: also an int over 4300 digits
         keys = []
     return guess_framework(keys) == "tinker"
 
@@ -166,7 +166,7 @@ def sniff(path: Path) -> str:
     named = next((fmt for fmt, sign in NAME_SIGNS if sign(path)), None)
     if named is not None:
         return named
-    head = path.open("rb").read(SNIFF_BYTES).removeprefix(b"\xef\xbb\xbf")
+    head = _head(path)
     if not head.strip():
         raise DoctorError(f"{path} is empty: expected a training log (verl console log, TRL "
                           "trainer_state.json, W&B CSV export, metrics.jsonl or a CSV/JSONL "
@@ -180,6 +180,12 @@ def sniff(path: Path) -> str:
         return sniffed
     raise DoctorError(f"{path}: could not tell its format; pass --format "
                       f"({', '.join(FORMATS[1:])})")
+
+
+def _head(path: Path) -> bytes:
+    """The first SNIFF_BYTES of ``path``, a UTF-8 byte-order mark removed."""
+    with path.open("rb") as f:
+        return f.read(SNIFF_BYTES).removeprefix(b"\xef\xbb\xbf")
 
 
 def _binary_share(data: bytes) -> float:
@@ -223,8 +229,7 @@ def load(path: str | Path, fmt: str = "auto") -> ImportResult:
         fmt = sniff(p)
     elif p.is_dir() and fmt not in DIRECTORY_FORMATS:
         raise DoctorError(f"{p} is a directory; --format {fmt} reads a file")
-    elif p.is_file() and not p.open("rb").read(SNIFF_BYTES).removeprefix(
-            b"\xef\xbb\xbf").strip():
+    elif p.is_file() and not _head(p).strip():
         raise DoctorError(f"{p} is empty")
     tables = READERS[fmt](p)
     for table in tables:

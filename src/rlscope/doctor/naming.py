@@ -47,6 +47,7 @@ def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
     documents and the rules read) unless the bare name is taken.
     """
     cache: dict[str, str] = {}
+    given: set[str] = set()  # cache's values: a set, so each new name is O(1), not O(names)
     table.framework = framework
 
     def rename(name: str) -> str:
@@ -58,9 +59,9 @@ def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
             canonical, note = translate(framework, _bare(name))
             canonical = name if canonical == _bare(name) else canonical
         if framework in PREFIXED and canonical == name and name != _bare(name) \
-                and _bare(name) not in cache.values() and _bare(name) not in table.original:
+                and _bare(name) not in given and _bare(name) not in table.original:
             canonical = _bare(name)  # the logger's prefix, not part of the framework's name
-        elif canonical == name and (name in table.original or name in cache.values()):
+        elif canonical == name and (name in table.original or name in given):
             # our name, already taken by a translated one (or by a prefixed one stripped)
             canonical = f"{name} (as logged)"
             taken_by = table.original.get(name) or next(k for k, v in cache.items() if v == name)
@@ -74,6 +75,7 @@ def _renamer(table: MetricTable, framework: str | None) -> Callable[[str], str]:
                 if note:
                     table.notes[canonical] = note
         cache[name] = canonical
+        given.add(canonical)
         return canonical
 
     return rename
@@ -94,7 +96,8 @@ def _finish(table: MetricTable, framework: str | None) -> None:
             if preferred == _bare(claimer):
                 continue
             stored = present[preferred]  # the preferred series, still under its own name
-            table.move(canonical, claimer)
+            if table.has(canonical):  # not when the claimer logged only non-finite values
+                table.move(canonical, claimer)
             table.move(stored, canonical)
             table.original[canonical] = stored.removesuffix(" (as logged)")
             table.notes[canonical] = translations[preferred].note

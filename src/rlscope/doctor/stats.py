@@ -91,6 +91,21 @@ def slope_interval(steps: np.ndarray, values: np.ndarray, n_boot: int = N_BOOTST
     return slope, float(low), float(high)
 
 
+def _beyond_rounding(change: float, before: float, after: float) -> bool:
+    """Whether a change from ``before`` to ``after`` is more than REL_TOL of their scale."""
+    return abs(change) > REL_TOL * max(abs(before), abs(after), 1e-12)
+
+
+def _significant_z(change: float, before: float, after: float, se: float,
+                   z: float) -> float | None:
+    """The change in standard errors ``se`` (inf for se 0) when it is beyond rounding and
+    exceeds ``z``, else None."""
+    if not _beyond_rounding(change, before, after):
+        return None
+    zs = abs(change) / se if se > 0 else float("inf")
+    return zs if zs > z else None
+
+
 def trend(steps: np.ndarray, values: np.ndarray, frac: float = WINDOW_FRAC,
           min_window: int = MIN_WINDOW, z: float = Z) -> Trend:
     """The trend of a series (at least one point)."""
@@ -106,17 +121,8 @@ def trend(steps: np.ndarray, values: np.ndarray, frac: float = WINDOW_FRAC,
                  last_mean=last, change=change, slope=slope, slope_low=low, slope_high=high,
                  noise=sigma, exceeds_noise=bool(
                      n >= 2 * w and abs(change) > z * se
-                     and abs(change) > REL_TOL * max(abs(first), abs(last), 1e-12)),
+                     and _beyond_rounding(change, first, last)),
                  ups=int((diffs > 0).sum()), downs=int((diffs < 0).sum()))
-
-
-def robust_z(values: np.ndarray) -> np.ndarray:
-    """(x − median) / (1.4826·MAD); zeros when the MAD is 0."""
-    median = np.median(values)
-    mad = 1.4826 * np.median(np.abs(values - median))
-    if mad == 0:
-        return np.zeros_like(values)
-    return (values - median) / mad
 
 
 def correlation(a: np.ndarray, b: np.ndarray) -> float:
@@ -202,7 +208,7 @@ def spikes(steps: np.ndarray, values: np.ndarray, z: float = SPIKE_Z,
         rz = dev / mad
     else:
         scale = max(float(np.median(np.abs(values))), 1e-12) * 1e-6
-        rz = np.where(np.abs(dev) > scale, np.sign(dev) * np.inf, 0.0)
+        rz = np.where(np.abs(dev) > scale, np.copysign(np.inf, dev), 0.0)
     signed = {"up": rz, "down": -rz, "both": np.abs(rz)}[direction]
     hit = signed > z
     if min_ratio > 0:
@@ -254,11 +260,8 @@ def change_point(steps: np.ndarray, values: np.ndarray, z: float = Z,
     sigma = float(np.sqrt((noise_sigma(values[:i]) ** 2 * i + noise_sigma(values[i:]) ** 2
                            * (n - i)) / n)) if min(i, n - i) >= 3 else sigma
     se = sigma * np.sqrt(1.0 / i + 1.0 / (n - i))
-    gap = abs(after - before)
-    if gap <= REL_TOL * max(abs(before), abs(after), 1e-12):
-        return None
-    zs = gap / se if se > 0 else float("inf")
-    if zs <= z:
+    zs = _significant_z(after - before, before, after, se, z)
+    if zs is None:
         return None
     return ChangePoint(float(steps[i]), i, before, after, float(zs))
 
@@ -318,10 +321,8 @@ def onset(steps: np.ndarray, values: np.ndarray, z: float = Z,
     sigma = noise_sigma(values)
     w = window_size(n)
     se = sigma * np.sqrt(2.0 / w)
-    if abs(change) <= REL_TOL * max(abs(level), abs(level + change), 1e-12):
-        return None
-    zs = abs(change) / se if se > 0 else float("inf")
-    if zs <= z:
+    zs = _significant_z(change, level, level + change, se, z)
+    if zs is None:
         return None
     return Onset(float(steps[i]), i, level, slope, float(zs))
 

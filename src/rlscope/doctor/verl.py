@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterable
 from rlscope.doctor.table import MetricTable
 
 RECORD = re.compile(r"(?:^|[^\w/.-])step:\s*(\d+)\s+-\s")
+# tensor's value stops at its first comma ([^,]: ``.*?`` there backtracked quadratically)
 _WRAPPED_VALUE = re.compile(
-    r"^(?:np\.)?(?:float|int|uint|bool)\w*\((.*)\)$|^tensor\((.*?)(?:,.*)?\)$")
+    r"^(?:np\.)?(?:float|int|uint|bool)\w*\((.*)\)$|^tensor\(([^,]*?)(?:,.*)?\)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SEPARATOR = re.compile(r"\s-(?:\s|$)")  # " - ", or " -" where a wrap dropped the space
 
@@ -54,9 +55,12 @@ def _continues(previous: str, line: str) -> bool:
     return bool(head) and not any(ch.isspace() for ch in head)
 
 
+MAX_KEY = 255
+"""The longest key `_PAIR` reads (verl's are under 100 characters): unbounded, a long token
+without a colon made the search quadratic in the line (an 80 KB token: a minute)."""
 _PAIR = re.compile(
-    r"(?P<key>[A-Za-z_][^\s:]*):\s*(?P<value>.*?)"
-    r"(?=\s*-\s*[A-Za-z_][^\s:()]*:|\s*$)")
+    rf"(?P<key>[A-Za-z_][^\s:]{{0,{MAX_KEY}}}):\s*(?P<value>.*?)"
+    rf"(?=\s*-\s*[A-Za-z_][^\s:()]{{0,{MAX_KEY}}}:|\s*$)")
 """One ``key:value``; the value runs to the next ``-key:`` (with or without the spaces of
 `` - ``, which a terminal wrap may swallow) or to the end. Keys start with a letter, so a
 negative number or an exponent (``-0.5``, ``1e-05``) never starts a new pair."""

@@ -30,7 +30,8 @@ def wandb_chunks(data: bytes) -> Iterator[bytes]:
     """The records of a W&B transaction log (LevelDB log framing after a 7-byte header)."""
     if len(data) < _WANDB_HEADER.size or data[:4] != b":W&B":
         raise BadLog("not a W&B transaction log (no ':W&B' header)")
-    pos, pending = _WANDB_HEADER.size, b""
+    pos = _WANDB_HEADER.size
+    pending: list[bytes] = []  # joined once at the last chunk: += would copy quadratically
     while pos + _CHUNK_HEADER.size <= len(data):
         left = _BLOCK - pos % _BLOCK
         if left < _CHUNK_HEADER.size:  # block trailer padding
@@ -48,12 +49,12 @@ def wandb_chunks(data: bytes) -> Iterator[bytes]:
         if kind == _FULL:
             yield fragment
         elif kind == _FIRST:
-            pending = fragment
+            pending = [fragment]
         elif kind == _MIDDLE:
-            pending += fragment
+            pending.append(fragment)
         elif kind == _LAST:
-            yield pending + fragment
-            pending = b""
+            yield b"".join([*pending, fragment])
+            pending = []
         else:
             raise BadLog(f"unknown record type {kind} at byte {pos - length}")
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from rlscope.doctor.findings import Finding, Unavailable
 from rlscope.doctor.table import MetricTable
+from rlscope.results import finite
 
 RuleOut = list[Finding] | Unavailable
 
@@ -63,22 +64,30 @@ def _lr(t: MetricTable) -> float | None:
     """The learning rate the log records (its median), or None."""
     if t.has("optim/lr"):
         return float(np.median(t.values("optim/lr")))
-    lr = t.config.get("config", {}).get("optim", {}).get("lr")
+    lr = _section(t.config, "config", "optim").get("lr")
     return float(lr) if isinstance(lr, (int, float)) else None
 
 
+def _section(config: Any, *keys: str) -> dict[str, Any]:
+    """``config[keys[0]][keys[1]]...``; {} where a level is missing or not an object (a foreign
+    log's config, or a hand-edited config.json, may hold anything under our keys)."""
+    for key in keys:
+        config = config.get(key) if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
 def _facts(t: MetricTable) -> dict[str, Any]:
-    """What the log's config says about the run (empty for most foreign logs)."""
-    cfg = t.config.get("config", {})
-    run, sampling = cfg.get("run", {}), cfg.get("sampling", {})
-    replay = cfg.get("replay", {})
-    spec = t.config.get("method_spec", {})
+    """What the log's config says about the run (empty for most foreign logs); a setting of
+    the wrong type counts as not recorded."""
+    cfg = _section(t.config, "config")
+    run, sampling = _section(cfg, "run"), _section(cfg, "sampling")
+    replay = _section(cfg, "replay")
     facts: dict[str, Any] = {}
     if run:
         facts["delay"] = run.get("delay", 0)
-        facts["replay"] = replay.get("replay_capacity", 0) > 0
+        facts["replay"] = (finite(replay.get("replay_capacity", 0)) or 0) > 0
         facts["on_policy"] = facts["delay"] == 0 and not facts["replay"]
-        facts["grad_clip"] = cfg.get("optim", {}).get("grad_clip")
+        facts["grad_clip"] = finite(_section(cfg, "optim").get("grad_clip"))
     if sampling:
         facts["sampling"] = {k: sampling.get(k) for k in
                              ("temperature", "top_k", "top_p", "replay_sampling_mask")}
@@ -87,10 +96,10 @@ def _facts(t: MetricTable) -> dict[str, Any]:
     if isinstance(task, str):
         facts["task"] = task
         facts["length_scored"] = task in LENGTH_SCORED_TASKS
-    kl = spec.get("kl", {})
+    kl = _section(t.config, "method_spec", "kl")
     if kl:
         facts["kl_control"] = kl.get("control")
-        facts["kl_target_value"] = kl.get("target_value")
+        facts["kl_target_value"] = finite(kl.get("target_value"))
     return facts
 
 
@@ -100,7 +109,7 @@ def _sampling_cause(facts: dict[str, Any]) -> str | None:
     s = facts.get("sampling")
     if not s:
         return None
-    filtered = (s.get("top_k") or 0) > 0 or (s.get("top_p") or 1.0) < 1.0
+    filtered = (finite(s.get("top_k")) or 0) > 0 or (finite(s.get("top_p")) or 1.0) < 1.0
     if filtered and not s.get("replay_sampling_mask", True):
         return (f"sampling filtered the distribution (top_k={s.get('top_k')}, "
                 f"top_p={s.get('top_p')}) and the learner does not replay the kept set "

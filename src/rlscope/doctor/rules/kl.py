@@ -16,6 +16,7 @@ from rlscope.doctor.rules.common import (
     _need,
     _r,
     _sampling_cause,
+    _section,
 )
 from rlscope.doctor.stats import (
     growth,
@@ -208,7 +209,7 @@ def kl_too_small(t: MetricTable, c: DoctorConfig) -> RuleOut:
     run
     with one inner epoch of one minibatch measures its last pass before any update (always 0),
     so the check does not apply there."""
-    run = t.config.get("config", {}).get("run", {})
+    run = _section(t.config, "config", "run")
     if run and run.get("inner_epochs", 1) == 1 and run.get("num_minibatches", 1) == 1:
         return Unavailable(("a KL measured after an update",), reason="config",
                            detail="inner_epochs = num_minibatches = 1, so the last pass is "

@@ -4,6 +4,7 @@ buffer gone stale.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from rlscope.doctor.rules.common import (
     _need,
     _r,
     _sampling_cause,
+    _section,
     _why,
 )
 from rlscope.doctor.stats import (
@@ -24,6 +26,7 @@ from rlscope.doctor.stats import (
     trend,
 )
 from rlscope.doctor.table import MetricTable
+from rlscope.results import finite
 
 MISMATCH = ("sampler/logp_diff_mean", "policy/kl_behaviour_k2_first",
             "sampler/frac_outside_band", "sampler/logp_diff_max", "policy/kl_behaviour_k1_first")
@@ -49,33 +52,27 @@ def sampler_mismatch(t: MetricTable, c: DoctorConfig) -> RuleOut:
         return found
     if facts.get("on_policy") is False:
         return []
-    minibatches = t.config.get("config", {}).get("run", {}).get("num_minibatches", 1)
-    if minibatches > 1:
+    minibatches = _section(t.config, "config", "run").get("num_minibatches", 1)
+    if (finite(minibatches) or 1) > 1:
         # the first pass scores minibatch k after the optimizer steps of minibatches 1..k−1
         return Unavailable(("a first pass before any update",), reason="config", detail=(
             f"num_minibatches = {minibatches}: the first pass of every minibatch after the "
             "first follows an optimizer step, so it is not expected to match the sampler"))
     evidence: dict[str, Any] = {}
-    if t.has("policy/ratio_mean_first"):
-        off = np.abs(t.values("policy/ratio_mean_first") - 1.0)
-        if off.mean() > c.mismatch_tol:
-            evidence["ratio_mean_first_abs_dev"] = _r(float(off.mean()))
-    if t.has("sampler/frac_outside_band"):
-        band = t.values("sampler/frac_outside_band")
-        if band.mean() > c.outside_band:
-            evidence["frac_outside_band"] = _r(float(band.mean()))
-    if t.has("sampler/logp_diff_mean"):
-        diff = np.abs(t.values("sampler/logp_diff_mean"))
-        if diff.mean() > c.mismatch_tol:
-            evidence["logp_diff_mean_abs"] = _r(float(diff.mean()))
-    if t.has("policy/clipfrac_region_first"):
-        clipped = t.values("policy/clipfrac_region_first")
-        if clipped.mean() > 0:
-            evidence["clipfrac_region_first"] = _r(float(clipped.mean()))
-    if t.has("policy/kl_behaviour_k2_first"):
-        k2 = t.values("policy/kl_behaviour_k2_first")
-        if k2.mean() > c.mismatch_k2:
-            evidence["kl_behaviour_k2_first"] = _r(float(k2.mean()))
+    # (metric, evidence key, its distance from the on-policy value, the limit of its mean)
+    gaps: tuple[tuple[str, str, Callable[[np.ndarray], np.ndarray], float], ...] = (
+        ("policy/ratio_mean_first", "ratio_mean_first_abs_dev", lambda v: np.abs(v - 1.0),
+         c.mismatch_tol),
+        ("sampler/frac_outside_band", "frac_outside_band", lambda v: v, c.outside_band),
+        ("sampler/logp_diff_mean", "logp_diff_mean_abs", np.abs, c.mismatch_tol),
+        ("policy/clipfrac_region_first", "clipfrac_region_first", lambda v: v, 0.0),
+        ("policy/kl_behaviour_k2_first", "kl_behaviour_k2_first", lambda v: v, c.mismatch_k2),
+    )
+    for name, key, distance, limit in gaps:
+        if t.has(name):
+            gap = float(distance(t.values(name)).mean())
+            if gap > limit:
+                evidence[key] = _r(gap)
     if t.has("policy/kl_behaviour_k1_first"):
         # first-pass k1 (tinker-cookbook's kl_sample_train_v1, verl's rollout_corr/kl and
         # OpenRLHF's vllm_kl, sign flipped to ours): 0 on an on-policy step
@@ -130,11 +127,12 @@ def _offset_cause(t: MetricTable) -> str | None:
                         t.series("policy/kl_behaviour_k2_first"))
     if len(k1) == 0 or float(k2.mean()) <= 0:
         return None
-    share = float(k1.mean()) ** 2 / (2 * float(k2.mean()))
-    if share < OFFSET_SHARE:
+    m1, m2 = float(k1.mean()), float(k2.mean())
+    share = m1 * m1 / (2 * m2)  # not m1 ** 2: a float power overflowing raises OverflowError
+    if not share >= OFFSET_SHARE:  # NaN (inf / inf) included
         return None
     return (f"a systematic offset, not numerical noise: a constant shift of "
-            f"{float(k1.mean()):.3g} nats per token explains {min(share, 1.0):.0%} of the mean "
+            f"{m1:.3g} nats per token explains {min(share, 1.0):.0%} of the mean "
             "squared log-ratio (k1² / 2·k2), as when the sampler draws from a renormalised "
             "distribution (top-k/top-p filtering, a temperature) whose log-probs the learner "
             "does not reproduce")

@@ -60,6 +60,10 @@ def value_instability(t: MetricTable, c: DoctorConfig) -> RuleOut:
          "normalise rewards", "?fewer update epochs ({epochs})"), 0.7, step=step)]
 
 
+MAX_COUNT = 2.0 ** 53
+"""The largest count reported (float sums of counts are exact up to it)."""
+
+
 def nonfinite_gradients(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """Optimizer steps whose gradient norm was NaN or infinite (``optim/nonfinite_steps``,
     which our eager learner skips instead of applying)."""
@@ -70,11 +74,14 @@ def nonfinite_gradients(t: MetricTable, c: DoctorConfig) -> RuleOut:
     if not bad.any():
         return []
     first = float(steps[bad][0])
+    # positive counts only, capped: a corrupt log's huge counts overflow their sum to inf
+    with np.errstate(over="ignore"):
+        skipped = int(min(float(n[bad].sum()), MAX_COUNT))
     return [Finding(
         "nonfinite_gradients", "warning",
-        f"{int(n.sum())} optimizer steps had a NaN or infinite gradient (skipped), the first at "
+        f"{skipped} optimizer steps had a NaN or infinite gradient (skipped), the first at "
         f"step {first:g}",
-        {"metric": "optim/nonfinite_steps", "skipped_optimizer_steps": int(n.sum()),
+        {"metric": "optim/nonfinite_steps", "skipped_optimizer_steps": skipped,
          "training_steps_affected": int(bad.sum()), "first_step": first,
          "affected_steps": [float(x) for x in steps[bad][:10]]},
         "A backward pass produced NaN or inf. Applied, it would have made every weight NaN; "
