@@ -90,11 +90,7 @@ def _tinker_log_dir(path: Path) -> bool:
     """A tinker-cookbook ``log_path``: a ``metrics.jsonl`` with the cookbook's metric names
     (an rlscope run directory has a ``metrics.jsonl`` too, with ours)."""
     metrics = path / "metrics.jsonl"
-    if not metrics.is_file():
-        return False
-    with metrics.open("rb") as f:
-        head = f.read(SNIFF_BYTES).removeprefix(b"\xef\xbb\xbf")
-    return _tinker_jsonl(head.decode("utf-8", errors="replace"))
+    return metrics.is_file() and _tinker_jsonl(_head(metrics).decode("utf-8", errors="replace"))
 
 
 def _read_tinker(path: Path) -> list[MetricTable]:
