@@ -57,6 +57,21 @@ class JobResult:
     wall_time_s: float
 
 
+def job_task(cfg: JobConfig, task_name: str) -> tuple[list[str], Task | None]:
+    """The checks every supervised job starts with: the shared fields (finite floats, counts
+    >= 0, device, --runs_dir, --name), the task's name, then the task's and the model's own
+    checks. Returns the problems and the task (None when the name or the fields are wrong)."""
+    from rlscope.checks import job_errors
+    from rlscope.tasks import TASKS, make_task
+
+    if errors := job_errors(cfg):
+        return errors, None
+    if task_name not in TASKS:
+        return [f"--task: unknown task {task_name!r}; valid tasks: {', '.join(TASKS)}"], None
+    task = make_task(task_name, cfg.task_options)
+    return task.validate() + cfg.model.validate(), task
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """Run the body with ``threads`` CPU threads for torch (0 = leave them), then restore."""

@@ -30,8 +30,8 @@ from rlscope.policy.reward_model import (
     pack_sequences,
     save_reward_model,
 )
-from rlscope.supervised.loop import JobConfig, JobResult, run_job, torch_threads
-from rlscope.tasks import TASKS, make_task
+from rlscope.supervised.loop import JobConfig, JobResult, job_task, run_job, torch_threads
+from rlscope.tasks import make_task
 from rlscope.tasks.base import PreferencePair, PreferencePairs
 from rlscope.utils import resolve_device
 
@@ -70,14 +70,9 @@ RmResult = JobResult
 
 def validate_rm(cfg: RmConfig) -> list[str]:
     """Every problem of ``cfg`` (empty when it can run)."""
-    from rlscope.checks import job_errors
-
-    if errors := job_errors(cfg):  # finite floats, counts >= 0, device, --runs_dir, --name
+    errors, task = job_task(cfg, cfg.task)
+    if task is None:
         return errors
-    if cfg.task not in TASKS:
-        return [f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}"]
-    task = make_task(cfg.task, cfg.task_options)
-    errors = task.validate() + cfg.model.validate()
     if not isinstance(task, PreferencePairs):
         errors.append(f"task {cfg.task!r} generates no preference pairs: use --task "
                       "preference_rm")

@@ -31,8 +31,8 @@ import torch
 from rlscope.batch import PromptBatch
 from rlscope.checkpoint import SFT_FILE, atomic_save
 from rlscope.evaluation import evaluate, heldout_batch
-from rlscope.supervised.loop import JobConfig, JobResult, run_job, torch_threads
-from rlscope.tasks import TASKS, Task, make_task
+from rlscope.supervised.loop import JobConfig, JobResult, job_task, run_job, torch_threads
+from rlscope.tasks import Task, make_task
 from rlscope.tasks.base import Pair, SupervisedPairs, Tokenized, make_policy_for
 from rlscope.utils import resolve_device
 
@@ -130,14 +130,9 @@ def read_pairs(path: str, task: Task) -> list[Pair]:
 
 def validate_sft(cfg: SftConfig) -> list[str]:
     """Every problem of ``cfg`` (empty when it can run)."""
-    from rlscope.checks import job_errors
-
-    if errors := job_errors(cfg):  # finite floats, counts >= 0, device, --runs_dir, --name
+    errors, task = job_task(cfg, cfg.task)
+    if task is None:
         return errors
-    if cfg.task not in TASKS:
-        return [f"--task: unknown task {cfg.task!r}; valid tasks: {', '.join(TASKS)}"]
-    task = make_task(cfg.task, cfg.task_options)
-    errors = task.validate() + cfg.model.validate()
     if not cfg.data and not isinstance(task, SupervisedPairs):
         errors.append(f"task {cfg.task!r} generates no supervised pairs: give --data FILE.jsonl")
     if cfg.data and not Path(cfg.data).is_file():
