@@ -184,7 +184,8 @@ def test_kill_9_mid_run_then_rerun_equals_an_uninterrupted_sweep(tmp_path: Path)
                for r in ("grpo_s0", "grpo_s1", "dg_s0", "dg_s1"))
     assert done < 4  # the kill did interrupt the sweep
     again = run_sweep(parse_manifest(FOUR, output=out), SweepOptions(jobs=2, threads=1))
-    assert [r.status for r in again.records] == ["completed"] * 4
+    assert [r.status for r in again.records] == ["completed"] * 4, [
+        (r.run, r.plan, r.reason, r.error) for r in again.records]
     assert _results(out) == _results(reference)
 
 

@@ -255,3 +255,31 @@ def test_builtin_evidence_manifest_validates(capsys: pytest.CaptureFixture[str])
     assert "built-in manifests: evidence" in capsys.readouterr().err
     assert main(["sweep"]) == 2
     assert "give either a MANIFEST.toml or --builtin NAME" in capsys.readouterr().err
+
+
+def test_resume_when_killed_between_a_checkpoint_and_its_pointer(tmp_path: Path) -> None:
+    """A kill after ``step_4.pt`` is renamed into place but before ``latest.pt`` points at
+    it: the sweep resumes from step 4 (the checkpoint `train --resume` loads), not from the
+    pointer's step 2, so no logged step is lost and the logs come out as before. (Trimming
+    the logs at the pointer's step lost steps 2-3: the flaky kill -9 test in CI.)"""
+    text = SMALL.replace("num_steps = 3", "num_steps = 6") + \
+        "checkpoint_every = 2\n[runs.a]\nmethod = \"grpo\"\n"
+    out = tmp_path / "out"
+    assert [r.status for r in run_sweep(parse_manifest(text, output=out)).records] == [
+        "completed"]
+    a = out / "runs" / "a_s0"
+    before = {f: (a / f).read_text() for f in ("metrics.jsonl", "eval.jsonl")}
+    (a / "status.json").unlink()
+    (a / "checkpoints" / "step_6.pt").unlink()
+    (a / "checkpoints" / "latest.pt").write_text("step_2.pt")
+    lines: list[str] = []
+    again = run_sweep(parse_manifest(text, output=out), report=lines.append)
+    assert [(r.plan, r.status) for r in again.records] == [("resume", "completed")]
+    assert lines[0] == "resume   a_s0 (interrupted, checkpoint at step 4)"
+
+    def strip(text: str) -> list[dict[str, Any]]:
+        return [{k: v for k, v in json.loads(line).items()
+                 if not k.startswith(("time/", "throughput/"))} for line in text.splitlines()]
+
+    for f, old in before.items():
+        assert strip((a / f).read_text()) == strip(old), f

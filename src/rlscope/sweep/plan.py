@@ -4,10 +4,11 @@
   configuration the manifest now gives (settings such as threads aside, `NOT_COMPARED`), and
   the files bear it out (`verify_run`: the step count, one parseable record per expected step
   in ``metrics.jsonl``, the expected evaluations in ``eval.jsonl`` up to the final one);
-- ``resume``: a checkpoint (``checkpoints/latest.pt``) of the same configuration, no verified
-  final status, and intact logs before the checkpoint's step: `train` continues from it with
-  ``--resume``. Records logged from that step on are dropped first (`prepare`); the resumed
-  run writes them again (bit for bit, every random stream derives from the seed and the
+- ``resume``: a checkpoint (the newest ``checkpoints/step_<N>.pt``, `checkpoint_step`) of
+  the same configuration, no verified final status, and intact logs before the checkpoint's
+  step: `train` continues from it with ``--resume``, dropping the records logged from that
+  step on (`rlscope.train.open_run`, from the checkpoint it does load); the resumed run
+  writes them again (bit for bit, every random stream derives from the seed and the
   checkpointed state);
 - ``restart``: anything else of the same run (no checkpoint, damaged logs, a configuration the
   manifest no longer gives) is deleted and the run starts clean;
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rlscope.checkpoint import checkpoint_files
 from rlscope.config import TrainConfig, to_dict
 from rlscope.sweep.manifest import RunSpec
 
@@ -221,22 +222,16 @@ def verify_run(spec: RunSpec, status: dict[str, Any]) -> str:
 
 
 def checkpoint_step(run_dir: Path) -> int:
-    """The step of a run directory's latest checkpoint (from ``latest.pt``'s pointer);
-    `Corrupt` when there is none to resume from, saying why."""
-    folder = run_dir / "checkpoints"
-    pointer = folder / "latest.pt"
-    try:
-        name = pointer.read_bytes().decode("ascii").strip()
-    except FileNotFoundError:
-        raise Corrupt("no checkpoint") from None
-    except (OSError, UnicodeDecodeError):
-        raise Corrupt("checkpoints/latest.pt is unreadable") from None
-    match = re.fullmatch(r"step_(\d+)\.pt", name)
-    if match is None:
-        raise Corrupt("checkpoints/latest.pt does not name a checkpoint")
-    if not (folder / name).is_file():
-        raise Corrupt(f"checkpoints/{name} is missing")
-    return int(match[1])
+    """The step a resumed run continues from: its newest ``checkpoints/step_<N>.pt``, as
+    `rlscope.checkpoint.newest_intact` chooses it (every such file is complete, see
+    `rlscope.files.atomic_save`). Not ``latest.pt``'s pointer: a kill between writing a
+    checkpoint and moving the pointer leaves the pointer one checkpoint behind, and trimming
+    the logs at the pointer's step would lose the steps in between. `Corrupt` when there is
+    no checkpoint to resume from."""
+    files = checkpoint_files(run_dir)
+    if not files:
+        raise Corrupt("no checkpoint")
+    return files[0][0]
 
 
 def _resume_problem(spec: RunSpec, step: int) -> str:
@@ -306,27 +301,12 @@ def safe_plan(spec: RunSpec) -> tuple[Plan, str]:
         return "fail", f"cannot plan it: {type(e).__name__}: {e}"
 
 
-def trim_logs(run_dir: Path, step: int) -> None:
-    """Drop records at or after ``step`` from the run's JSONL logs (and a line cut off by a
-    kill): the run resumed from that step writes them again."""
-    for log in LOGS:
-        path = run_dir / log
-        if not path.exists():
-            continue
-        kept = [raw + b"\n" for raw in path.read_bytes().split(b"\n")
-                if (record := _record(raw)) is not None and record["step"] < step]
-        tmp = path.with_suffix(".trim")
-        tmp.write_bytes(b"".join(kept))
-        tmp.replace(path)
-
-
 def prepare(spec: RunSpec, plan: Plan) -> RunSpec:
     """Ready a run's directory for its plan; the spec to train (with ``resume`` set to resume)."""
     if plan == "restart":
         shutil.rmtree(spec.run_dir)
     if plan != "resume":
         return spec
-    trim_logs(spec.run_dir, checkpoint_step(spec.run_dir))
     cfg = spec.config
     return dataclasses.replace(
         spec, argv=(*spec.argv, "--resume", str(spec.run_dir)),
