@@ -418,6 +418,23 @@ def overlong_errors(cfg: TrainConfig, spec: MethodSpec, d: Derived) -> list[str]
     return errors
 
 
+def correction_warnings(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
+    """Why the configured sampler-vs-learner correction cannot act (METHODS_2026.md §4: warn,
+    do not reject): the learner samples with the same weights, on-policy (no --delay, no replay
+    buffer, no --overfit_batch), and either replays the top-k/top-p kept set or filters
+    nothing, so ℓ_s = ℓ_o up to rounding and every weight is 1."""
+    s, r = cfg.sampling, cfg.run
+    filtered = s.top_k > 0 or s.top_p < 1
+    if not spec.corrected or r.delay or cfg.replay.replay_capacity or r.overfit_batch \
+            or (filtered and not s.replay_sampling_mask):
+        return []
+    return [f"method {cfg.method!r}: the sampler-vs-learner correction "
+            f"is_correction={spec.correction.name!r} does nothing here: the learner is the "
+            "sampler (no --delay, no replay buffer, no --overfit_batch, the top-k/top-p kept "
+            "set replayed or none), so every weight is 1 and the run equals "
+            "--is_correction none"]
+
+
 def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
     """Why the run cannot give the method what its ``requires`` names (empty when it can)."""
     noisy = cfg.task_options.reward_noise > 0

@@ -18,7 +18,7 @@ import torch
 from rlscope.batch import CandidateBatch, RolloutBatch, _map_tensors
 from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
 from rlscope.methods.aggregation import TOKEN_MEAN, aggregate
-from rlscope.methods.corrections import acted_BT
+from rlscope.methods.corrections import correction_metrics
 from rlscope.methods.gates import GateInputs, probs_mean_BT, reward_uncertainty_B
 from rlscope.methods.objectives import PolicyTerms
 from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, kl_full, value_loss
@@ -164,10 +164,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         if corrected:
             is_weight_BT, is_stats = spec.correction_component(
                 fwd.logp_BT, batch.logp_sampler_BT, mask_BT, spec.correction)
-            active_BT = acted_BT(is_stats)
-            metrics["sampler/correction_weight_mean"] = masked_mean(is_weight_BT, mask_BT)
-            if active_BT is not None:
-                metrics["sampler/correction_active_frac"] = masked_mean(active_BT, mask_BT)
+            metrics |= correction_metrics(fwd.logp_BT, batch.logp_sampler_BT, mask_BT,
+                                          is_weight_BT, is_stats)
     if ref is not None:
         ref_fwd = forward_completion(ref, batch, tokens_BT, dist,
                                      group_size)

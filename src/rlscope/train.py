@@ -43,6 +43,7 @@ from rlscope.config import (
     Derived,
     RunConfig,
     TrainConfig,
+    correction_warnings,
     effective_config,
     to_dict,
     validate,
@@ -611,6 +612,8 @@ def train(cfg: TrainConfig) -> RunResult:
     state = LoopState(beta=spec.kl.coef, entropy_coef=spec.entropy_coef, source=source)
     run_dir, state, notices = open_run(parts, state)
     log = RunLog(parts, run_dir, state.step, notices)
+    for warning in correction_warnings(parts.cfg, spec):
+        log.display.alert(f"warning: {warning}")
     status, diverged = "completed", {}
     try:
         for step in range(state.step, r.num_steps):

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from rlscope.methods.component import Component
+from rlscope.methods.corrections import CORRECTION_METRICS, CORRECTIONS, CorrectionConfig
 from rlscope.methods.presets import METHODS, canonical_method_name
 from rlscope.methods.resolve import flag_of
 from rlscope.methods.spec import MethodSpec
@@ -42,7 +43,23 @@ def objective_summary(spec: MethodSpec) -> str:
 def needs(spec: MethodSpec) -> str:
     """What a run must provide, comma-separated ("—" when nothing)."""
     return ", ".join(spec.requires + (("groups",) if spec.grouped else ())
-                     + (("critic",) if spec.needs_value else ())) or "—"
+                     + (("critic",) if spec.needs_value else ())
+                     + (("sampler log-probs",) if spec.corrected else ())) or "—"
+
+
+def correction_summary(spec: MethodSpec) -> str:
+    """The correction with the settings its component reads (``none`` when off)."""
+    c, reads = spec.correction, spec.correction_component.settings
+    parts = [c.name]
+    if "cap" in reads:
+        parts.append(f"C {c.cap:g}" if c.cap_low <= 0 else f"[{c.cap_low:g}, {c.cap:g}]")
+    if "band_low" in reads:
+        parts.append(f"band [{c.band_low:g}, {c.band_high:g}]")
+    if "keep_ratio" in reads and c.keep_ratio:
+        parts.append("× ρ")
+    if "geometric" in reads and c.geometric:
+        parts.append("geometric")
+    return " ".join(parts)
 
 
 def selection_summary(spec: MethodSpec) -> str:
@@ -56,7 +73,7 @@ def selection_summary(spec: MethodSpec) -> str:
 
 def summary(spec: MethodSpec) -> str:
     """The preset's components on one line: advantage · gate · objective · agg · KL · selection
-    (a gate of none, no KL and no selection are left out)."""
+    · correction (a gate of none, no KL, no selection and no correction are left out)."""
     parts = [spec.advantage.name]
     if spec.gate.name != "none":
         parts.append(spec.gate.name)
@@ -65,6 +82,8 @@ def summary(spec: MethodSpec) -> str:
         parts.append(f"KL {spec.kl.estimator}→{spec.kl.target} β {spec.kl.coef:g}")
     if not (spec.selection_component.identity and spec.overlong_component.identity):
         parts.append(selection_summary(spec))
+    if spec.corrected:
+        parts.append(correction_summary(spec))
     return " · ".join(parts)
 
 
@@ -159,17 +178,56 @@ def render_markdown() -> str:
         "the command line (`--advantage`, `--gate`, `--objective`, `--agg`, `--selection`, "
         "`--kl_coef`, ...).",
         "",
-        "| preset | advantage | gate | objective | agg | KL | selection | needs | what it is | "
-        "source | valid regime |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| preset | advantage | gate | objective | agg | KL | selection | correction | needs | "
+        "what it is | source | valid regime |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, spec in METHODS.items():
         lines.append(
             f"| `{name}` | {spec.advantage.name} | {spec.gate.name} | "
             f"{objective_summary(spec)} | {spec.agg} | {kl_summary(spec)} | "
-            f"{selection_summary(spec)} | {needs(spec)} | {spec.description} | {spec.source} | "
-            f"{spec.regime} |")
-    return "\n".join(lines) + "\n"
+            f"{selection_summary(spec)} | {correction_summary(spec)} | {needs(spec)} | "
+            f"{spec.description} | {spec.source} | {spec.regime} |")
+    return "\n".join([*lines, "", *corrections_markdown()]) + "\n"
+
+
+def corrections_markdown() -> list[str]:
+    """The ``Sampler–learner corrections`` section of ``docs/methods.md``: every correction
+    with its weight and the settings it reads (their defaults and flags), then its metrics."""
+    default = CorrectionConfig()
+    lines = [
+        "## Sampler–learner corrections",
+        "",
+        "A sampler distinct from the learner (an inference engine, low-precision weights, "
+        "staleness, a top-k/top-p set not replayed) gives log-probs ℓ_s that differ from the "
+        "learner's ℓ_o, computed once per step before the update. A correction multiplies each "
+        "token's loss by a detached weight w of ρ_c = exp(ℓ_o − ℓ_s) (token) or of the "
+        "sequence ratio exp Σ_t (ℓ_o − ℓ_s) (product; `--is_geometric True`: geometric mean). "
+        f"`--{flag_of('correction.name')} NAME` adds one to any preset; when ℓ_s = ℓ_o every "
+        "weight is exactly 1 and the run is the preset without it (a run where the learner "
+        "samples, with no --delay, replay buffer or --overfit_batch and the top-k/top-p set "
+        "replayed, warns that the correction does nothing).",
+        "",
+        "| correction | weight | settings (default, flag) |",
+        "| --- | --- | --- |",
+    ]
+    for name, component in CORRECTIONS.items():
+        lines.append(f"| `{name}` | {_doc(component).replace('|', chr(92) + '|')} | "
+                     f"{_settings(default, 'correction', component.settings) or '—'} |")
+    lines += [
+        "",
+        "Presets with a correction (\"× ρ\": `--is_keep_ratio True`): "
+        + "; ".join(f"`{name}`: {correction_summary(spec)}" for name, spec in METHODS.items()
+                    if spec.corrected) + ". "
+        "Example, ρ_c = (0.4, 1, 2.5, 6): token_truncate C 2 (TIS) w = (0.4, 1, 2, 2); "
+        "token_mask band [0.5, 5] × ρ (IcePop) (0, 1, 2.5, 0); token_mask band [0.5, 5] "
+        "(0, 1, 1, 0). Rows with token ratios (1.5, 1.5) and (2, 2): sequence_mask band [0, 3] "
+        "× ρ w = 2.25 and 0.",
+        "",
+        "With a correction on, the run logs (before the update; docs/metrics.md): "
+        + ", ".join(f"`{m}`" for m in CORRECTION_METRICS) + ".",
+    ]
+    return lines
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rlscope.methods.spec import (
     AdvantageConfig,
+    CorrectionConfig,
     GateConfig,
     KLConfig,
     MethodSpec,
@@ -44,6 +45,32 @@ METHODS: dict[str, MethodSpec] = {
         source="Shao et al. 2402.03300", regime="grouped sampling, group_size > 1",
         advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("ppo_clip"),
         kl=_GRPO_KL, selection="mixed_groups", grouped=True),
+    "grpo_tis": MethodSpec(
+        description="GRPO × truncated token importance weight min(π_learner/π_sampler, 2).",
+        source="TIS (Yao et al. blog 2025); verl rollout_corr; TRL",
+        regime="a sampler distinct from the learner (inference engine, low precision, "
+        "staleness); grouped sampling; equals grpo when the learner samples",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("ppo_clip"),
+        kl=_GRPO_KL, selection="mixed_groups", grouped=True,
+        correction=CorrectionConfig("token_truncate", cap=2.0)),
+    "grpo_mis": MethodSpec(
+        description="GRPO × sequence ratio ρ_seq where ρ_seq <= 3, rows above dropped (MIS).",
+        source="TRL default sequence_mask; Ling Team 2510.18855",
+        regime="a sampler distinct from the learner (inference engine, low precision, "
+        "staleness); grouped sampling; equals grpo when the learner samples",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("ppo_clip"),
+        kl=_GRPO_KL, selection="mixed_groups", grouped=True,
+        correction=CorrectionConfig("sequence_mask", band_low=0.0, band_high=3.0,
+                                    keep_ratio=True)),
+    "icepop": MethodSpec(
+        description="GRPO × token ratio ρ where 0.5 <= ρ <= 5, tokens outside dropped (IcePop).",
+        source="Ling Team 2510.18855 (Ring-1T); band from TRL and prime-rl",
+        regime="a sampler distinct from the learner (inference engine, low precision, "
+        "staleness); grouped sampling; equals grpo when the learner samples",
+        advantage=AdvantageConfig("group_zscore"), objective=ObjectiveConfig("ppo_clip"),
+        kl=_GRPO_KL, selection="mixed_groups", grouped=True,
+        correction=CorrectionConfig("token_mask", band_low=0.5, band_high=5.0,
+                                    keep_ratio=True)),
     "dr_grpo": MethodSpec(
         description="GRPO without std normalisation, sequence-mean of token sums.",
         source="Liu et al. 2503.20783", regime="grouped sampling, group_size > 1",

@@ -85,6 +85,12 @@ class MethodConfig:
     """C_max of the mask corrections: ratios above it are dropped."""
     is_geometric: bool | None = None
     """Sequence corrections use the geometric mean of token ratios."""
+    is_correction_cap_low: float | None = None
+    """C_min of the truncate corrections: weight clamp(π_learner/π_sampler, C_min, C), in
+    [0, is_correction_cap) (0 = no lower bound)."""
+    is_keep_ratio: bool | None = None
+    """Mask corrections weight the kept tokens by their ratio, ρ·1[C_min <= ρ <= C_max]
+    (IcePop, TRL), instead of by 1."""
     clip_low: float | None = None
     """PPO ε_low (>= 0)."""
     clip_high: float | None = None
@@ -166,6 +172,8 @@ FLAGS: dict[str, str] = {
     "is_band_low": "correction.band_low",
     "is_band_high": "correction.band_high",
     "is_geometric": "correction.geometric",
+    "is_correction_cap_low": "correction.cap_low",
+    "is_keep_ratio": "correction.keep_ratio",
     "clip_low": "objective.clip_low",
     "clip_high": "objective.clip_high",
     "dual_clip": "objective.dual_clip",

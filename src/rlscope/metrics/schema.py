@@ -131,6 +131,32 @@ METRICS: tuple[MetricDef, ...] = (
        "mean off-policy correction weight (--is_correction) multiplied into the loss"),
     _m("sampler/correction_active_frac", "tokens", "frac", "rollout",
        "tokens whose correction weight was capped (truncate) or dropped (mask)"),
+    _m("sampler/correction_ess", "tokens", "value", "rollout",
+       "--is_correction: normalised effective sample size 1/mean(ŵ²), ŵ = w/mean(w), of the "
+       "correction weights w (1 = equal weights; 0 = all dropped)"),
+    _m("sampler/is_mean", "tokens", "token_mean", "rollout",
+       "--is_correction: mean token ratio ρ_c = exp(ℓ_learner − ℓ_sampler), before the update"),
+    _m("sampler/is_max", "tokens", "max", "rollout", "--is_correction: largest token ρ_c"),
+    _m("sampler/is_min", "tokens", "min", "rollout", "--is_correction: smallest token ρ_c"),
+    _m("sampler/frac_high", "tokens", "frac", "rollout",
+       "--is_correction: tokens whose compared ratio (token, or its sequence's) is above C "
+       "(truncate) or the band (mask)"),
+    _m("sampler/frac_low", "tokens", "frac", "rollout",
+       "--is_correction: tokens whose compared ratio is below C_min (truncate) or the band "
+       "(mask)"),
+    _m("sampler/masked_frac", "tokens", "frac", "rollout",
+       "--is_correction: tokens whose correction weight is 0 (dropped)"),
+    _m("sampler/seq_masked_frac", "sequences", "frac", "rollout",
+       "--is_correction: sequences with at least one dropped token (all of them for "
+       "sequence_mask)"),
+    _m("sampler/chi2_token", "tokens", "token_mean", "rollout",
+       "--is_correction: mean ρ_c² − 1, the χ² divergence of the learner from the sampler "
+       "on the sampled tokens"),
+    _m("sampler/k3", "tokens", "token_mean", "rollout",
+       "--is_correction: mean ρ_c − 1 − log ρ_c, k3 estimate of KL(π_sampler‖π_learner)"),
+    _m("sampler/seq_log_ratio", "sequences", "seq_mean", "rollout",
+       "--is_correction: mean over sequences of Σ_t (ℓ_learner − ℓ_sampler), the log of the "
+       "sequence ratio"),
     _m("optim/grad_norm", "steps", "seq_mean", "update",
        "global gradient norm before clipping (mean over the step's optimizer steps)"),
     _m("optim/grad_norm_clipped", "steps", "seq_mean", "update", "gradient norm after clipping"),
