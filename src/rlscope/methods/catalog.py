@@ -212,7 +212,8 @@ def corrections_markdown() -> list[str]:
         "| --- | --- | --- |",
     ]
     for name, component in CORRECTIONS.items():
-        lines.append(f"| `{name}` | {_doc(component).replace('|', chr(92) + '|')} | "
+        weight = _doc(component).replace("|", "\\|")  # |y| inside a table cell
+        lines.append(f"| `{name}` | {weight} | "
                      f"{_settings(default, 'correction', component.settings) or '—'} |")
     lines += [
         "",
