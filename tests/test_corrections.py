@@ -15,6 +15,7 @@ from fp64 import t as _t
 
 from rlscope.config import ConfigError, RunConfig, TrainConfig, correction_warnings, validate
 from rlscope.methods import METHODS, MethodConfig
+from rlscope.methods.catalog import describe, summary
 from rlscope.methods.corrections import (
     CORRECTION_METRICS,
     CORRECTIONS,
@@ -302,3 +303,19 @@ def test_weight_is_detached_and_shape_checked(name: str) -> None:
     with pytest.raises(ValueError, match="shape"):
         CORRECTIONS[name](old, torch.zeros(2, 4, dtype=F64), torch.ones(2, 3),
                           CorrectionConfig(name))
+
+
+def test_catalog_shows_the_correction_and_its_need() -> None:
+    """`rlscope methods`: the one-line summary ends with the correction, the detail names its
+    settings with their flags, and the presets with a correction need sampler log-probs."""
+    assert summary(METHODS["icepop"]).endswith(" · token_mask band [0.5, 5] × ρ")
+    assert summary(METHODS["grpo_tis"]).endswith(" · token_truncate C 2")
+    assert summary(METHODS["grpo_mis"]).endswith(" · sequence_mask band [0, 3] × ρ")
+    assert "token_truncate" not in summary(METHODS["grpo"])
+    detail = describe("grpo_mis")
+    assert "run needs      groups, sampler log-probs" in detail
+    assert ("sequence_mask (--is_correction); band_low 0.0 (--is_band_low), band_high 3.0 "
+            "(--is_band_high), geometric False (--is_geometric), keep_ratio True "
+            "(--is_keep_ratio)") in detail
+    assert "cap_low 0.0 (--is_correction_cap_low)" in describe("grpo_tis")
+    assert "sampler log-probs" not in describe("grpo")
