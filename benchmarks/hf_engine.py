@@ -20,11 +20,13 @@ Sections (``--sections``), each measured for every model in the same process:
    ``<backend>`` (``default`` where the config has no backend field); ``hf:dynamic`` is
    ``model.generate`` with Hugging Face's dynamic cache and ``hf:static`` is
    ``model.generate(cache_implementation="static")``, which transformers compiles on CUDA (as
-   Hugging Face recommends); the two HF paths run on a bf16 copy of the weights. Warm-up calls
-   (``--warmup``) are excluded; the median of ``--repeats`` timed calls is reported, with ms per
+   Hugging Face recommends; ``compiled_graphs`` in its cells shows that it did); the two HF
+   paths run on a bf16 copy of the weights. Warm-up calls (``--warmup``, at least 2 for
+   ``hf:static``) are excluded; the median of ``--repeats`` timed calls is reported, with ms per
    decode position (wall / new tokens) and the peak GPU memory of the cell
    (``torch.cuda.max_memory_allocated``, reset before the cell; only that path's model is on
-   the GPU). A cell that runs out of memory records ``"oom"`` and the run goes on.
+   the GPU). A cell that runs out of memory records ``"oom"`` (any other failure ``"error: ..."``,
+   traceback on stderr) and the run goes on.
 2. ``learner``: one optimizer step (forward + backward over micro-batches, gradient clip,
    AdamW) of rlscope's learner (`rlscope.learner.update`, as `rlscope.train.setup` builds it)
    on ``--learner_rows`` rows whose prompt + completion lengths are uniform in
@@ -56,9 +58,10 @@ parameter count of each model. JSON goes to stdout and ``--output``; progress go
     python benchmarks/hf_engine.py --sections sampler --models qwen0.5b --batch_sizes 256 \\
         --new_tokens 128 --output sampler.json
     python benchmarks/hf_engine.py --models tiny --device cpu --autocast none \\
-        --batch_sizes 4 --new_tokens 8 --prompt_len 8 --learner_rows 8 --min_len 8 \\
-        --max_len 24 --micro_batch_size 4 --grpo_prompts 2 --grpo_group 2 \\
-        --grpo_new_tokens 8 --grpo_steps 3 --grpo_warmup 1    # CPU smoke run
+        --batch_sizes 4 --new_tokens 8 --prompt_len 8 --learner_rows 8 \\
+        --learner_prompt_len 6 --min_len 8 --max_len 24 --micro_batch_size 4 \\
+        --grpo_prompts 2 --grpo_group 2 --grpo_new_tokens 8 --grpo_micro_batch 2 \\
+        --grpo_steps 3 --grpo_warmup 1    # CPU smoke run (seconds)
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -143,16 +147,19 @@ def is_oom(exc: BaseException) -> bool:
 
 
 @contextmanager
-def oom_guard(cell: dict[str, Any], device: torch.device) -> Iterator[None]:
-    """Run a cell; on running out of memory record ``"oom"`` in ``cell`` and go on."""
+def cell_guard(cell: dict[str, Any], device: torch.device) -> Iterator[None]:
+    """Run one cell; if it fails, record ``"oom"`` (out of memory) or ``"error: ..."`` as its
+    ``status`` (traceback to stderr) and go on with the next cell."""
     try:
         yield
     except Exception as exc:  # one cell's failure must not end the table
-        if not is_oom(exc):
-            raise
+        keep = {k: cell[k] for k in ("path", "batch_size", "new_tokens", "mode") if k in cell}
         cell.clear()
-        cell["status"] = OOM
-        log(f"  out of memory: {str(exc).splitlines()[0][:160]}")
+        cell.update(keep)
+        cell["status"] = OOM if is_oom(exc) else f"error: {type(exc).__name__}: {exc}"[:500]
+        log(f"  {cell['status'][:200]}")
+        if not is_oom(exc):
+            traceback.print_exc(file=sys.stderr)
     finally:
         free_memory(device)
 
@@ -272,6 +279,14 @@ def hf_sampler(model: Any, static: bool) -> Callable[..., int]:
     return run
 
 
+def compiled_graphs() -> int:
+    """Graphs TorchDynamo has compiled in this process so far (shows whether
+    ``cache_implementation="static"`` ran compiled)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def timed(fn: Callable[[], int], device: torch.device) -> tuple[float, int]:
     sync(device)
     t0 = time.perf_counter()
@@ -307,9 +322,12 @@ def sampler_section(args: argparse.Namespace, shape: str, device: torch.device
                                         "new_tokens": new_tokens}
                 prompts = random_prompts(batch, args.prompt_len, vocab, args.ragged_prompts,
                                          seed=batch, device=device)
-                with oom_guard(cell, device):
-                    for _ in range(args.warmup):
+                with cell_guard(cell, device):
+                    graphs_before = compiled_graphs()
+                    # compiled paths compile on the first call and capture CUDA graphs later
+                    for _ in range(max(args.warmup, 2) if path == "hf:static" else args.warmup):
                         sample(prompts, new_tokens)
+                    cell["compiled_graphs"] = compiled_graphs() - graphs_before
                     reset_peak(device)
                     times, tokens = [], 0
                     for _ in range(args.repeats):
@@ -322,9 +340,6 @@ def sampler_section(args: argparse.Namespace, shape: str, device: torch.device
                                 ms_per_position=1000 * wall / new_tokens,
                                 peak_memory_mb=peak_mb(device))
                     log(f"  batch {batch} × {new_tokens}: {tokens / wall:,.0f} tokens/s")
-                cell.setdefault("path", path)
-                cell.setdefault("batch_size", batch)
-                cell.setdefault("new_tokens", new_tokens)
                 rows.append(cell)
         del model, sample
         free_memory(device)
@@ -452,7 +467,7 @@ def learner_section(args: argparse.Namespace, shape: str, model_dir: Path, param
         cfg, used = learner_config(cfg, packed, budget, args.activation_checkpointing,
                                    overrides)
         cell: dict[str, Any] = {"mode": mode, "learner_config": used}
-        with oom_guard(cell, device):
+        with cell_guard(cell, device):
             parts = setup(cfg)
             parts.policy.train()
             inputs, _ = prepare(parts.spec, batch, parts.policy, None, None, 0.0,
@@ -474,7 +489,6 @@ def learner_section(args: argparse.Namespace, shape: str, model_dir: Path, param
                         peak_memory_mb=peak_mb(device))
             log(f"  {tps:,.0f} tokens/s, step {step:.3f} s")
             del parts, inputs
-        cell.setdefault("mode", mode)
         rows.append(cell)
     for r in rows:
         r.update(rows=args.learner_rows, real_tokens=real_tokens, padded_tokens=padded_tokens)
@@ -496,7 +510,7 @@ def grpo_section(args: argparse.Namespace, model_dir: Path, device: torch.device
     log("grpo: rlscope")
     reset_peak(device)
     ours: dict[str, Any] = {}
-    with oom_guard(ours, device):
+    with cell_guard(ours, device):
         ours.update(run_rlscope(ns, model_dir, tmp))
         ours["peak_memory_mb"] = peak_mb(device)
     out["rlscope"] = ours
@@ -505,12 +519,9 @@ def grpo_section(args: argparse.Namespace, model_dir: Path, device: torch.device
     log("grpo: TRL")
     reset_peak(device)
     trl: dict[str, Any] = {}
-    try:
-        with oom_guard(trl, device):
-            trl.update(run_trl(ns, model_dir, str(Path(tmp) / "trl")))
-            trl["peak_memory_mb"] = peak_mb(device)
-    except ImportError as exc:
-        trl = {"status": f"error: {exc}"}
+    with cell_guard(trl, device):  # a missing trl is recorded as this cell's error
+        trl.update(run_trl(ns, model_dir, str(Path(tmp) / "trl")))
+        trl["peak_memory_mb"] = peak_mb(device)
     out["trl"] = trl
     if "step_s" in ours and "step_s" in trl:
         for r in (ours, trl):
@@ -561,8 +572,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt_len", type=int, default=64, help="prompt tokens per row")
     s.add_argument("--ragged_prompts", action="store_true",
                    help="prompt lengths uniform in [prompt_len/4, prompt_len], left-padded")
-    s.add_argument("--warmup", type=int, default=2,
-                   help="untimed calls per cell first (capture, compilation)")
+    s.add_argument("--warmup", type=int, default=1,
+                   help="untimed calls per cell first (graph capture); hf:static gets at "
+                        "least 2 (compilation, then CUDA-graph recording)")
     s.add_argument("--repeats", type=int, default=3, help="timed calls per cell (median)")
     g = p.add_argument_group("learner")
     g.add_argument("--learner_modes", nargs="+", default=["padded", "packed"],
@@ -604,11 +616,45 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args: argparse.Namespace) -> list[str]:
+    """Problems with the options, each saying what to change (none: an empty list)."""
+    errors = []
+    counts = {"--batch_sizes": min(args.batch_sizes), "--new_tokens": min(args.new_tokens),
+              "--prompt_len": args.prompt_len, "--repeats": args.repeats,
+              "--learner_rows": args.learner_rows, "--learner_group": args.learner_group,
+              "--learner_prompt_len": args.learner_prompt_len,
+              "--micro_batch_size": args.micro_batch_size,
+              "--learner_steps": args.learner_steps, "--grpo_prompts": args.grpo_prompts,
+              "--grpo_group": args.grpo_group, "--grpo_new_tokens": args.grpo_new_tokens}
+    errors += [f"{name} must be >= 1 (got {value})" for name, value in counts.items()
+               if value < 1]
+    if not args.learner_prompt_len < args.min_len <= args.max_len:
+        errors.append(f"need --learner_prompt_len < --min_len <= --max_len (got "
+                      f"{args.learner_prompt_len}, {args.min_len}, {args.max_len})")
+    if args.learner_group >= 1 and args.learner_rows % args.learner_group:
+        errors.append(f"--learner_rows {args.learner_rows} must be a multiple of "
+                      f"--learner_group {args.learner_group}")
+    grpo_batch = args.grpo_prompts * args.grpo_group
+    if args.grpo_micro_batch < 0 or (args.grpo_micro_batch
+                                     and grpo_batch % args.grpo_micro_batch):
+        errors.append(f"--grpo_micro_batch {args.grpo_micro_batch} must divide the GRPO batch "
+                      f"{grpo_batch} (--grpo_prompts × --grpo_group), or be 0")
+    if not 0 <= args.grpo_warmup < args.grpo_steps:
+        errors.append(f"--grpo_warmup {args.grpo_warmup} must lie in [0, --grpo_steps "
+                      f"{args.grpo_steps})")
+    if args.warmup < 0 or args.learner_warmup < 0 or args.token_budget < 0:
+        errors.append("--warmup, --learner_warmup and --token_budget must be >= 0")
+    return errors
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every selected section for every model; the JSON-ready result."""
     device = torch.device(args.device)
     if device.type == "cuda":
-        torch._dynamo.config.cache_size_limit = 64  # one compile per static-cache shape
+        # one compilation per static-cache shape (batch × length); the default limit is 8
+        torch._dynamo.config.cache_size_limit = 64
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = 64
     out: dict[str, Any] = {"benchmark": "hf_engine", "config": vars(args),
                            "card": torch.cuda.get_device_name(device)
                            if device.type == "cuda" else None,
@@ -637,7 +683,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    errors = check_args(args)
+    if errors:
+        p.error("; ".join(errors))
     out = run(args)
     text = json.dumps(out, indent=2, default=str)
     print(text)

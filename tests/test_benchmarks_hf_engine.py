@@ -112,3 +112,14 @@ def test_learner_settings_are_set_by_name_whatever_their_type() -> None:
     assert hf_engine.parse_overrides(["a=3", "b=on", "c=true"]) == {"a": 3, "b": "on", "c": True}
     with pytest.raises(ValueError, match="key=value"):
         hf_engine.parse_overrides(["packing"])
+
+
+def test_inconsistent_options_are_rejected_before_any_work() -> None:
+    args = hf_engine.parser().parse_args(["--learner_prompt_len", "64", "--min_len", "32",
+                                          "--grpo_micro_batch", "3"])
+    errors = hf_engine.check_args(args)
+    assert any("--learner_prompt_len < --min_len" in e for e in errors)
+    assert any("--grpo_micro_batch 3 must divide the GRPO batch 256" in e for e in errors)
+    assert hf_engine.check_args(hf_engine.parser().parse_args([])) == []
+    with pytest.raises(SystemExit):
+        hf_engine.main(["--learner_rows", "10"])  # not a multiple of --learner_group 8
