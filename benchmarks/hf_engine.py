@@ -581,7 +581,7 @@ def parser() -> argparse.ArgumentParser:
                    choices=["padded", "packed"], help="learner configurations to time")
     g.add_argument("--learner_rows", type=int, default=256, help="rows per optimizer step")
     g.add_argument("--learner_group", type=int, default=8, help="GRPO group size of the rows")
-    g.add_argument("--learner_prompt_len", type=int, default=64, help="prompt tokens per row")
+    g.add_argument("--learner_prompt_len", type=int, default=32, help="prompt tokens per row")
     g.add_argument("--min_len", type=int, default=64,
                    help="shortest row (prompt + completion tokens)")
     g.add_argument("--max_len", type=int, default=384,
