@@ -13,8 +13,9 @@ Sections (``--sections``), each measured for every model in the same process:
 
 1. ``sampler``: completion tokens/s at every ``--batch_sizes`` × ``--new_tokens`` with
    ``--prompt_len``-token random prompts (``--ragged_prompts``: lengths uniform in
-   [prompt_len/4, prompt_len], left-padded), no stop tokens (every row decodes the full length),
-   temperature 1, no top-k/top-p, for each path of ``--sampler_paths``:
+   [prompt_len/4, prompt_len], left-padded; ``--sampler_group``: rows per shared prompt), no
+   stop tokens (every row decodes the full length), temperature 1, no top-k/top-p, for each
+   path of ``--sampler_paths``:
    ``rlscope:<backend>`` is `rlscope.sampling.generate` on the `HFPolicy` the trainer builds
    (float32 master weights, ``--autocast bf16``) with ``SamplingConfig.backend`` set to
    ``<backend>`` (``default`` where the config has no backend field); ``hf:dynamic`` is
@@ -229,22 +230,25 @@ def sampler_paths(requested: list[str]) -> list[str]:
 
 
 def random_prompts(batch: int, prompt_len: int, vocab: int, ragged: bool, seed: int,
-                   device: torch.device) -> PromptBatch:
+                   device: torch.device, group: int = 1) -> PromptBatch:
     """``batch`` random prompts of ``prompt_len`` ids (ragged: lengths uniform in
-    [prompt_len/4, prompt_len], left-padded with 0 and masked)."""
+    [prompt_len/4, prompt_len], left-padded with 0 and masked), each repeated for ``group``
+    consecutive rows."""
     g = torch.Generator().manual_seed(seed)
-    tokens_BP = torch.randint(1, vocab, (batch, prompt_len), generator=g)
-    if not ragged:
-        return PromptBatch(tokens_BP=tokens_BP.to(device))
-    lengths_B = torch.randint(max(prompt_len // 4, 1), prompt_len + 1, (batch,), generator=g)
+    n = -(-batch // group)
+    tokens_BP = torch.randint(1, vocab, (n, prompt_len), generator=g)
+    lengths_B = torch.randint(max(prompt_len // 4, 1), prompt_len + 1, (n,), generator=g) \
+        if ragged else torch.full((n,), prompt_len)
     mask_BP = (torch.arange(prompt_len) >= prompt_len - lengths_B[:, None]).long()
-    return PromptBatch(tokens_BP=(tokens_BP * mask_BP).to(device),
-                       attention_mask_BP=mask_BP.to(device))
+    tokens_BP = (tokens_BP * mask_BP).repeat_interleave(group, 0)[:batch].to(device)
+    mask_BP = mask_BP.repeat_interleave(group, 0)[:batch].to(device)
+    return PromptBatch(tokens_BP=tokens_BP, attention_mask_BP=mask_BP if ragged else None)
 
 
-def rlscope_sampler(model: Any, backend: str, autocast: str) -> Callable[..., int]:
+def rlscope_sampler(model: Any, backend: str, autocast: str, group: int) -> Callable[..., int]:
     """A call ``f(prompts, new_tokens) -> completion tokens`` of `rlscope.sampling.generate`
-    on the policy the trainer builds around ``model`` (float32 master, autocast)."""
+    on the policy the trainer builds around ``model`` (float32 master, autocast); rows come in
+    groups of ``group`` sharing a prompt (``group_id_B``)."""
     policy = HFPolicy(model)
     policy.autocast_dtype = torch.bfloat16 if autocast == "bf16" else None
     policy.eval()
@@ -254,7 +258,8 @@ def rlscope_sampler(model: Any, backend: str, autocast: str) -> Callable[..., in
 
     def run(prompts: PromptBatch, new_tokens: int) -> int:
         seeds_B = torch.arange(prompts.batch_size, device=prompts.tokens_BP.device)
-        out = generate(policy, prompts, cfg, seeds_B, new_tokens)
+        out = generate(policy, prompts, cfg, seeds_B, new_tokens,
+                       group_id_B=torch.div(seeds_B, group, rounding_mode="floor"))
         return int(out.completion_mask_BT.sum())
 
     return run
@@ -308,7 +313,7 @@ def sampler_section(args: argparse.Namespace, shape: str, device: torch.device
         try:
             if kind == "rlscope":
                 model = copy.deepcopy(master).to(device)
-                sample = rlscope_sampler(model, name, args.autocast)
+                sample = rlscope_sampler(model, name, args.autocast, args.sampler_group)
             else:
                 dtype = torch.bfloat16 if args.autocast == "bf16" else torch.float32
                 model = copy.deepcopy(master).to(device, dtype)
@@ -321,7 +326,7 @@ def sampler_section(args: argparse.Namespace, shape: str, device: torch.device
                 cell: dict[str, Any] = {"path": path, "batch_size": batch,
                                         "new_tokens": new_tokens}
                 prompts = random_prompts(batch, args.prompt_len, vocab, args.ragged_prompts,
-                                         seed=batch, device=device)
+                                         seed=batch, device=device, group=args.sampler_group)
                 with cell_guard(cell, device):
                     graphs_before = compiled_graphs()
                     # compiled paths compile on the first call and capture CUDA graphs later
@@ -572,6 +577,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt_len", type=int, default=64, help="prompt tokens per row")
     s.add_argument("--ragged_prompts", action="store_true",
                    help="prompt lengths uniform in [prompt_len/4, prompt_len], left-padded")
+    s.add_argument("--sampler_group", type=int, default=1,
+                   help="rows per prompt (consecutive rows share it and a group id, which "
+                        "lets rlscope's static backend prefill it once); 1 = every row its "
+                        "own prompt")
     s.add_argument("--warmup", type=int, default=1,
                    help="untimed calls per cell first (graph capture); hf:static gets at "
                         "least 2 (compilation, then CUDA-graph recording)")
@@ -621,6 +630,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
     errors = []
     counts = {"--batch_sizes": min(args.batch_sizes), "--new_tokens": min(args.new_tokens),
               "--prompt_len": args.prompt_len, "--repeats": args.repeats,
+              "--sampler_group": args.sampler_group,
               "--learner_rows": args.learner_rows, "--learner_group": args.learner_group,
               "--learner_prompt_len": args.learner_prompt_len,
               "--micro_batch_size": args.micro_batch_size,

@@ -20,7 +20,8 @@ import hf_engine  # noqa: E402
 sys.path.remove(str(BENCHMARKS))
 
 TINY_CPU = ["--models", "tiny", "--device", "cpu", "--autocast", "none",
-            "--batch_sizes", "3", "--new_tokens", "5", "--prompt_len", "6", "--ragged_prompts",
+            "--batch_sizes", "4", "--new_tokens", "5", "--prompt_len", "6", "--ragged_prompts",
+            "--sampler_group", "2",
             "--warmup", "1", "--repeats", "1", "--learner_rows", "8", "--learner_group", "2",
             "--learner_prompt_len", "6", "--min_len", "8", "--max_len", "20",
             "--micro_batch_size", "4", "--learner_warmup", "0", "--learner_steps", "1",
@@ -43,9 +44,9 @@ def test_tiny_cpu_run_writes_json_with_positive_rates(tmp_path: Path) -> None:
         "hf:dynamic", "hf:static"]
     for row in sampler:
         assert row["status"] == "ok", row
-        assert row["completion_tokens"] == 3 * 5  # no stop tokens: every row decodes it all
+        assert row["completion_tokens"] == 4 * 5  # no stop tokens: every row decodes it all
         assert row["tokens_per_s"] > 0 and row["ms_per_position"] > 0
-        assert row["tokens_per_s"] == pytest.approx(15 / row["wall_s"])
+        assert row["tokens_per_s"] == pytest.approx(20 / row["wall_s"])
     learner = tiny["learner"]
     assert [r["mode"] for r in learner] == ["padded", "packed"]
     for row in learner:
@@ -123,3 +124,16 @@ def test_inconsistent_options_are_rejected_before_any_work() -> None:
     assert hf_engine.check_args(hf_engine.parser().parse_args([])) == []
     with pytest.raises(SystemExit):
         hf_engine.main(["--learner_rows", "10"])  # not a multiple of --learner_group 8
+
+
+def test_grouped_ragged_prompts_repeat_within_a_group() -> None:
+    import torch
+
+    prompts = hf_engine.random_prompts(6, 8, vocab=100, ragged=True, seed=0,
+                                       device=torch.device("cpu"), group=3)
+    assert prompts.attention_mask_BP is not None
+    assert torch.equal(prompts.tokens_BP[0], prompts.tokens_BP[2])
+    assert torch.equal(prompts.attention_mask_BP[3], prompts.attention_mask_BP[5])
+    lengths = prompts.attention_mask_BP.sum(-1)
+    assert int(lengths.min()) >= 2 and int(lengths.max()) <= 8
+    assert bool((prompts.tokens_BP[prompts.attention_mask_BP == 0] == 0).all())
