@@ -7,7 +7,12 @@ with the same batch (``--batch_size`` completions in groups of ``--group_size``)
 limit, sampling (temperature 1), learning rate, clip ε = 0.2, no KL term, one pass over each
 batch, bf16 autocast over float32 weights, and the same reward (2 − words/16 of the text before
 the first newline). TRL generates with `model.generate` (its default without vLLM); it gets a
-character-level tokenizer whose ids are the bytes, so both see identical token ids.
+character-level tokenizer whose ids are the bytes, so both see identical token ids; ids ≥ 256
+(a model whose vocabulary is larger than the task's) decode to nothing there, as rlscope's
+task drops them before counting words. ``--micro_batch_size`` m splits the learner's work into
+m-row micro-batches in both tools (TRL: per-device batch m with gradient accumulation up to the
+batch, so it still generates the whole batch once per optimizer step); 0 = the whole batch.
+`benchmarks/hf_engine.py` imports `run_rlscope` and `run_trl` for its larger models.
 
 Reported: the median wall time of a step after ``--warmup`` steps, the completion tokens per
 step (the mean completion length × batch, from each tool's own log), and their ratio.
