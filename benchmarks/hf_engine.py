@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import gc
 import json
 import statistics
@@ -154,7 +155,8 @@ def cell_guard(cell: dict[str, Any], device: torch.device) -> Iterator[None]:
     try:
         yield
     except Exception as exc:  # one cell's failure must not end the table
-        keep = {k: cell[k] for k in ("path", "batch_size", "new_tokens", "mode") if k in cell}
+        keep: dict[str, Any] = {k: cell[k] for k in ("path", "batch_size", "new_tokens", "mode")
+                                if k in cell}
         cell.clear()
         cell.update(keep)
         cell["status"] = OOM if is_oom(exc) else f"error: {type(exc).__name__}: {exc}"[:500]
@@ -336,7 +338,7 @@ def sampler_section(args: argparse.Namespace, shape: str, device: torch.device
                     reset_peak(device)
                     times, tokens = [], 0
                     for _ in range(args.repeats):
-                        dt, tokens = timed(lambda f=sample, p=prompts, n=new_tokens: f(p, n),
+                        dt, tokens = timed(functools.partial(sample, prompts, new_tokens),
                                            device)
                         times.append(dt)
                     wall = statistics.median(times)
@@ -672,6 +674,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "peak_bf16_flops_table": PEAK_BF16_FLOPS,
                            "versions": versions(), "rlscope_backends": rlscope_backends(),
                            "models": {}}
+    log(f"card {out['card']}, versions {out['versions']}, rlscope sampler backends "
+        f"{out['rlscope_backends']}")
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.models:
             model_dir = Path(tmp) / shape
