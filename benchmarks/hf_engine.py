@@ -170,17 +170,17 @@ def cell_guard(cell: dict[str, Any], device: torch.device) -> Iterator[None]:
 # ---------------------------------------------------------------------------- models
 
 
-def build_model(shape: str, device: torch.device, dtype: torch.dtype = torch.float32,
-                seed: int = 0) -> Any:
-    """The ``shape``'s randomly initialised Qwen2 causal LM (SDPA attention), eval mode."""
+def build_model(shape: str, seed: int = 0) -> Any:
+    """The ``shape``'s randomly initialised Qwen2 causal LM (SDPA attention), float32 on the
+    CPU, eval mode; the same weights for the same seed (the global RNG is left alone)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(**SHAPES[shape], bos_token_id=None, eos_token_id=None,
                          pad_token_id=None)
-    with torch.random.fork_rng(devices=[]), torch.device(device):
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    return model.to(device, dtype).eval()
+    return model.float().eval()
 
 
 def n_params(model: torch.nn.Module) -> int:
@@ -188,19 +188,16 @@ def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def save_model(shape: str, path: Path, device: torch.device) -> int:
+def save_model(shape: str, path: Path) -> int:
     """Save the shape's init (newline = EOS, NUL = pad, as `length_target` uses them) for the
     learner and GRPO sections; returns its parameter count."""
-    model = build_model(shape, device)
+    model = build_model(shape)
     model.config.eos_token_id = 10
     model.config.pad_token_id = 0
     model.generation_config.eos_token_id = 10
     model.generation_config.pad_token_id = 0
     model.save_pretrained(path)
-    count = n_params(model)
-    del model
-    free_memory(device)
-    return count
+    return n_params(model)
 
 
 # ---------------------------------------------------------------------------- sampler
@@ -305,7 +302,7 @@ def timed(fn: Callable[[], int], device: torch.device) -> tuple[float, int]:
 def sampler_section(args: argparse.Namespace, shape: str, device: torch.device
                     ) -> list[dict[str, Any]]:
     """One row per (path, batch, new tokens)."""
-    master = build_model(shape, torch.device("cpu"))
+    master = build_model(shape)
     vocab = SHAPES[shape]["vocab_size"]
     rows: list[dict[str, Any]] = []
     for path in sampler_paths(args.sampler_paths):
@@ -679,7 +676,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.models:
             model_dir = Path(tmp) / shape
-            params = save_model(shape, model_dir, device)
+            params = save_model(shape, model_dir)
             log(f"{shape}: {params:,} parameters")
             res: dict[str, Any] = {"params": params, "shape": SHAPES[shape]}
             if "sampler" in args.sections:
