@@ -419,6 +419,20 @@ def learner_config(cfg: TrainConfig, packed: bool, token_budget: int, checkpoint
     return dataclasses.replace(cfg, learner=lc), dataclasses.asdict(lc)  # type: ignore[call-arg]
 
 
+def plan_summary(plan: Any) -> dict[str, Any]:
+    """The learner plan's layout fields as built (what actually ran: micro-batch rows, and
+    the packed learner and token budget where rlscope has them)."""
+    keys = ("micro_batch_size", "num_minibatches", "group_size", "packed", "token_budget")
+    out: dict[str, Any] = {}
+    for key in keys:
+        if hasattr(plan, key):
+            value = getattr(plan, key)
+            out[key] = value if value is None or isinstance(value, (bool, int, float, str)) \
+                else (dataclasses.asdict(value) if dataclasses.is_dataclass(value)
+                      and not isinstance(value, type) else str(value))
+    return out
+
+
 def ragged_batch(rows: int, prompt_len: int, min_len: int, max_len: int, vocab: int,
                  group: int, device: torch.device, seed: int = 0) -> RolloutBatch:
     """``rows`` rollouts of ``prompt_len`` prompt tokens and completions padded to
@@ -473,6 +487,7 @@ def learner_section(args: argparse.Namespace, shape: str, model_dir: Path, param
         cell: dict[str, Any] = {"mode": mode, "learner_config": used}
         with cell_guard(cell, device):
             parts = setup(cfg)
+            cell["plan"] = plan_summary(parts.plan)
             parts.policy.train()
             inputs, _ = prepare(parts.spec, batch, parts.policy, None, None, 0.0,
                                 parts.d.group_size, parts.plan.dist)

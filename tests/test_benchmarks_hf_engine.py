@@ -53,6 +53,7 @@ def test_tiny_cpu_run_writes_json_with_positive_rates(tmp_path: Path) -> None:
         assert row["status"] == "ok", row
         assert row["step_s"] > 0 and row["tokens_per_s"] > 0
         assert 8 * 8 <= row["real_tokens"] < row["padded_tokens"] == 8 * 20
+        assert row["plan"]["micro_batch_size"] == 4 and row["plan"]["group_size"] == 2
     assert "grpo" not in tiny
 
 
