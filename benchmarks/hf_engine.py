@@ -68,6 +68,7 @@ parameter count of each model. JSON goes to stdout and ``--output``; progress go
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -714,7 +715,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     errors = check_args(args)
     if errors:
         p.error("; ".join(errors))
-    out = run(args)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
+        out = run(args)
     text = json.dumps(out, indent=2, default=str)
     print(text)
     if args.output:

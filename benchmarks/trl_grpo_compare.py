@@ -23,8 +23,10 @@ step (the mean completion length × batch, from each tool's own log), and their 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -147,7 +149,8 @@ def run_trl(args: argparse.Namespace, model_dir: Path, out_dir: str) -> dict[str
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config,
                           train_dataset=Dataset.from_dict({"prompt": prompts}),
                           processing_class=byte_tokenizer(), callbacks=[timer])
-    trainer.train()
+    with contextlib.redirect_stdout(sys.stderr):  # the trainer prints its logs; stdout is JSON
+        trainer.train()
     times = timer.times[args.warmup:]
     lengths = timer.lengths[args.warmup:] or timer.lengths
     return {"step_s": statistics.median(times),

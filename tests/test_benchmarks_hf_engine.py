@@ -29,11 +29,14 @@ TINY_CPU = ["--models", "tiny", "--device", "cpu", "--autocast", "none",
             "--grpo_steps", "3", "--grpo_warmup", "1", "--grpo_micro_batch", "2"]
 
 
-def test_tiny_cpu_run_writes_json_with_positive_rates(tmp_path: Path) -> None:
+def test_tiny_cpu_run_writes_json_with_positive_rates(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     out_file = tmp_path / "hf_engine.json"
     out = hf_engine.main([*TINY_CPU, "--sections", "sampler", "learner",
                           "--output", str(out_file)])
-    assert json.loads(out_file.read_text()) == json.loads(json.dumps(out, default=str))
+    expected = json.loads(json.dumps(out, default=str))
+    assert json.loads(out_file.read_text()) == expected
+    assert json.loads(capsys.readouterr().out) == expected  # stdout holds the JSON alone
     assert out["versions"]["torch"] and out["versions"]["transformers"]
     assert out["card"] is None and out["environment"]["device"] == "cpu"
     tiny = out["models"]["tiny"]
@@ -58,10 +61,11 @@ def test_tiny_cpu_run_writes_json_with_positive_rates(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_tiny_cpu_grpo_against_trl() -> None:
+def test_tiny_cpu_grpo_against_trl(capsys: pytest.CaptureFixture[str]) -> None:
     """The GRPO section with TRL's trainer (about 15 s; needs trl, accelerate, datasets)."""
     pytest.importorskip("trl")
     out = hf_engine.main([*TINY_CPU, "--sections", "grpo"])
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(out, default=str))
     grpo = out["models"]["tiny"]["grpo"]
     assert grpo["batch_size"] == 4 and out["versions"]["trl"]
     for tool in ("rlscope", "trl"):
