@@ -52,8 +52,8 @@ Sections (``--sections``), each measured for every model in the same process:
    Reported: the median step time after ``--grpo_warmup`` steps, completion tokens per step
    (each tool's own mean length × batch) and the ratios.
 
-Also recorded: rlscope's `environment_info`, the card, torch/transformers/trl versions and the
-parameter count of each model. JSON goes to stdout and ``--output``; progress goes to stderr.
+Also recorded: rlscope's `environment_info`, the card, torch/transformers/trl versions, the
+parameter count of each model and its ``targets`` (issue 17's, beside what was measured). JSON goes to stdout and ``--output``; progress goes to stderr.
 
     python benchmarks/hf_engine.py --models 104m qwen0.5b --output hf_engine.json
     python benchmarks/hf_engine.py --sections sampler --models qwen0.5b --batch_sizes 256 \\
@@ -117,6 +117,13 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 """Qwen2 config fields of each ``--models`` shape."""
 HF_PATHS = ("hf:dynamic", "hf:static")
+TARGETS: dict[str, dict[str, float]] = {
+    "104m": {"sampler_tokens_per_s_b256_t128": 500e3},
+    "qwen0.5b": {"sampler_tokens_per_s_b256_t128": 150e3, "learner_mfu": 0.35,
+                 "grpo_step_speedup_over_trl": 5.0},
+}
+"""Issue 17's targets (one H100): rlscope's sampler at batch 256 × 128 new tokens, the
+packed learner's MFU, TRL's GRPO step time over rlscope's."""
 OOM = "oom"
 
 
@@ -555,6 +562,28 @@ def grpo_section(args: argparse.Namespace, model_dir: Path, device: torch.device
 # ---------------------------------------------------------------------------- main
 
 
+def target_check(shape: str, res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Issue 17's targets for ``shape`` against what was measured (None where the cell was
+    not measured): the best rlscope sampler path at batch 256 × 128, the packed learner's
+    MFU, and TRL's step time over rlscope's."""
+    measured: dict[str, float | None] = {}
+    rates = [r["tokens_per_s"] for r in res.get("sampler", [])
+             if r.get("status") == "ok" and r["path"].startswith("rlscope:")
+             and r["batch_size"] == 256 and r["new_tokens"] == 128]
+    measured["sampler_tokens_per_s_b256_t128"] = max(rates) if rates else None
+    mfus = [r["mfu"] for r in res.get("learner", [])
+            if r.get("status") == "ok" and r["mode"] == "packed" and r.get("mfu")]
+    measured["learner_mfu"] = mfus[0] if mfus else None
+    measured["grpo_step_speedup_over_trl"] = res.get("grpo", {}).get(
+        "step_time_ratio_trl_over_rlscope")
+    out = {}
+    for key, target in TARGETS.get(shape, {}).items():
+        value = measured[key]
+        out[key] = {"target": target, "measured": value,
+                    "met": None if value is None else value >= target}
+    return out
+
+
 def versions() -> dict[str, str | None]:
     import transformers
 
@@ -704,6 +733,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if "grpo" in args.sections:
                 torch.manual_seed(args.seed)
                 res["grpo"] = grpo_section(args, model_dir, device, tmp)
+            res["targets"] = target_check(shape, res)
             out["models"][shape] = res
     out["environment"] = environment_info(device)
     return out

@@ -142,3 +142,24 @@ def test_grouped_ragged_prompts_repeat_within_a_group() -> None:
     lengths = prompts.attention_mask_BP.sum(-1)
     assert int(lengths.min()) >= 2 and int(lengths.max()) <= 8
     assert bool((prompts.tokens_BP[prompts.attention_mask_BP == 0] == 0).all())
+
+
+def test_targets_read_the_best_rlscope_sampler_the_packed_learner_and_the_ratio() -> None:
+    res = {"sampler": [
+        {"path": "rlscope:eager", "status": "ok", "batch_size": 256, "new_tokens": 128,
+         "tokens_per_s": 20e3},
+        {"path": "rlscope:static", "status": "ok", "batch_size": 256, "new_tokens": 128,
+         "tokens_per_s": 160e3},
+        {"path": "hf:static", "status": "ok", "batch_size": 256, "new_tokens": 128,
+         "tokens_per_s": 900e3},
+        {"path": "rlscope:static", "status": "oom", "batch_size": 512, "new_tokens": 128}],
+        "learner": [{"mode": "padded", "status": "ok", "mfu": 0.5},
+                    {"mode": "packed", "status": "ok", "mfu": 0.3}],
+        "grpo": {"step_time_ratio_trl_over_rlscope": 6.0}}
+    got = hf_engine.target_check("qwen0.5b", res)
+    assert got["sampler_tokens_per_s_b256_t128"] == {"target": 150e3, "measured": 160e3,
+                                                     "met": True}
+    assert got["learner_mfu"] == {"target": 0.35, "measured": 0.3, "met": False}
+    assert got["grpo_step_speedup_over_trl"]["met"] is True
+    assert hf_engine.target_check("104m", {}) == {
+        "sampler_tokens_per_s_b256_t128": {"target": 500e3, "measured": None, "met": None}}
