@@ -53,7 +53,8 @@ Sections (``--sections``), each measured for every model in the same process:
    (each tool's own mean length × batch) and the ratios.
 
 Also recorded: rlscope's `environment_info`, the card, torch/transformers/trl versions, the
-parameter count of each model and its ``targets`` (issue 17's, beside what was measured). JSON goes to stdout and ``--output``; progress goes to stderr.
+parameter count of each model and its ``targets`` (issue 17's, beside what was measured).
+JSON goes to stdout and ``--output``; progress and the trainers' logs go to stderr.
 
     python benchmarks/hf_engine.py --models 104m qwen0.5b --output hf_engine.json
     python benchmarks/hf_engine.py --sections sampler --models qwen0.5b --batch_sizes 256 \\
