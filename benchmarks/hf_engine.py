@@ -707,9 +707,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     if device.type == "cuda":
         # one compilation per static-cache shape (batch × length); the default limit is 8
-        torch._dynamo.config.cache_size_limit = 64
-        if hasattr(torch._dynamo.config, "recompile_limit"):
-            torch._dynamo.config.recompile_limit = 64
+        for name in ("cache_size_limit", "recompile_limit"):  # the name varies by version
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 64)
     out: dict[str, Any] = {"benchmark": "hf_engine", "config": vars(args),
                            "card": torch.cuda.get_device_name(device)
                            if device.type == "cuda" else None,
