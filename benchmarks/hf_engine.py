@@ -164,8 +164,8 @@ def cell_guard(cell: dict[str, Any], device: torch.device) -> Iterator[None]:
     try:
         yield
     except Exception as exc:  # one cell's failure must not end the table
-        keep: dict[str, Any] = {k: cell[k] for k in ("path", "batch_size", "new_tokens", "mode")
-                                if k in cell}
+        keep: dict[str, Any] = {k: cell[k] for k in ("path", "batch_size", "new_tokens", "mode",
+                                                     "learner_config") if k in cell}
         cell.clear()
         cell.update(keep)
         cell["status"] = OOM if is_oom(exc) else f"error: {type(exc).__name__}: {exc}"[:500]
@@ -733,7 +733,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 res["learner"] = learner_section(args, shape, model_dir, params, device, tmp)
             if "grpo" in args.sections:
                 torch.manual_seed(args.seed)
-                res["grpo"] = grpo_section(args, model_dir, device, tmp)
+                runs = Path(tmp) / f"{shape}_grpo"
+                runs.mkdir()
+                res["grpo"] = grpo_section(args, model_dir, device, str(runs))
             res["targets"] = target_check(shape, res)
             out["models"][shape] = res
     out["environment"] = environment_info(device)
