@@ -163,3 +163,18 @@ def test_targets_read_the_best_rlscope_sampler_the_packed_learner_and_the_ratio(
     assert got["grpo_step_speedup_over_trl"]["met"] is True
     assert hf_engine.target_check("104m", {}) == {
         "sampler_tokens_per_s_b256_t128": {"target": 500e3, "measured": None, "met": None}}
+
+
+def test_a_failing_cell_is_recorded_and_the_table_goes_on() -> None:
+    import torch
+
+    cpu = torch.device("cpu")
+    cell: dict[str, Any] = {"path": "hf:static", "batch_size": 512, "wall_s": 1.0}
+    with hf_engine.cell_guard(cell, cpu):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+    assert cell == {"path": "hf:static", "batch_size": 512, "status": "oom"}
+    cell = {"mode": "packed"}
+    with hf_engine.cell_guard(cell, cpu):
+        raise ValueError("learner.packing='on' needs a Hugging Face policy")
+    assert cell == {"mode": "packed", "status": "error: ValueError: learner.packing='on' "
+                                                "needs a Hugging Face policy"}
