@@ -7,7 +7,12 @@ with the same batch (``--batch_size`` completions in groups of ``--group_size``)
 limit, sampling (temperature 1), learning rate, clip ε = 0.2, no KL term, one pass over each
 batch, bf16 autocast over float32 weights, and the same reward (2 − words/16 of the text before
 the first newline). TRL generates with `model.generate` (its default without vLLM); it gets a
-character-level tokenizer whose ids are the bytes, so both see identical token ids.
+character-level tokenizer whose ids are the bytes, so both see identical token ids; ids ≥ 256
+(a model whose vocabulary is larger than the task's) decode to nothing there, as rlscope's
+task drops them before counting words. ``--micro_batch_size`` m splits the learner's work into
+m-row micro-batches in both tools (TRL: per-device batch m with gradient accumulation up to the
+batch, so it still generates the whole batch once per optimizer step); 0 = the whole batch.
+`benchmarks/hf_engine.py` imports `run_rlscope` and `run_trl` for its larger models.
 
 Reported: the median wall time of a step after ``--warmup`` steps, the completion tokens per
 step (the mean completion length × batch, from each tool's own log), and their ratio.
@@ -18,8 +23,10 @@ step (the mean completion length × batch, from each tool's own log), and their 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,6 +73,17 @@ def save_model(args: argparse.Namespace, path: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def micro_batch(args: argparse.Namespace) -> int:
+    """Rows per forward/backward (0 = the whole batch). TRL gets it as its per-device batch
+    with gradient accumulation up to the batch, so it still generates the whole batch once per
+    optimizer step."""
+    micro = int(getattr(args, "micro_batch_size", 0))
+    if micro and args.batch_size % micro:
+        raise ValueError(f"--micro_batch_size {micro} must divide --batch_size "
+                         f"{args.batch_size}")
+    return micro
+
+
 def run_rlscope(args: argparse.Namespace, model_dir: Path, runs_dir: str) -> dict[str, float]:
     cfg = TrainConfig(
         method="grpo", task="length_target",
@@ -75,7 +93,8 @@ def run_rlscope(args: argparse.Namespace, model_dir: Path, runs_dir: str) -> dic
         model=ModelConfig(arch="hf", path=str(model_dir), autocast=args.autocast),
         optim=OptimConfig(lr=args.lr, grad_clip=1.0),
         run=RunConfig(num_steps=args.steps, batch_size=args.batch_size,
-                      group_size=args.group_size, eval_every=0, device=args.device,
+                      group_size=args.group_size, micro_batch_size=micro_batch(args),
+                      eval_every=0, device=args.device,
                       progress=False, runs_dir=runs_dir, log_samples=0, doctor_every=0,
                       name="rlscope"))
     steps = train(cfg).metrics[args.warmup:]
@@ -112,10 +131,12 @@ def run_trl(args: argparse.Namespace, model_dir: Path, out_dir: str) -> dict[str
     def reward(completions: list[str], **_: Any) -> list[float]:
         return [length_reward(len(c.split("\n")[0].split()), None) for c in completions]
 
+    micro = micro_batch(args) or args.batch_size
     n_prompts = args.batch_size // args.group_size * (args.steps + 1)
     prompts = [INSTRUCTIONS[i % len(INSTRUCTIONS)] for i in range(n_prompts)]
     config = GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=args.batch_size,
+        output_dir=out_dir, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=args.batch_size // micro,
         num_generations=args.group_size, max_completion_length=args.length_limit,
         learning_rate=args.lr, max_grad_norm=1.0, beta=0.0, epsilon=0.2, num_iterations=1,
         temperature=1.0, loss_type="dapo", scale_rewards="group", bf16=args.autocast == "bf16",
@@ -128,7 +149,8 @@ def run_trl(args: argparse.Namespace, model_dir: Path, out_dir: str) -> dict[str
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config,
                           train_dataset=Dataset.from_dict({"prompt": prompts}),
                           processing_class=byte_tokenizer(), callbacks=[timer])
-    trainer.train()
+    with contextlib.redirect_stdout(sys.stderr):  # the trainer prints its logs; stdout is JSON
+        trainer.train()
     times = timer.times[args.warmup:]
     lengths = timer.lengths[args.warmup:] or timer.lengths
     return {"step_s": statistics.median(times),
@@ -145,6 +167,7 @@ def main() -> None:
     p.add_argument("--length_limit", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=256)
     p.add_argument("--group_size", type=int, default=8)
+    p.add_argument("--micro_batch_size", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
