@@ -1,0 +1,301 @@
+"""The packed learner (`rlscope.learner_packed`) and the chunked log-probs
+(`rlscope.policy.chunked`) equal the padded, full-logits learner: fp64, 1e-10."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from rlscope.batch import RolloutBatch
+from rlscope.learner import (
+    Denominators,
+    LearnerInputs,
+    UpdatePlan,
+    micro_batch_loss,
+    update,
+)
+from rlscope.learner_packed import (
+    LearnerConfig,
+    PackedLearner,
+    resolve_learner,
+    row_token_counts,
+    token_budget_slices,
+)
+from rlscope.methods.configs import (
+    AdvantageConfig,
+    GateConfig,
+    KLConfig,
+    ObjectiveConfig,
+    ValueConfig,
+)
+from rlscope.methods.objectives import OBJECTIVES
+from rlscope.methods.spec import MethodSpec
+from rlscope.policy.chunked import chunked_logp_entropy
+from rlscope.policy.hf import HFPolicy, tiny_hf_model
+from rlscope.policy.value_head import ValueHead
+from rlscope.sampling.processors import SampledDistribution
+
+F64 = torch.float64
+V, B, P, T = 37, 6, 5, 7
+TOL = 1e-10
+
+
+def _policy(arch: str = "qwen2", attn: str = "sdpa") -> HFPolicy:
+    """A tiny HF model in fp64. The padded reference runs SDPA: transformers' eager attention
+    turns fully masked (left-padding) query rows into NaN in float64."""
+    model = tiny_hf_model(arch, V, seed=3, hidden_size=32, num_heads=4, num_layers=2,
+                          attn_implementation=attn)
+    return HFPolicy(model).to(F64).train()
+
+
+def _batch_inputs(seed: int = 0) -> tuple[RolloutBatch, LearnerInputs]:
+    """Ragged left-padded prompts and ragged completions (one row without loss positions,
+    one with a hole inside its loss mask)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_len_B = torch.tensor([5, 2, 3, 1, 4, 5])
+    prompt_mask = (torch.arange(P)[None] >= (P - prompt_len_B)[:, None]).long()
+    comp_len_B = torch.tensor([7, 3, 0, 5, 1, 6])
+    mask = (torch.arange(T)[None] < comp_len_B[:, None]).to(F64)
+    mask[5, 2] = 0.0
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    logp_old = -torch.rand(B, T, generator=g, dtype=F64) * 3 - 0.5
+    batch = RolloutBatch(
+        prompt_tokens_BP=torch.randint(0, V, (B, P), generator=g) * prompt_mask,
+        prompt_mask_BP=prompt_mask, completion_tokens_BT=tokens, completion_mask_BT=mask,
+        logp_sampler_BT=logp_old, logp_raw_BT=logp_old,
+        finished_by_stop_B=torch.zeros(B, dtype=torch.bool), group_id_B=torch.arange(B))
+    inputs = LearnerInputs(
+        adv_BT=torch.randn(B, T, generator=g, dtype=F64) * mask, mask_BT=mask,
+        tokens_BT=tokens, logp_old_BT=logp_old,
+        old_values_BT=torch.randn(B, T, generator=g, dtype=F64) * 0.1 * mask,
+        returns_BT=torch.randn(B, T, generator=g, dtype=F64) * mask)
+    return batch, inputs
+
+
+def _spec(entropy_coef: float = 0.05, objective: str = "ppo_clip") -> MethodSpec:
+    return MethodSpec(
+        description="every per-token loss term", source="test", regime="test",
+        advantage=AdvantageConfig("gae"), gate=GateConfig("delight", eta=0.7),
+        objective=ObjectiveConfig(objective, clip_low=0.1, clip_high=0.15, dual_clip=2.0),
+        kl=KLConfig(coef=0.1, estimator="k3", target="old"), entropy_coef=entropy_coef,
+        value=ValueConfig(coef=0.5, clip=0.05))
+
+
+def _run(policy: HFPolicy, value_head: ValueHead | None, spec: MethodSpec,
+         packed: PackedLearner | None, temperature: float = 0.7
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    batch, inputs = _batch_inputs()
+    den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(B), max_len=T)
+    modules = [m for m in (policy, value_head) if m is not None]
+    for m in modules:
+        m.zero_grad(set_to_none=True)
+    res = micro_batch_loss(spec, policy, value_head, batch, inputs, den, 0.1,
+                           SampledDistribution(temperature, True), packed=packed)
+    res.loss.backward()
+    grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+             for m in modules for p in m.parameters()]
+    return res.loss.detach(), res.logp_BT * inputs.mask_BT, res.entropy_BT * inputs.mask_BT, \
+        grads
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL) -> None:
+    assert torch.allclose(a, b, rtol=0, atol=tol), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("packed", [PackedLearner(True, 3), PackedLearner(True, 0),
+                                    PackedLearner(False, 4)],
+                         ids=["packed-chunked", "packed-full", "padded-chunked"])
+@pytest.mark.parametrize("arch,attn", [("qwen2", "sdpa"), ("llama", "eager")])
+def test_packed_learner_equals_padded(packed: PackedLearner, arch: str, attn: str) -> None:
+    """log-probs, entropy, loss and every parameter gradient (policy and value head) agree
+    on ragged left-padded prompts and ragged completions, with an entropy bonus."""
+    value_head = ValueHead(32).to(F64)
+    torch.nn.init.normal_(value_head.linear.weight, std=0.1)
+    spec = _spec()
+    ref = _run(_policy(arch), value_head, spec, None)
+    got = _run(_policy(arch, attn if packed.packing else "sdpa"), value_head, spec, packed)
+    # eager attention takes its softmax in float32 even for a float64 model
+    tol = TOL if attn == "sdpa" or not packed.packing else 1e-6
+    for a, b in zip(ref[:3], got[:3], strict=True):
+        _close(a, b, tol)
+    assert len(ref[3]) == len(got[3]) > 10
+    assert any(g.abs().sum() > 0 for g in ref[3][:-2])
+    for a, b in zip(ref[3], got[3], strict=True):
+        _close(a, b, tol)
+
+
+def test_packed_learner_no_prompt_padding() -> None:
+    """A batch without a prompt mask gives the padded learner's loss and gradients."""
+    policy = _policy("qwen2")
+    spec = _spec(entropy_coef=0.0)
+    batch, inputs = _batch_inputs()
+    batch = dataclasses.replace(batch, prompt_mask_BP=None)
+    den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(B), max_len=T)
+    out = []
+    for packed in (None, PackedLearner(True, 5)):
+        policy.zero_grad(set_to_none=True)
+        res = micro_batch_loss(spec, policy, None, batch, inputs, den, 0.1,
+                               SampledDistribution(1.0, True), packed=packed)
+        res.loss.backward()
+        out.append((res.loss.detach(), [p.grad.clone() for p in policy.parameters()]))
+    _close(out[0][0], out[1][0])
+    for a, b in zip(out[0][1], out[1][1], strict=True):
+        _close(a, b)
+
+
+def test_packed_forward_replays_kept_set() -> None:
+    """With a replayed top-k kept set the chunked path does not apply; the packed forward
+    keeps full logits at the packed positions and equals the padded learner."""
+    policy = _policy()
+    spec = _spec()
+    batch, inputs = _batch_inputs()
+    g = torch.Generator().manual_seed(5)
+    keep = torch.rand(B, T, V, generator=g) < 0.6
+    keep.scatter_(-1, inputs.tokens_BT[..., None], True)
+    batch = dataclasses.replace(batch, keep_mask_BTV=keep)
+    den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(B), max_len=T)
+    out = []
+    for packed in (None, PackedLearner(True, 3)):
+        policy.zero_grad(set_to_none=True)
+        res = micro_batch_loss(spec, policy, None, batch, inputs, den, 0.1,
+                               SampledDistribution(0.9, True), packed=packed)
+        res.loss.backward()
+        out.append((res.loss.detach(), res.entropy_BT * inputs.mask_BT,
+                    [p.grad.clone() for p in policy.parameters()]))
+    _close(out[0][0], out[1][0])
+    _close(out[0][1], out[1][1])
+    for a, b in zip(out[0][2], out[1][2], strict=True):
+        _close(a, b)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 100])
+@pytest.mark.parametrize("bias", [False, True])
+def test_chunked_logp_entropy_equals_full_logits(chunk: int, bias: bool) -> None:
+    """Values and gradients (w.r.t. hidden, W and bias, through logp and entropy both) equal
+    the full-logits computation; chunk sizes need not divide N."""
+    g = torch.Generator().manual_seed(1)
+    N, D, Vs, tau = 11, 6, 13, 0.8
+    h = torch.randn(N, D, generator=g, dtype=F64, requires_grad=True)
+    W = torch.randn(Vs, D, generator=g, dtype=F64, requires_grad=True)
+    b = torch.randn(Vs, generator=g, dtype=F64, requires_grad=True) if bias else None
+    y = torch.randint(0, Vs, (N,), generator=g)
+    c_lp, c_ent = torch.randn(N, generator=g, dtype=F64), torch.randn(N, generator=g, dtype=F64)
+    params = [h, W] + ([b] if b is not None else [])
+
+    logits = h @ W.T + (b if b is not None else 0.0)
+    logp_NV = (logits / tau).log_softmax(-1)
+    ref_lp = logp_NV.gather(-1, y[:, None]).squeeze(-1)
+    ref_ent = -(logp_NV.exp() * logp_NV).sum(-1)
+    ref_grads = torch.autograd.grad((c_lp * ref_lp).sum() + (c_ent * ref_ent).sum(), params,
+                                    retain_graph=True)
+
+    lp, ent = chunked_logp_entropy(h, W, b, y, tau, chunk)
+    grads = torch.autograd.grad((c_lp * lp).sum() + (c_ent * ent).sum(), params)
+    assert lp.dtype == F64
+    _close(lp, ref_lp)
+    _close(ent, ref_ent)
+    for a, r in zip(grads, ref_grads, strict=True):
+        _close(a, r)
+    # one output alone (the other's gradient is None in backward)
+    g_h, = torch.autograd.grad(chunked_logp_entropy(h, W, b, y, tau, chunk)[0].sum(), [h])
+    _close(g_h, torch.autograd.grad(ref_lp.sum(), [h])[0])
+
+
+def test_chunked_upcasts_low_precision() -> None:
+    """bf16 hidden states are computed in float32 and get a bf16 gradient."""
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(5, 4, generator=g).bfloat16().requires_grad_()
+    W = torch.randn(9, 4, generator=g, requires_grad=True)
+    y = torch.randint(0, 9, (5,), generator=g)
+    lp, ent = chunked_logp_entropy(h, W, None, y, 1.0, 2)
+    ref = (h.float() @ W.T).log_softmax(-1).gather(-1, y[:, None]).squeeze(-1)
+    assert lp.dtype == torch.float32
+    assert torch.allclose(lp, ref, atol=1e-6)
+    (lp.sum() + ent.sum()).backward()
+    assert h.grad is not None and h.grad.dtype == torch.bfloat16
+
+
+def test_chunked_rejects_bad_arguments() -> None:
+    h, W, y = torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(3, dtype=torch.long)
+    with pytest.raises(ValueError, match="chunk"):
+        chunked_logp_entropy(h, W, None, y, 1.0, 0)
+    with pytest.raises(ValueError, match="temperature"):
+        chunked_logp_entropy(h, W, None, y, 0.0, 2)
+    with pytest.raises(ValueError, match="tokens_N"):
+        chunked_logp_entropy(h, W, None, y[:2], 1.0, 2)
+
+
+def test_row_token_counts_and_budget_slices() -> None:
+    batch, inputs = _batch_inputs()
+    counts = row_token_counts(batch, inputs.mask_BT)
+    # prompt + completion up to the last loss position - 1; 0 without loss positions
+    assert counts.tolist() == [5 + 6, 2 + 2, 0, 1 + 4, 4 + 0, 5 + 5]
+    assert token_budget_slices(counts, 0, B, 12) == [slice(0, 1), slice(1, 4), slice(4, 5),
+                                                     slice(5, 6)]
+    assert token_budget_slices(counts, 0, B, 5) == [slice(0, 1), slice(1, 3), slice(3, 4),
+                                                    slice(4, 5), slice(5, 6)]
+    assert token_budget_slices(counts, 0, B, 100, unit=2) == [slice(0, 6)]
+    assert token_budget_slices(counts, 2, 6, 10, unit=2) == [slice(2, 4), slice(4, 6)]
+
+
+def test_token_budget_update_equals_one_big_batch() -> None:
+    """Micro-batches sized by a token budget (packed) give the update of one padded batch."""
+    batch, inputs = _batch_inputs()
+    spec = _spec()
+    params = {}
+    for name, packed, budget in (("big", None, 0), ("budget", PackedLearner(True, 3), 9)):
+        policy = _policy()
+        opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+        plan = UpdatePlan(spec=spec, inner_epochs=1, num_minibatches=1, micro_batch_size=B,
+                          max_len=T, grad_clip=0.0, dist=SampledDistribution(0.7, True),
+                          packed=packed, token_budget=budget)
+        result = update(plan, policy, None, opt, batch, inputs, 0.1)
+        params[name] = ([p.detach().clone() for p in policy.parameters()], result)
+    (big, r_big), (small, r_small) = params["big"], params["budget"]
+    _close(r_big.grad_norms_S, r_small.grad_norms_S)
+    _close(r_big.last.loss, r_small.last.loss)
+    for a, b in zip(big, small, strict=True):
+        _close(a, b)
+
+
+def test_reads_distribution_flags_every_reader() -> None:
+    """Every objective whose function reads ``logp_BTV`` is flagged, so the chunked path
+    (which has none) never serves it; ``full`` KL in the loss counts too."""
+    def reads(fn: object, seen: set[object]) -> bool:
+        """The function's source, or that of a module-level function it calls, reads it."""
+        seen.add(fn)
+        if "logp_BTV" in inspect.getsource(fn):  # type: ignore[arg-type]
+            return True
+        called = (fn.__globals__.get(n) for n in fn.__code__.co_names)  # type: ignore[attr-defined]
+        return any(reads(f, seen) for f in called if inspect.isfunction(f) and f not in seen)
+
+    flagged = set()
+    for name, comp in OBJECTIVES.items():
+        assert comp.reads_distribution == reads(comp.fn, set()), name
+        if comp.reads_distribution:
+            flagged.add(name)
+    assert {"tpo_full_action", "tpo_token", "self_distill"} <= flagged
+    spec = _spec()
+    assert not spec.reads_learner_distribution
+    full = dataclasses.replace(spec, kl=KLConfig(coef=0.1, estimator="full", target="ref"))
+    assert full.reads_learner_distribution
+    assert dataclasses.replace(spec, objective=ObjectiveConfig("tpo_full_action")
+                               ).reads_learner_distribution
+
+
+def test_learner_config_resolution_and_validation() -> None:
+    policy = _policy()
+    assert resolve_learner(LearnerConfig(), policy) == PackedLearner(True, 1024)
+    assert resolve_learner(LearnerConfig(packing="off", logprob_chunk=0), policy) is None
+    assert resolve_learner(LearnerConfig(packing="off"), policy) == PackedLearner(False, 1024)
+    from rlscope.policy.tiny import TinyConfig, TinyTransformer
+    assert resolve_learner(LearnerConfig(), TinyTransformer(TinyConfig(V, P + T))) is None
+    assert LearnerConfig().validate("tiny") == []
+    errors = LearnerConfig(packing="on", logprob_chunk=-2, token_budget=-1).validate("tiny")
+    assert len(errors) == 3
+    assert any("Hugging Face" in e for e in errors)
