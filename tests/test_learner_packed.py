@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from rlscope.batch import RolloutBatch
+from rlscope.config import LearnerConfig, RunConfig, TrainConfig
 from rlscope.learner import (
     Denominators,
     LearnerInputs,
@@ -20,7 +22,6 @@ from rlscope.learner import (
     update,
 )
 from rlscope.learner_packed import (
-    LearnerConfig,
     PackedLearner,
     resolve_learner,
     row_token_counts,
@@ -35,10 +36,14 @@ from rlscope.methods.configs import (
 )
 from rlscope.methods.objectives import OBJECTIVES
 from rlscope.methods.spec import MethodSpec
+from rlscope.policy import ModelConfig
 from rlscope.policy.chunked import chunked_logp_entropy
 from rlscope.policy.hf import HFPolicy, tiny_hf_model
 from rlscope.policy.value_head import ValueHead
+from rlscope.sampling import SamplingConfig
 from rlscope.sampling.processors import SampledDistribution
+from rlscope.tasks import TaskConfig
+from rlscope.train import train
 
 F64 = torch.float64
 V, B, P, T = 37, 6, 5, 7
@@ -296,6 +301,47 @@ def test_learner_config_resolution_and_validation() -> None:
     from rlscope.policy.tiny import TinyConfig, TinyTransformer
     assert resolve_learner(LearnerConfig(), TinyTransformer(TinyConfig(V, P + T))) is None
     assert LearnerConfig().validate("tiny") == []
-    errors = LearnerConfig(packing="on", logprob_chunk=-2, token_budget=-1).validate("tiny")
-    assert len(errors) == 3
+    errors = LearnerConfig(packing="on", token_budget=-1).validate("tiny")
+    assert len(errors) == 2
     assert any("Hugging Face" in e for e in errors)
+
+
+def test_train_grpo_packed_equals_padded(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short grpo run of a tiny fp64 Qwen2 with ragged completions (a stop token): the
+    packed learner (chunked log-probs, token-budget micro-batches) logs the metrics of the
+    padded learner."""
+    import rlscope.learner_packed as lp
+    calls: list[int] = []
+
+    def counting(*args: object) -> object:
+        calls.append(1)
+        return chunked_logp_entropy(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lp, "chunked_logp_entropy", counting)
+    def run(learner: LearnerConfig, name: str) -> list[dict[str, float]]:
+        cfg = TrainConfig(
+            method="grpo", task="token_reversal",
+            task_options=TaskConfig(seq_len=5, eval_batches=1, eval_batch_size=8),
+            sampling=SamplingConfig(stop_token_ids=(2,)),
+            model=ModelConfig(arch="qwen2", d_model=32, n_heads=4, n_layers=1,
+                              dtype="float64", attn_implementation="sdpa"),
+            learner=learner,
+            run=RunConfig(num_steps=3, batch_size=16, inner_epochs=2, eval_every=0,
+                          progress=False, device="cpu", doctor_every=0, name=name,
+                          runs_dir=str(tmp_path), log_samples=0))
+        result = train(cfg)
+        assert result.status == "completed"
+        return result.metrics
+
+    padded = run(LearnerConfig(packing="off", logprob_chunk=0), "padded")
+    assert not calls
+    packed = run(LearnerConfig(logprob_chunk=5, token_budget=30), "packed")
+    assert len(calls) > 2 * 3  # several token-budget micro-batches per pass
+    assert len(padded) == len(packed) == 3
+    assert any(m["length/mean"] < 5 for m in padded)  # ragged completions were trained
+    for a, b in zip(padded, packed, strict=True):
+        keys = {k for k in a if k.split("/")[0] in ("policy", "loss", "optim", "reward")}
+        assert {"loss/total", "policy/entropy", "optim/grad_norm"} <= keys
+        for k in keys:
+            assert b[k] == pytest.approx(a[k], rel=1e-9, abs=1e-12), k

@@ -20,78 +20,27 @@ is False) and the sampler's distribution has no replayed top-k/top-p kept set; o
 packed forward computes the full distribution at the packed positions (`PackedForward.logp_BTV`).
 
 `token_budget_slices` groups rows into micro-batches by token count (``--learner.token_budget``).
+The options are `rlscope.config.LearnerConfig` (``--learner.*``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from rlscope.batch import RolloutBatch
+from rlscope.config import LearnerConfig
 from rlscope.methods.regularizers import entropy_from_logp
 from rlscope.methods.spec import MethodSpec
 from rlscope.policy.base import Policy
 from rlscope.policy.chunked import chunked_logp_entropy
 from rlscope.sampling.processors import SampledDistribution
 
-__all__ = ["LearnerConfig", "PackedForward", "PackedLearner", "packed_forward",
+__all__ = ["PackedForward", "PackedLearner", "packed_forward",
            "resolve_learner", "row_token_counts", "token_budget_slices"]
-
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    """How the learner lays out its forward passes (Hugging Face policies; the tiny
-    transformer keeps its padded, CUDA-graphed learner). Same update either way."""
-
-    packing: Literal["auto", "on", "off"] = "auto"
-    """Pack each micro-batch's rows into one sequence without padding (real prompt tokens +
-    completion up to the last loss position; attention kept within each row: flash-attn
-    varlen with attn_implementation=flash_attention_2, else a block-diagonal causal mask).
-    auto = on for Hugging Face policies, off for the tiny transformer; on = require it."""
-    logprob_chunk: int = -1
-    """Compute the learner's log-probs and entropies of the chosen tokens this many positions
-    at a time from the final hidden states, recomputing each chunk's logits in the backward
-    pass, so the B×T×V float32 logits never exist. -1 = auto (1024 for Hugging Face policies
-    where the method allows: no top-k/top-p replayed kept set, no full KL, no objective reading
-    the whole distribution; else full logits); 0 = off (full logits)."""
-    token_budget: int = 0
-    """Form micro-batches of whole rows whose packed token count (prompt + completion up to
-    the last loss position) stays within this budget (a longer row goes alone), instead of
-    --micro_batch_size rows; gradients accumulate with the minibatch's global denominators,
-    so the update is unchanged. 0 = --micro_batch_size rows."""
-    activation_checkpointing: bool = False
-    """Recompute each transformer block's activations in the backward pass instead of storing
-    them (Hugging Face policies; non-reentrant). Same as --model.gradient_checkpointing."""
-
-    def validate(self, arch: str) -> list[str]:
-        """Why this config cannot run with ``--arch arch`` (empty when it can)."""
-        errors = []
-        if self.packing not in ("auto", "on", "off"):
-            errors.append(f"learner.packing={self.packing!r}: use auto, on or off")
-        if self.logprob_chunk < -1:
-            errors.append(f"learner.logprob_chunk={self.logprob_chunk} must be -1 (auto), "
-                          "0 (off) or a positive number of positions")
-        if self.token_budget < 0:
-            errors.append(f"learner.token_budget={self.token_budget} must be >= 0 "
-                          "(0 = --micro_batch_size rows)")
-        if arch == "tiny":
-            asked = [name for name, on in (
-                ("packing=on", self.packing == "on"),
-                (f"logprob_chunk={self.logprob_chunk}", self.logprob_chunk > 0),
-                ("activation_checkpointing", self.activation_checkpointing)) if on]
-            if asked:
-                errors.append(f"learner.{', learner.'.join(asked)} need a Hugging Face policy "
-                              "(--arch llama, qwen2 or hf); the tiny transformer's learner is "
-                              "padded and CUDA-graphed: leave them at auto/off")
-        return errors
-
-
-AUTO_CHUNK = 1024
-"""Positions per chunk under ``--learner.logprob_chunk -1``: 1024 × 152k float32 logits is
-0.6 GB, small beside the activations and long enough to keep the matmuls efficient."""
 
 
 @dataclass(frozen=True)
@@ -100,20 +49,24 @@ class PackedLearner:
 
     packing: bool = True
     """Pack rows without padding (else the padded left-aligned forward)."""
-    logprob_chunk: int = AUTO_CHUNK
+    logprob_chunk: int = 1024
     """Positions per chunk of the chunked log-probs where the method allows (0 = off)."""
 
 
 def resolve_learner(cfg: LearnerConfig, policy: Policy) -> PackedLearner | None:
     """The packed learner for ``policy`` under ``cfg``, or None for the padded learner (the
-    tiny transformer, a model whose logits are not a plain linear head, or both off)."""
+    tiny transformer, a model whose logits are not a plain linear head, or both off). Raises
+    ValueError for ``packing="on"`` where it cannot apply."""
     if not hasattr(policy, "final_hidden") or policy.output_head() is None:  # type: ignore[attr-defined]
+        if cfg.packing == "on":
+            raise ValueError("learner.packing=on needs a Hugging Face policy whose logits are "
+                             "a plain linear head of the final hidden state; use "
+                             "--learner.packing auto")
         return None
-    chunk = AUTO_CHUNK if cfg.logprob_chunk < 0 else cfg.logprob_chunk
     packing = cfg.packing != "off"
-    if not packing and chunk == 0:
+    if not packing and cfg.logprob_chunk == 0:
         return None
-    return PackedLearner(packing=packing, logprob_chunk=chunk)
+    return PackedLearner(packing=packing, logprob_chunk=cfg.logprob_chunk)
 
 
 @dataclass(frozen=True)

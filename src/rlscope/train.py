@@ -62,6 +62,7 @@ from rlscope.learner import (
     wants_expected_reward,
 )
 from rlscope.learner_graphs import GraphedUpdate
+from rlscope.learner_packed import resolve_learner
 from rlscope.methods import canonical_method_name
 from rlscope.methods.regularizers import (
     adaptive_entropy_update,
@@ -296,7 +297,9 @@ def setup(cfg: TrainConfig) -> RunParts:
                       grad_clip=cfg.optim.grad_clip, group_size=d.group_size,
                       dist=SampledDistribution(cfg.sampling.temperature,
                                                cfg.sampling.replay_sampling_mask
-                                               and not spec.needs_labels))
+                                               and not spec.needs_labels),
+                      packed=resolve_learner(cfg.learner, policy),
+                      token_budget=cfg.learner.token_budget)
     learn = GraphedUpdate(plan, policy, value_head, optimizer, r.batch_size) if use_graphs \
         else functools.partial(update, plan, policy, value_head, optimizer)
     return RunParts(
@@ -316,6 +319,8 @@ def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy
     # --init loads full weights; LoRA adapters then go on top, so the loaded model is the base
     lora_on_init = bool(cfg.run.init) and cfg.model.lora_rank > 0
     model_cfg = dataclasses.replace(cfg.model, lora_rank=0) if lora_on_init else cfg.model
+    if cfg.learner.activation_checkpointing:
+        model_cfg = dataclasses.replace(model_cfg, gradient_checkpointing=True)
     policy: Policy = make_policy_for(task, model_cfg).to(device)
     if cfg.run.init:
         checkpoint.load_init(cfg.run.init, policy, device)
