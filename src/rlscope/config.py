@@ -103,9 +103,10 @@ class LearnerConfig:
                 ("token_budget", self.token_budget > 0),
                 ("activation_checkpointing", self.activation_checkpointing)) if on]
             if asked:
-                errors.append(f"learner.{', learner.'.join(asked)} need a Hugging Face policy "
-                              "(--arch llama, qwen2 or hf); the tiny transformer's learner is "
-                              "padded and CUDA-graphed: leave them at auto/off")
+                errors.append(f"learner.{', learner.'.join(asked)}: "
+                              f"{'needs' if len(asked) == 1 else 'need'} a Hugging Face policy "
+                              "(--arch llama, qwen2 or hf); drop it for the tiny transformer, "
+                              "whose learner is padded and CUDA-graphed")
         return errors
 
 
