@@ -345,3 +345,60 @@ def test_train_grpo_packed_equals_padded(tmp_path: Path,
         assert {"loss/total", "policy/entropy", "optim/grad_norm"} <= keys
         for k in keys:
             assert b[k] == pytest.approx(a[k], rel=1e-9, abs=1e-12), k
+
+
+def test_entropy_bonus_method_through_the_chunked_path() -> None:
+    """grpo with an entropy bonus (``--entropy_coef``): the chunked path differentiates H
+    like the full path, and the bonus changes the gradient (so it did flow)."""
+    from rlscope.methods import MethodConfig, resolve_method
+
+    spec = resolve_method("grpo", MethodConfig(entropy_coef=0.5))
+    assert spec.uses_entropy_bonus and not spec.reads_learner_distribution
+    ref = _run(_policy(), None, spec, None)
+    got = _run(_policy(), None, spec, PackedLearner(True, 4))
+    plain = _run(_policy(), None, resolve_method("grpo", MethodConfig()), PackedLearner(True, 4))
+    _close(ref[0], got[0])
+    for a, b in zip(ref[3], got[3], strict=True):
+        _close(a, b)
+    assert max((a - b).abs().max() for a, b in zip(got[3], plain[3], strict=True)) > 1e-4
+
+
+def test_packed_learner_with_lora_adapters() -> None:
+    """A PEFT (LoRA) policy: the packed forward runs the adapted decoder, and the adapters'
+    gradients equal the padded learner's."""
+    pytest.importorskip("peft")
+    from rlscope.policy import ModelConfig as MC
+    from rlscope.policy import add_lora
+
+    policy = add_lora(_policy("llama"), MC(arch="llama", lora_rank=4))
+    with torch.no_grad():  # move B off zero so the adapters change the function
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.linspace(-0.3, 0.3, p.numel(), dtype=F64).view_as(p))
+    out = []
+    for packed in (None, PackedLearner(True, 3)):
+        loss, _, _, grads = _run(policy, None, _spec(), packed)
+        names = [n for n, p in policy.named_parameters() if p.requires_grad]
+        out.append((loss, grads, names))
+    assert out[0][2] and all("lora_" in n for n in out[0][2])
+    _close(out[0][0], out[1][0])
+    for a, b in zip(out[0][1], out[1][1], strict=True):
+        _close(a, b)
+
+
+def test_setup_wires_the_learner_config(tmp_path: Path) -> None:
+    """--activation_checkpointing turns on the HF model's checkpointing; the plan carries the
+    resolved packed learner and the token budget; the tiny transformer keeps the padded one."""
+    from rlscope.train import setup
+
+    run = RunConfig(num_steps=1, batch_size=8, progress=False, device="cpu",
+                    runs_dir=str(tmp_path))
+    hf = setup(TrainConfig(model=ModelConfig(arch="qwen2", d_model=32, n_heads=4, n_layers=1),
+                           learner=LearnerConfig(activation_checkpointing=True,
+                                                 token_budget=64), run=run))
+    assert hf.plan.packed == PackedLearner(True, 1024) and hf.plan.token_budget == 64
+    model = hf.policy.unwrap()  # type: ignore[attr-defined]
+    assert model.is_activation_checkpointing if hasattr(model, "is_activation_checkpointing") \
+        else model.is_gradient_checkpointing
+    tiny = setup(TrainConfig(run=run))
+    assert tiny.plan.packed is None and tiny.plan.token_budget == 0
