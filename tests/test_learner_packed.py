@@ -23,6 +23,7 @@ from rlscope.learner import (
 )
 from rlscope.learner_packed import (
     PackedLearner,
+    pack_rows,
     resolve_learner,
     row_token_counts,
     token_budget_slices,
@@ -113,8 +114,9 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL) -> None:
 
 
 @pytest.mark.parametrize("packed", [PackedLearner(True, 3), PackedLearner(True, 0),
-                                    PackedLearner(False, 4)],
-                         ids=["packed-chunked", "packed-full", "padded-chunked"])
+                                    PackedLearner(False, 4), PackedLearner(True, 5, True)],
+                         ids=["packed-chunked", "packed-full", "padded-chunked",
+                              "one-row-chunked"])
 @pytest.mark.parametrize("arch,attn", [("qwen2", "sdpa"), ("llama", "eager")])
 def test_packed_learner_equals_padded(packed: PackedLearner, arch: str, attn: str) -> None:
     """log-probs, entropy, loss and every parameter gradient (policy and value head) agree
@@ -235,6 +237,17 @@ def test_chunked_rejects_bad_arguments() -> None:
         chunked_logp_entropy(h, W, None, y[:2], 1.0, 2)
 
 
+def test_pack_rows_layouts() -> None:
+    """First-fit decreasing into bins of the longest row, or one row for varlen kernels."""
+    bins, starts, R, C = pack_rows([3, 5, 0, 2, 4, 1], one_row=False)
+    assert (R, C) == (3, 5)
+    # by length 5, 4, 3, 2, 1: [5], [4, 1], [3, 2]
+    assert bins.tolist() == [2, 0, -1, 2, 1, 1] and starts.tolist() == [0, 0, 0, 3, 0, 4]
+    bins, starts, R, C = pack_rows([3, 5, 0, 2], one_row=True)
+    assert (R, C) == (1, 10)
+    assert bins.tolist() == [0, 0, -1, 0] and starts.tolist() == [0, 3, 0, 8]
+
+
 def test_row_token_counts_and_budget_slices() -> None:
     batch, inputs = _batch_inputs()
     counts = row_token_counts(batch, inputs.mask_BT)
@@ -295,7 +308,7 @@ def test_reads_distribution_flags_every_reader() -> None:
 
 def test_learner_config_resolution_and_validation() -> None:
     policy = _policy()
-    assert resolve_learner(LearnerConfig(), policy) == PackedLearner(True, 1024)
+    assert resolve_learner(LearnerConfig(), policy) == PackedLearner(True, 1024, False)
     assert resolve_learner(LearnerConfig(packing="off", logprob_chunk=0), policy) is None
     assert resolve_learner(LearnerConfig(packing="off"), policy) == PackedLearner(False, 1024)
     from rlscope.policy.tiny import TinyConfig, TinyTransformer

@@ -6,8 +6,10 @@ through the model and computes float32 logits at every completion position: ``B�
 For a `rlscope.policy.hf.HFPolicy` this module does the same teacher-forced forward
 
 1. **packed**: each row's real prompt tokens and its completion up to its last loss position,
-   concatenated into one ``[1, N]`` sequence with per-row restarting position ids, so attention
-   stays inside each row (`HFPolicy.final_hidden`) and no padding token is computed;
+   concatenated with per-row restarting position ids, so attention stays inside each row
+   (`HFPolicy.final_hidden`) and no padding token is computed: one ``[1, N]`` sequence for
+   flash-attn's varlen kernels, else bins of the longest row's length (`pack_rows`), so the
+   block-diagonal mask of SDPA/eager never costs more attention than the padded batch;
 2. with **chunked log-probs**: the log-prob and entropy of the chosen tokens from the final
    hidden states, ``logprob_chunk`` positions at a time (`rlscope.policy.chunked`), so the
    full logits never exist.
@@ -39,7 +41,7 @@ from rlscope.policy.base import Policy
 from rlscope.policy.chunked import chunked_logp_entropy
 from rlscope.sampling.processors import SampledDistribution
 
-__all__ = ["PackedForward", "PackedLearner", "packed_forward",
+__all__ = ["PackedForward", "PackedLearner", "pack_rows", "packed_forward",
            "resolve_learner", "row_token_counts", "token_budget_slices"]
 
 
@@ -51,6 +53,9 @@ class PackedLearner:
     """Pack rows without padding (else the padded left-aligned forward)."""
     logprob_chunk: int = 1024
     """Positions per chunk of the chunked log-probs where the method allows (0 = off)."""
+    varlen: bool = False
+    """Pack the whole micro-batch into one sequence (flash-attn's varlen kernels); else into
+    bins of the longest row's length (SDPA or eager attention with a block-diagonal mask)."""
 
 
 def resolve_learner(cfg: LearnerConfig, policy: Policy) -> PackedLearner | None:
@@ -66,7 +71,9 @@ def resolve_learner(cfg: LearnerConfig, policy: Policy) -> PackedLearner | None:
     packing = cfg.packing != "off"
     if not packing and cfg.logprob_chunk == 0:
         return None
-    return PackedLearner(packing=packing, logprob_chunk=cfg.logprob_chunk)
+    attn = str(getattr(policy.unwrap().config, "_attn_implementation", ""))  # type: ignore[attr-defined]
+    return PackedLearner(packing=packing, logprob_chunk=cfg.logprob_chunk,
+                         varlen=attn.startswith("flash"))
 
 
 @dataclass(frozen=True)
@@ -131,10 +138,21 @@ def packed_forward(policy: Any, options: PackedLearner, batch: RolloutBatch,
         # inputs: real prompt tokens and completion tokens before the last loss position
         keep_BL = torch.cat([prompt_BP, valid_BT[:, 1:], torch.zeros_like(valid_BT[:, :1])], 1)
         pos_BL = keep_BL.long().cumsum(-1) - 1
-        hidden_1ND = policy.final_hidden(full_BL[keep_BL][None],
-                                         position_ids_BT=pos_BL[keep_BL][None])
-        index_BL = keep_BL.flatten().long().cumsum(0).view_as(keep_BL) - 1
-        hidden_ND = hidden_1ND[0, index_BL[:, P - 1:P - 1 + T][valid_BT]]
+        bin_B, start_B, R, C = pack_rows(keep_BL.sum(-1).tolist(), options.varlen)
+        bin_B, start_B = bin_B.to(keep_BL.device), start_B.to(keep_BL.device)
+        row_BL = bin_B[:, None].expand_as(keep_BL)
+        col_BL = start_B[:, None] + pos_BL
+        tokens_RC = full_BL.new_zeros(R, C)
+        tokens_RC[row_BL[keep_BL], col_BL[keep_BL]] = full_BL[keep_BL]
+        # a bin's unused tail is one more sequence (positions from 0), never attended to
+        # by the rows: it costs its tokens but keeps every row's attention its own
+        used_R = torch.zeros(R, dtype=torch.long, device=keep_BL.device).index_add_(
+            0, bin_B[bin_B >= 0], keep_BL.sum(-1)[bin_B >= 0])
+        pos_RC = (torch.arange(C, device=keep_BL.device)[None] - used_R[:, None]).clamp_min(0)
+        pos_RC[row_BL[keep_BL], col_BL[keep_BL]] = pos_BL[keep_BL]
+        hidden_RCD = policy.final_hidden(tokens_RC, position_ids_BT=pos_RC)
+        out_BT = (slice(None), slice(P - 1, P - 1 + T))
+        hidden_ND = hidden_RCD[row_BL[out_BT][valid_BT], col_BL[out_BT][valid_BT]]
     else:
         mask_BL = torch.cat([prompt_BP, torch.ones_like(valid_BT)], 1)
         hidden_BLD = policy.final_hidden(
@@ -166,6 +184,37 @@ def packed_forward(policy: Any, options: PackedLearner, batch: RolloutBatch,
     hidden_BTD = hidden_ND.new_zeros(*valid_BT.shape, D).masked_scatter(
         valid_BT[..., None].expand(-1, -1, D), hidden_ND)
     return PackedForward(logp_BT, entropy_BT, hidden_BTD, logp_BTV)
+
+
+def pack_rows(lengths: list[int], one_row: bool) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Where each row goes in the packed ``[R, C]`` layout: ``(bin_B, start_B, R, C)``, the
+    bin (packed row) of every row (-1 for an empty row) and its first column.
+
+    ``one_row``: every row in one sequence, ``C`` = the total (flash-attn's varlen kernels
+    cost each row only its own length). Otherwise first-fit decreasing into bins of the
+    longest row's length, so attention through a block-diagonal mask (SDPA, eager) costs at
+    most the padded batch's R·C² instead of (ΣC)², while the other layers skip the padding.
+    """
+    B = len(lengths)
+    bin_B, start_B = [-1] * B, [0] * B
+    if one_row:
+        used = 0
+        for b, n in enumerate(lengths):
+            if n:
+                bin_B[b], start_B[b], used = 0, used, used + n
+        return torch.tensor(bin_B), torch.tensor(start_B), 1, max(used, 1)
+    C = max(max(lengths, default=0), 1)
+    used_R: list[int] = []
+    for b in sorted(range(B), key=lambda i: -lengths[i]):
+        n = lengths[b]
+        if not n:
+            continue
+        r = next((r for r, u in enumerate(used_R) if u + n <= C), len(used_R))
+        if r == len(used_R):
+            used_R.append(0)
+        bin_B[b], start_B[b] = r, used_R[r]
+        used_R[r] += n
+    return torch.tensor(bin_B), torch.tensor(start_B), max(len(used_R), 1), C
 
 
 def token_budget_slices(counts_B: torch.Tensor, start: int, stop: int, budget: int,
