@@ -415,3 +415,47 @@ def test_setup_wires_the_learner_config(tmp_path: Path) -> None:
         else model.is_gradient_checkpointing
     tiny = setup(TrainConfig(run=run))
     assert tiny.plan.packed is None and tiny.plan.token_budget == 0
+
+
+def test_prepare_packed_equals_padded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The no-grad forwards of `prepare` (critic values, a sequence-level correction, the
+    reference's log-probs for the KL) give the padded learner's inputs and metrics."""
+    import copy
+
+    import rlscope.learner as learner
+    import rlscope.learner_packed as learner_packed
+    from rlscope.learner import prepare
+
+    calls: list[object] = []
+
+    def counting(pol: object, *args: object, **kwargs: object) -> object:
+        calls.append(pol)
+        return learner_packed.packed_forward(pol, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(learner, "packed_forward", counting)
+    from rlscope.methods.corrections import CorrectionConfig
+
+    policy = _policy()
+    ref = copy.deepcopy(policy).requires_grad_(False).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(0.9)
+    value_head = ValueHead(policy.hidden_size).to(F64)
+    torch.nn.init.normal_(value_head.linear.weight, std=0.1)
+    spec = dataclasses.replace(_spec(), kl=KLConfig(coef=0.1, estimator="k3", target="ref"),
+                               correction=CorrectionConfig("sequence_truncate", cap=1.5))
+    batch, _ = _batch_inputs()
+    batch = dataclasses.replace(batch, rewards_B=torch.linspace(0, 1, B, dtype=F64))
+    out = [prepare(spec, batch, policy, value_head, ref, 0.1, 1,
+                   SampledDistribution(0.8, True), packed=packed)
+           for packed in (None, PackedLearner(True, 4))]
+    assert calls == [policy, ref]  # both forwards packed
+    (a, m_a), (b, m_b) = out
+    mask = a.mask_BT
+    for name in ("adv_BT", "old_values_BT", "returns_BT", "ref_logp_BT", "is_weight_BT"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x is not None and y is not None, name
+        _close(x * mask, y * mask)
+    assert m_a.keys() == m_b.keys() and "policy/kl_ref_k3" in m_a
+    for k in m_a:
+        _close(m_a[k], m_b[k])

@@ -19,6 +19,7 @@ from rlscope.batch import CandidateBatch, RolloutBatch, _map_tensors
 from rlscope.learner_packed import (
     PackedLearner,
     chunk_applies,
+    chunkable,
     packed_forward,
     row_token_counts,
     token_budget_slices,
@@ -144,11 +145,15 @@ def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Ten
 @torch.no_grad()
 def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: ValueHead | None,
             ref: Policy | None, beta: float, group_size: int, dist: SampledDistribution,
-            candidates: CandidateBatch | None = None
+            candidates: CandidateBatch | None = None, packed: PackedLearner | None = None
             ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
     """Advantages and every fixed per-row quantity of the update, plus rollout metrics.
 
-    ``candidates`` (rows aligned with ``batch``) feed the candidate objectives."""
+    ``candidates`` (rows aligned with ``batch``) feed the candidate objectives. ``packed``
+    runs the forwards that read only the chosen tokens' log-probs and hidden states (critic
+    values, corrections, sampled-token KL to the reference) through the packed learner
+    (`rlscope.learner_packed`); values past a row's last loss position are then not computed
+    (every reader masks them)."""
     assert batch.rewards_B is not None
     metrics: dict[str, torch.Tensor] = {}
     if spec.needs_labels:
@@ -162,25 +167,37 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     needs_probs = spec.needs_learner_probs(batch.expected_reward_B is not None)
     corrected = spec.corrected
     sum_p2_BT = values_BT = ref_logp_BT = ref_logp_BTV = token_rewards_BT = is_weight_BT = None
+    chunked = packed is not None and packed.logprob_chunk > 0 and chunkable(batch, dist)
     if needs_probs or spec.needs_value or corrected:
-        fwd = forward_completion(policy, batch, tokens_BT, dist, group_size)
-        if needs_probs:  # only the Σπ² baselines read it; a critic or correction does not
-            sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
+        fast = None if packed is None or needs_probs else packed_forward(
+            policy, packed, batch, tokens_BT, mask_BT, batch.logp_sampler_BT, dist, chunked)
+        if fast is None:
+            fwd = forward_completion(policy, batch, tokens_BT, dist, group_size)
+            logp_BT, hidden_BTD = fwd.logp_BT, fwd.hidden_BTD
+            if needs_probs:  # only the Σπ² baselines read it; a critic or correction does not
+                sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
+        else:
+            logp_BT, hidden_BTD = fast.logp_BT, fast.hidden_BTD
         if value_head is not None:
-            values_BT = value_head(fwd.hidden_BTD) * mask_BT
+            values_BT = value_head(hidden_BTD) * mask_BT
         if corrected:
             is_weight_BT, is_stats = spec.correction_component(
-                fwd.logp_BT, batch.logp_sampler_BT, mask_BT, spec.correction)
+                logp_BT, batch.logp_sampler_BT, mask_BT, spec.correction)
             active_BT = acted_BT(is_stats)
             metrics["sampler/correction_weight_mean"] = masked_mean(is_weight_BT, mask_BT)
             if active_BT is not None:
                 metrics["sampler/correction_active_frac"] = masked_mean(active_BT, mask_BT)
     if ref is not None:
-        ref_fwd = forward_completion(ref, batch, tokens_BT, dist,
-                                     group_size)
-        ref_logp_BT = ref_fwd.logp_BT
-        if spec.kl.exact:
-            ref_logp_BTV = ref_fwd.logp_BTV
+        ref_fast = None if packed is None or spec.kl.exact or not hasattr(ref, "final_hidden") \
+            else packed_forward(ref, packed, batch, tokens_BT, mask_BT,
+                                batch.logp_sampler_BT, dist, chunked)
+        if ref_fast is None:
+            ref_fwd = forward_completion(ref, batch, tokens_BT, dist, group_size)
+            ref_logp_BT = ref_fwd.logp_BT
+            if spec.kl.exact:
+                ref_logp_BTV = ref_fwd.logp_BTV
+        else:
+            ref_logp_BT = ref_fast.logp_BT
         kl1_BT = (batch.logp_sampler_BT - ref_logp_BT) * mask_BT
         metrics["policy/kl_ref_k1"] = masked_mean(kl1_BT, mask_BT)
         metrics["policy/kl_ref_k3"] = masked_mean(torch.expm1(-kl1_BT) + kl1_BT, mask_BT)

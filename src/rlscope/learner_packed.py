@@ -89,11 +89,16 @@ class PackedForward:
     """The processed distribution, only when it was asked for (no chunking)."""
 
 
+def chunkable(batch: RolloutBatch, dist: SampledDistribution) -> bool:
+    """Whether the distribution is softmax over the whole vocabulary (no replayed top-k/top-p
+    kept set), which is what `chunked_logp_entropy` computes."""
+    return not (dist.replay_keep and batch.keep_mask_BTV is not None)
+
+
 def chunk_applies(spec: MethodSpec, batch: RolloutBatch, dist: SampledDistribution) -> bool:
     """Whether the chosen tokens' log-probs and entropies are all the loss reads: the method
     reads no whole distribution and no replayed kept set restricts the vocabulary."""
-    return not spec.reads_learner_distribution and not (
-        dist.replay_keep and batch.keep_mask_BTV is not None)
+    return not spec.reads_learner_distribution and chunkable(batch, dist)
 
 
 def row_token_counts(batch: RolloutBatch, mask_BT: torch.Tensor) -> torch.Tensor:

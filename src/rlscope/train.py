@@ -523,7 +523,7 @@ def prepare_stage(parts: RunParts, batch: RolloutBatch, state: LoopState
                                    plan.dist) \
         if p.spec.needs_candidates else None
     inputs, m = prepare(p.spec, batch, p.policy, p.value_head, p.ref, state.beta,
-                        p.d.group_size, plan.dist, candidates)
+                        p.d.group_size, plan.dist, candidates, plan.packed)
     assert batch.rewards_B is not None
     m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B, p.d.group_size)
     return inputs, m
