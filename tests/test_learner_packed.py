@@ -459,3 +459,50 @@ def test_prepare_packed_equals_padded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert m_a.keys() == m_b.keys() and "policy/kl_ref_k3" in m_a
     for k in m_a:
         _close(m_a[k], m_b[k])
+
+
+def test_chunked_bf16_matmul_matches_autocast_head() -> None:
+    """``matmul_dtype=bf16`` (what --autocast bf16 uses) gives the log-probs and gradients of
+    a bf16 head with float32 softmax, to bf16 rounding."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(9, 16, generator=g, requires_grad=True)
+    W = (torch.randn(21, 16, generator=g) * 0.3).requires_grad_()
+    y = torch.randint(0, 21, (9,), generator=g)
+    logits = (h.bfloat16() @ W.bfloat16().T).float()
+    ref = logits.log_softmax(-1).gather(-1, y[:, None]).squeeze(-1)
+    ref_g = torch.autograd.grad(ref.sum(), [h, W])
+    lp, _ = chunked_logp_entropy(h, W, None, y, 1.0, 4, torch.bfloat16)
+    got_g = torch.autograd.grad(lp.sum(), [h, W])
+    assert lp.dtype == torch.float32
+    assert torch.allclose(lp, ref, atol=1e-5)
+    for a, b in zip(got_g, ref_g, strict=True):
+        assert a.dtype == torch.float32
+        assert torch.allclose(a, b, atol=2e-2, rtol=2e-2)
+    full, _ = chunked_logp_entropy(h, W, None, y, 1.0, 4)
+    assert 0 < (full - lp).abs().max() < 0.1  # bf16 rounding, not float32
+
+
+def test_packed_learner_under_bf16_autocast() -> None:
+    """With --autocast bf16 (float32 weights) the packed, chunked learner agrees with the
+    padded one to bf16 rounding: log-probs, loss and gradients."""
+    model = tiny_hf_model("qwen2", V, seed=3, hidden_size=32, num_heads=4, num_layers=2,
+                          attn_implementation="sdpa")
+    policy = HFPolicy(model).train()
+    policy.autocast_dtype = torch.bfloat16
+    batch, inputs = _batch_inputs()
+    inputs = dataclasses.replace(inputs, adv_BT=inputs.adv_BT.float(),
+                                 mask_BT=inputs.mask_BT.float(),
+                                 logp_old_BT=inputs.logp_old_BT.float())
+    den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(B), max_len=T)
+    out = []
+    for packed in (None, PackedLearner(True, 4)):
+        policy.zero_grad(set_to_none=True)
+        res = micro_batch_loss(_spec(entropy_coef=0.0), policy, None, batch, inputs, den, 0.1,
+                               SampledDistribution(1.0, True), packed=packed)
+        res.loss.backward()
+        out.append((res.loss.detach(), res.logp_BT * inputs.mask_BT,
+                    torch.cat([p.grad.flatten() for p in policy.parameters()])))
+    assert abs(out[0][0] - out[1][0]) < 2e-2
+    assert (out[0][1] - out[1][1]).abs().max() < 5e-2
+    cos = torch.nn.functional.cosine_similarity(out[0][2], out[1][2], dim=0)
+    assert cos > 0.99

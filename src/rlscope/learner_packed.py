@@ -170,10 +170,14 @@ def packed_forward(policy: Any, options: PackedLearner, batch: RolloutBatch,
     temperature = dist.temperature if dist.temperature > 0 else 1.0
     logp_BTV = None
     if chunked:
-        logp_N, entropy_N = chunked_logp_entropy(hidden_ND, W_VD, bias_V, tokens_N,
-                                                 temperature, options.logprob_chunk)
+        logp_N, entropy_N = chunked_logp_entropy(
+            hidden_ND, W_VD, bias_V, tokens_N, temperature, options.logprob_chunk,
+            getattr(policy, "autocast_dtype", None))
     else:
-        logits_NV = torch.nn.functional.linear(hidden_ND.to(W_VD.dtype), W_VD, bias_V)
+        mixed = getattr(policy, "autocast_dtype", None)
+        with torch.autocast(hidden_ND.device.type, dtype=mixed or torch.bfloat16,
+                            enabled=mixed is not None, cache_enabled=False):
+            logits_NV = torch.nn.functional.linear(hidden_ND.to(W_VD.dtype), W_VD, bias_V)
         keep_NV = None if batch.keep_mask_BTV is None else batch.keep_mask_BTV[valid_BT]
         logp_NV = dist.logprobs(logits_NV, keep_NV)
         logp_N = logp_NV.gather(-1, tokens_N[:, None]).squeeze(-1)
