@@ -506,3 +506,24 @@ def test_packed_learner_under_bf16_autocast() -> None:
     assert (out[0][1] - out[1][1]).abs().max() < 5e-2
     cos = torch.nn.functional.cosine_similarity(out[0][2], out[1][2], dim=0)
     assert cos > 0.99
+
+
+def test_memory_estimate_counts_one_chunk_of_logits() -> None:
+    """The pre-flight memory bound counts the learner's logits as one chunk with chunked
+    log-probs (Hugging Face policies) and as the whole micro-batch without: here the learner's
+    share drops below the sampler's."""
+    from rlscope.checks import MemoryTerm
+    from rlscope.config import step_memory, validate
+
+    def peak(learner: LearnerConfig, arch: str = "qwen2") -> MemoryTerm:
+        cfg = TrainConfig(model=ModelConfig(arch=arch), learner=learner,
+                          task_options=TaskConfig(eval_batch_size=8),
+                          run=RunConfig(batch_size=64, device="cpu"))
+        _, task, d = validate(cfg)
+        return step_memory(cfg, task, d)[1]
+
+    full, chunked = peak(LearnerConfig(logprob_chunk=0)), peak(LearnerConfig(logprob_chunk=8))
+    assert full.what.startswith("the learner") and chunked.what.startswith("the sampler")
+    assert chunked.bytes < full.bytes
+    assert peak(LearnerConfig(logprob_chunk=8), "tiny") == peak(LearnerConfig(logprob_chunk=0),
+                                                                "tiny")

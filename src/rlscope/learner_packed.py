@@ -21,8 +21,9 @@ reads per-token quantities alone (`rlscope.methods.spec.MethodSpec.reads_learner
 is False) and the sampler's distribution has no replayed top-k/top-p kept set; otherwise the
 packed forward computes the full distribution at the packed positions (`PackedForward.logp_BTV`).
 
-`token_budget_slices` groups rows into micro-batches by token count (``--learner.token_budget``).
-The options are `rlscope.config.LearnerConfig` (``--learner.*``).
+`token_budget_slices` groups rows into micro-batches by token count (``--token_budget``). The
+options are `rlscope.config.LearnerConfig` (``learner.*``: ``--packing``, ``--logprob_chunk``,
+``--token_budget``, ``--activation_checkpointing``).
 """
 
 from __future__ import annotations
@@ -105,11 +106,9 @@ def row_token_counts(batch: RolloutBatch, mask_BT: torch.Tensor) -> torch.Tensor
     """``[B]`` tokens each row costs packed: its real prompt tokens plus its completion up to
     its last loss position (the last completion token itself is never an input); 0 for a row
     without loss positions."""
-    P, T = batch.prompt_len, mask_BT.shape[1]
-    prompt_B = (torch.full((batch.batch_size,), P, device=mask_BT.device)
+    prompt_B = (torch.full((batch.batch_size,), batch.prompt_len, device=mask_BT.device)
                 if batch.prompt_mask_BP is None else batch.prompt_mask_BP.long().sum(-1))
-    t_T = torch.arange(1, T + 1, device=mask_BT.device)
-    loss_len_B = ((mask_BT != 0) * t_T).amax(-1) if T else torch.zeros_like(prompt_B)
+    loss_len_B = _loss_positions(mask_BT).sum(-1)
     return torch.where(loss_len_B > 0, prompt_B + loss_len_B - 1, 0)
 
 
