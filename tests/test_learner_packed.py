@@ -527,3 +527,15 @@ def test_memory_estimate_counts_one_chunk_of_logits() -> None:
     assert chunked.bytes < full.bytes
     assert peak(LearnerConfig(logprob_chunk=8), "tiny") == peak(LearnerConfig(logprob_chunk=0),
                                                                 "tiny")
+
+
+def test_no_packing_without_transformers_packed_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transformers that cannot keep attention within packed rows gets no packing (auto:
+    padded with chunked log-probs; on: a clear error)."""
+    import rlscope.learner_packed as lp
+
+    monkeypatch.setattr(lp, "packed_positions_supported", lambda: False)
+    policy = _policy()
+    assert resolve_learner(LearnerConfig(), policy) == PackedLearner(False, 1024)
+    with pytest.raises(ValueError, match="transformers"):
+        resolve_learner(LearnerConfig(packing="on"), policy)

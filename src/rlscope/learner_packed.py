@@ -69,12 +69,27 @@ def resolve_learner(cfg: LearnerConfig, policy: Policy) -> PackedLearner | None:
                              "a plain linear head of the final hidden state; use "
                              "--learner.packing auto")
         return None
-    packing = cfg.packing != "off"
+    packing = cfg.packing != "off" and packed_positions_supported()
+    if cfg.packing == "on" and not packing:
+        raise ValueError("learner.packing=on needs transformers >= 4.54 (it keeps attention "
+                         "within packed rows from their position ids); upgrade it or use "
+                         "--packing auto")
     if not packing and cfg.logprob_chunk == 0:
         return None
     attn = str(getattr(policy.unwrap().config, "_attn_implementation", ""))  # type: ignore[attr-defined]
     return PackedLearner(packing=packing, logprob_chunk=cfg.logprob_chunk,
                          varlen=attn.startswith("flash"))
+
+
+def packed_positions_supported() -> bool:
+    """Whether the installed transformers keeps attention within rows packed into one
+    sequence, detected from restarting position ids (``masking_utils``, transformers >=
+    4.54); older versions would attend across rows, so packing stays off there."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return False
+    return hasattr(masking_utils, "find_packed_sequence_indices")
 
 
 @dataclass(frozen=True)
