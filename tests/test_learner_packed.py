@@ -529,13 +529,23 @@ def test_memory_estimate_counts_one_chunk_of_logits() -> None:
                                                                 "tiny")
 
 
-def test_no_packing_without_transformers_packed_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_packing_without_transformers_packed_masks(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
     """A transformers that cannot keep attention within packed rows gets no packing (auto:
-    padded with chunked log-probs; on: a clear error)."""
+    padded with chunked log-probs; on: a clear configuration error before the run)."""
     import rlscope.learner_packed as lp
+    from rlscope.config import ConfigError
+    from rlscope.train import setup
 
     monkeypatch.setattr(lp, "packed_positions_supported", lambda: False)
     policy = _policy()
     assert resolve_learner(LearnerConfig(), policy) == PackedLearner(False, 1024)
     with pytest.raises(ValueError, match="transformers"):
         resolve_learner(LearnerConfig(packing="on"), policy)
+    cfg = TrainConfig(model=ModelConfig(arch="qwen2", d_model=32, n_heads=4, n_layers=1),
+                      learner=LearnerConfig(packing="on"),
+                      run=RunConfig(num_steps=1, batch_size=8, progress=False, device="cpu",
+                                    runs_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match="packing=on"):
+        setup(cfg)
+    assert not any(tmp_path.iterdir())

@@ -291,6 +291,10 @@ def setup(cfg: TrainConfig) -> RunParts:
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
                                   capturable=use_graphs, fused=not use_graphs)
+    try:  # what the built model allows (--packing on on a model it cannot pack: an error)
+        packed = resolve_learner(cfg.learner, policy)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     # The kept set describes the sampled prefixes; label-trained methods read other tokens.
     plan = UpdatePlan(spec=spec, inner_epochs=r.inner_epochs, num_minibatches=r.num_minibatches,
                       micro_batch_size=d.micro_batch_size, max_len=d.max_new_tokens,
@@ -298,7 +302,7 @@ def setup(cfg: TrainConfig) -> RunParts:
                       dist=SampledDistribution(cfg.sampling.temperature,
                                                cfg.sampling.replay_sampling_mask
                                                and not spec.needs_labels),
-                      packed=resolve_learner(cfg.learner, policy),
+                      packed=packed,
                       token_budget=cfg.learner.token_budget)
     learn = GraphedUpdate(plan, policy, value_head, optimizer, r.batch_size) if use_graphs \
         else functools.partial(update, plan, policy, value_head, optimizer)
