@@ -17,6 +17,7 @@ import torch
 
 from rlscope.batch import CandidateBatch, RolloutBatch, _map_tensors
 from rlscope.learner_packed import (
+    PackedForward,
     PackedLearner,
     chunk_applies,
     chunkable,
@@ -169,20 +170,19 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     sum_p2_BT = values_BT = ref_logp_BT = ref_logp_BTV = token_rewards_BT = is_weight_BT = None
     chunked = packed is not None and packed.logprob_chunk > 0 and chunkable(batch, dist)
     if needs_probs or spec.needs_value or corrected:
-        fast = None if packed is None or needs_probs else packed_forward(
-            policy, packed, batch, tokens_BT, mask_BT, batch.logp_sampler_BT, dist, chunked)
-        if fast is None:
+        fwd: Forward | PackedForward | None = None if packed is None or needs_probs \
+            else packed_forward(policy, packed, batch, tokens_BT, mask_BT,
+                                batch.logp_sampler_BT, dist, chunked)
+        if fwd is None:
             fwd = forward_completion(policy, batch, tokens_BT, dist, group_size)
-            logp_BT, hidden_BTD = fwd.logp_BT, fwd.hidden_BTD
-            if needs_probs:  # only the Σπ² baselines read it; a critic or correction does not
-                sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
-        else:
-            logp_BT, hidden_BTD = fast.logp_BT, fast.hidden_BTD
+        if needs_probs:  # only the Σπ² baselines read it; a critic or correction does not
+            assert fwd.logp_BTV is not None  # the padded forward: packing skips needs_probs
+            sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
         if value_head is not None:
-            values_BT = value_head(hidden_BTD) * mask_BT
+            values_BT = value_head(fwd.hidden_BTD) * mask_BT
         if corrected:
             is_weight_BT, is_stats = spec.correction_component(
-                logp_BT, batch.logp_sampler_BT, mask_BT, spec.correction)
+                fwd.logp_BT, batch.logp_sampler_BT, mask_BT, spec.correction)
             active_BT = acted_BT(is_stats)
             metrics["sampler/correction_weight_mean"] = masked_mean(is_weight_BT, mask_BT)
             if active_BT is not None:
