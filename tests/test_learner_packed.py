@@ -549,3 +549,21 @@ def test_no_packing_without_transformers_packed_masks(monkeypatch: pytest.Monkey
     with pytest.raises(ConfigError, match="packing=on"):
         setup(cfg)
     assert not any(tmp_path.iterdir())
+
+
+def test_packed_learner_with_activation_checkpointing() -> None:
+    """Activation checkpointing (non-reentrant) under the packed learner: same gradients."""
+    spec = _spec()
+    ref = _run(_policy(), None, spec, None)
+    policy = _policy()
+    model = policy.unwrap()
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+    got = _run(policy, None, spec, PackedLearner(True, 3))
+    _close(ref[0], got[0])
+    for a, b in zip(ref[3], got[3], strict=True):
+        _close(a, b)
