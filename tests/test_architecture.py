@@ -41,7 +41,7 @@ LAYERS: dict[str, int] = {
     # 7 a run's parts: configuration, queues, checkpoints, evaluation (never the learner)
     "config.py": 7, "replay.py": 7, "checkpoint.py": 7, "evaluation.py": 7,
     # 8 the update
-    "learner.py": 8, "learner_graphs.py": 8, "diagnostics.py": 8,
+    "learner.py": 8, "learner_graphs.py": 8, "learner_packed.py": 8, "diagnostics.py": 8,
     # 9 the loops
     "train.py": 9, "supervised/": 9,
     # 10 applications over the loops

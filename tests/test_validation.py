@@ -269,7 +269,7 @@ def test_step_memory_reads_a_local_model_config(tmp_path: Path,
     parameters, 16 bytes each with Adam), so the estimate names the model as the largest part."""
     import json
 
-    from rlscope.config import derive, step_memory
+    from rlscope.config import LearnerConfig, derive, step_memory
     from rlscope.methods import resolve_method
     from rlscope.policy import ModelConfig
     from rlscope.tasks import TaskConfig, make_task
@@ -277,7 +277,9 @@ def test_step_memory_reads_a_local_model_config(tmp_path: Path,
     (tmp_path / "config.json").write_text(json.dumps({
         "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
         "num_key_value_heads": 8, "intermediate_size": 11008, "vocab_size": 151936}))
-    cfg = TrainConfig(model=ModelConfig(arch="hf", path=str(tmp_path)))
+    # full logits (--logprob_chunk 0): the learner holds every position's float32 logits
+    cfg = TrainConfig(model=ModelConfig(arch="hf", path=str(tmp_path)),
+                      learner=LearnerConfig(logprob_chunk=0))
     task = make_task(cfg.task, TaskConfig())
     terms = step_memory(cfg, task, derive(cfg, resolve_method(cfg.method), task))
     params = 32 * (4 * 4096**2 + 3 * 4096 * 11008) + 2 * 151936 * 4096

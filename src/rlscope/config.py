@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from rlscope.checks import (
     MemoryTerm,
@@ -59,6 +60,54 @@ class DiagnosticsConfig:
     grad_diagnostics: bool = False
     """Cosine between the method's gradient and the cross-entropy-oracle gradient, and the
     gradient norm before and after clipping (diag/...)."""
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """How the learner lays out its forward passes (Hugging Face policies; the tiny
+    transformer keeps its padded, CUDA-graphed learner). Same update either way
+    (`rlscope.learner_packed`)."""
+
+    packing: Literal["auto", "on", "off"] = "auto"
+    """Pack each micro-batch's rows into one sequence without padding (real prompt tokens +
+    completion up to the last loss position; attention kept within each row: flash-attn
+    varlen with attn_implementation=flash_attention_2, else a block-diagonal causal mask).
+    auto = on for Hugging Face policies, off for the tiny transformer; on = require it."""
+    logprob_chunk: int = 1024
+    """Compute the learner's log-probs and entropies of the chosen tokens this many positions
+    at a time from the final hidden states, recomputing each chunk's logits in the backward
+    pass, so the B×T×V float32 logits never exist (1024 × a 152k vocabulary is 0.6 GB).
+    Applies to Hugging Face policies where the method allows: no replayed top-k/top-p kept
+    set, no full KL in the loss, no objective reading the whole distribution (else full
+    logits); the tiny transformer ignores it. 0 = off (full logits)."""
+    token_budget: int = 0
+    """Form micro-batches of whole rows whose packed token count (prompt + completion up to
+    the last loss position) stays within this budget (a longer row goes alone), instead of
+    --micro_batch_size rows; gradients accumulate with the minibatch's global denominators,
+    so the update is unchanged. 0 = --micro_batch_size rows."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass instead of storing
+    them (Hugging Face policies; non-reentrant). Same as --model.gradient_checkpointing."""
+
+    def validate(self, arch: str) -> list[str]:
+        """Why this config cannot run with ``--arch arch`` (empty when it can)."""
+        errors = []
+        if self.packing not in ("auto", "on", "off"):
+            errors.append(f"learner.packing={self.packing!r}: use auto, on or off")
+        if self.token_budget < 0:
+            errors.append(f"learner.token_budget={self.token_budget} must be >= 0 "
+                          "(0 = --micro_batch_size rows)")
+        if arch == "tiny":
+            asked = [name for name, on in (
+                ("packing=on", self.packing == "on"),
+                ("token_budget", self.token_budget > 0),
+                ("activation_checkpointing", self.activation_checkpointing)) if on]
+            if asked:
+                errors.append(f"learner.{', learner.'.join(asked)}: "
+                              f"{'needs' if len(asked) == 1 else 'need'} a Hugging Face policy "
+                              "(--arch llama, qwen2 or hf); drop it for the tiny transformer, "
+                              "whose learner is padded and CUDA-graphed")
+        return errors
 
 
 @dataclass(frozen=True)
@@ -156,6 +205,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
 
 
 @dataclass(frozen=True)
@@ -276,6 +326,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if cfg.optim.lr <= 0 or cfg.optim.grad_clip < 0:
         errors.append("optim.lr must be > 0 and optim.grad_clip >= 0")
     errors += task.validate() + cfg.sampling.validate() + cfg.model.validate()
+    errors += cfg.learner.validate(cfg.model.arch)
     # what only RL training needs (preference_rm: a reward model); sft and rm skip this
     if isinstance(task, TrainingChecks):
         errors += task.validate_training()
@@ -386,10 +437,15 @@ def step_memory(cfg: TrainConfig, task: Task, d: Derived) -> list[MemoryTerm]:
         else 2 * seq * vocab * 4 + layers * seq * dim * act
     sampler = MemoryTerm(f"the sampler's KV cache and logits for {sample_rows} rollouts of "
                          f"{seq} tokens", sample_rows * per_row, sample_flag)
-    saved_layers = 1 if m.gradient_checkpointing else layers
+    saved_layers = 1 if m.gradient_checkpointing or cfg.learner.activation_checkpointing \
+        else layers
+    tokens = cfg.learner.token_budget or d.micro_batch_size * seq
+    # chunked log-probs (Hugging Face policies) hold one chunk's logits, not the micro-batch's
+    logit_tokens = tokens if m.arch == "tiny" or cfg.learner.logprob_chunk == 0 \
+        else min(tokens, cfg.learner.logprob_chunk)
     learner = MemoryTerm(
         f"the learner's logits and activations for {d.micro_batch_size} rows of {seq} tokens",
-        d.micro_batch_size * seq * (2 * vocab * 4 + saved_layers * dim * act),
+        logit_tokens * 2 * vocab * 4 + tokens * saved_layers * dim * act,
         "lower --micro_batch_size" if cfg.run.micro_batch_size else "set --micro_batch_size "
         "below the minibatch (or lower --batch_size)")
     return [model, max(sampler, learner, key=lambda t: t.bytes)]

@@ -16,6 +16,15 @@ from dataclasses import dataclass
 import torch
 
 from rlscope.batch import CandidateBatch, RolloutBatch, _map_tensors
+from rlscope.learner_packed import (
+    PackedForward,
+    PackedLearner,
+    chunk_applies,
+    chunkable,
+    packed_forward,
+    row_token_counts,
+    token_budget_slices,
+)
 from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
 from rlscope.methods.aggregation import TOKEN_MEAN, aggregate
 from rlscope.methods.corrections import correction_metrics
@@ -137,11 +146,15 @@ def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Ten
 @torch.no_grad()
 def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: ValueHead | None,
             ref: Policy | None, beta: float, group_size: int, dist: SampledDistribution,
-            candidates: CandidateBatch | None = None
+            candidates: CandidateBatch | None = None, packed: PackedLearner | None = None
             ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
     """Advantages and every fixed per-row quantity of the update, plus rollout metrics.
 
-    ``candidates`` (rows aligned with ``batch``) feed the candidate objectives."""
+    ``candidates`` (rows aligned with ``batch``) feed the candidate objectives. ``packed``
+    runs the forwards that read only the chosen tokens' log-probs and hidden states (critic
+    values, corrections, sampled-token KL to the reference) through the packed learner
+    (`rlscope.learner_packed`); values past a row's last loss position are then not computed
+    (every reader masks them)."""
     assert batch.rewards_B is not None
     metrics: dict[str, torch.Tensor] = {}
     if spec.needs_labels:
@@ -155,9 +168,15 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     needs_probs = spec.needs_learner_probs(batch.expected_reward_B is not None)
     corrected = spec.corrected
     sum_p2_BT = values_BT = ref_logp_BT = ref_logp_BTV = token_rewards_BT = is_weight_BT = None
+    chunked = packed is not None and packed.logprob_chunk > 0 and chunkable(batch, dist)
     if needs_probs or spec.needs_value or corrected:
-        fwd = forward_completion(policy, batch, tokens_BT, dist, group_size)
+        fwd: Forward | PackedForward | None = None if packed is None or needs_probs \
+            else packed_forward(policy, packed, batch, tokens_BT, mask_BT,
+                                batch.logp_sampler_BT, dist, chunked)
+        if fwd is None:
+            fwd = forward_completion(policy, batch, tokens_BT, dist, group_size)
         if needs_probs:  # only the Σπ² baselines read it; a critic or correction does not
+            assert fwd.logp_BTV is not None  # the padded forward: packing skips needs_probs
             sum_p2_BT = fwd.logp_BTV.exp().square().sum(-1)
         if value_head is not None:
             values_BT = value_head(fwd.hidden_BTD) * mask_BT
@@ -167,11 +186,16 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
             metrics |= correction_metrics(fwd.logp_BT, batch.logp_sampler_BT, mask_BT,
                                           is_weight_BT, is_stats)
     if ref is not None:
-        ref_fwd = forward_completion(ref, batch, tokens_BT, dist,
-                                     group_size)
-        ref_logp_BT = ref_fwd.logp_BT
-        if spec.kl.exact:
-            ref_logp_BTV = ref_fwd.logp_BTV
+        ref_fast = None if packed is None or spec.kl.exact or not hasattr(ref, "final_hidden") \
+            else packed_forward(ref, packed, batch, tokens_BT, mask_BT,
+                                batch.logp_sampler_BT, dist, chunked)
+        if ref_fast is None:
+            ref_fwd = forward_completion(ref, batch, tokens_BT, dist, group_size)
+            ref_logp_BT = ref_fwd.logp_BT
+            if spec.kl.exact:
+                ref_logp_BTV = ref_fwd.logp_BTV
+        else:
+            ref_logp_BT = ref_fast.logp_BT
         kl1_BT = (batch.logp_sampler_BT - ref_logp_BT) * mask_BT
         metrics["policy/kl_ref_k1"] = masked_mean(kl1_BT, mask_BT)
         metrics["policy/kl_ref_k3"] = masked_mean(torch.expm1(-kl1_BT) + kl1_BT, mask_BT)
@@ -245,29 +269,43 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
                      batch: RolloutBatch, inputs: LearnerInputs, den: Denominators,
                      beta: float | torch.Tensor, dist: SampledDistribution,
                      group_size: int = 1,
-                     entropy_coef: float | torch.Tensor | None = None) -> MicroResult:
+                     entropy_coef: float | torch.Tensor | None = None,
+                     packed: PackedLearner | None = None) -> MicroResult:
     """The method's loss on one micro-batch: objective + KL + entropy + value terms.
 
     ``beta`` (the KL coefficient) and ``entropy_coef`` (the entropy bonus c in force; None =
     the spec's fixed ``entropy_coef``) may be 0-d tensors, as CUDA graphs need. The ``full``
     KL estimator compares the learner's processed distribution (temperature, replayed kept
     set) with the reference's, ``inputs.ref_logp_BTV``, processed the same way. ``group_size
-    > 1`` promises whole contiguous groups (see `forward_completion`).
+    > 1`` promises whole contiguous groups (see `forward_completion`). ``packed`` (a Hugging
+    Face policy only) runs the forward packed and/or with chunked log-probs
+    (`rlscope.learner_packed`): the same loss without padding tokens or full logits.
     """
-    fwd = forward_completion(policy, batch, inputs.tokens_BT, dist, group_size)
     mask_BT = inputs.mask_BT
+    fast = None if packed is None else packed_forward(
+        policy, packed, batch, inputs.tokens_BT, mask_BT, inputs.logp_old_BT, dist,
+        chunked=packed.logprob_chunk > 0 and chunk_applies(spec, batch, dist))
+    entropy_BT: torch.Tensor | None = None
+    logp_BTV: torch.Tensor | None
+    if fast is None:
+        fwd = forward_completion(policy, batch, inputs.tokens_BT, dist, group_size)
+        logp_BT, logp_BTV, hidden_BTD = fwd.logp_BT, fwd.logp_BTV, fwd.hidden_BTD
+    else:
+        logp_BT, logp_BTV, hidden_BTD = fast.logp_BT, fast.logp_BTV, fast.hidden_BTD
+        entropy_BT = fast.entropy_BT
 
     def agg(x_BT: torch.Tensor) -> torch.Tensor:
         return aggregate(x_BT, mask_BT, spec.agg, den.n_tokens, den.n_seqs, den.max_len)
 
-    logp_d_BT = fwd.logp_BT.detach()
+    logp_d_BT = logp_BT.detach()
     gate_in = GateInputs(inputs.adv_BT, logp_d_BT, inputs.uncertainty_B,
-                         probs_mean_BT(logp_d_BT, fwd.logp_BTV.shape[-1]), inputs.age_B)
+                         probs_mean_BT(logp_d_BT, policy.vocab_size if logp_BTV is None
+                                       else logp_BTV.shape[-1]), inputs.age_B)
     weight_BT, stats = spec.gate_component(gate_in, spec.gate)
-    terms = PolicyTerms(fwd.logp_BT, inputs.logp_old_BT, weight_BT, mask_BT,
+    terms = PolicyTerms(logp_BT, inputs.logp_old_BT, weight_BT, mask_BT,
                         success_B=None if inputs.rewards_B is None else inputs.rewards_B >= 1.0,
                         rewards_B=inputs.rewards_B, baseline_B=inputs.baseline_B,
-                        logp_BTV=fwd.logp_BTV, group_size=group_size,
+                        logp_BTV=logp_BTV, group_size=group_size,
                         candidates_BTK=inputs.candidates_BTK,
                         cand_logp_old_BTK=inputs.cand_logp_old_BTK,
                         cand_rewards_BTK=inputs.cand_rewards_BTK, tokens_BT=inputs.tokens_BT,
@@ -281,26 +319,30 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     loss = policy_loss
     parts = {"loss/policy": policy_loss.detach()}
     # Only the entropy bonus differentiates H_t; otherwise it is a metric: record no graph.
-    entropy_BT = entropy_from_logp(fwd.logp_BTV if spec.uses_entropy_bonus
-                                   else fwd.logp_BTV.detach())
+    if entropy_BT is None:
+        assert logp_BTV is not None
+        entropy_BT = entropy_from_logp(logp_BTV if spec.uses_entropy_bonus
+                                       else logp_BTV.detach())
+    elif not spec.uses_entropy_bonus:
+        entropy_BT = entropy_BT.detach()
     if spec.uses_entropy_bonus:
         entropy_term = agg(entropy_BT)
         loss = loss - (spec.entropy_coef if entropy_coef is None else entropy_coef) * entropy_term
         parts["loss/entropy"] = entropy_term.detach()
     if spec.kl.coef > 0 and spec.kl.place == "loss":
         if spec.kl.exact:
-            assert inputs.ref_logp_BTV is not None
-            kl_BT = kl_full(fwd.logp_BTV, inputs.ref_logp_BTV)
+            assert inputs.ref_logp_BTV is not None and logp_BTV is not None
+            kl_BT = kl_full(logp_BTV, inputs.ref_logp_BTV)
         else:
             target_BT = inputs.ref_logp_BT if spec.kl.target == "ref" else inputs.logp_old_BT
             assert target_BT is not None
-            kl_BT = kl_estimate(fwd.logp_BT, target_BT, spec.kl.estimator)
+            kl_BT = kl_estimate(logp_BT, target_BT, spec.kl.estimator)
         kl_term = agg(kl_BT)
         loss = loss + beta * kl_term
         parts["loss/kl"] = kl_term.detach()
     if value_head is not None:
         assert inputs.old_values_BT is not None and inputs.returns_BT is not None
-        values_BT = value_head(fwd.hidden_BTD)
+        values_BT = value_head(hidden_BTD)
         v_loss_BT, v_stats = value_loss(values_BT, inputs.old_values_BT, inputs.returns_BT,
                                         spec.value)
         v_term = aggregate(v_loss_BT, mask_BT, TOKEN_MEAN, den.n_tokens, den.n_seqs,
@@ -342,6 +384,12 @@ class UpdatePlan:
     """The distribution the sampler drew from (temperature, replayed kept set)."""
     group_size: int = 1
     """Rollouts per prompt; rows of a group are contiguous and share their prompt."""
+    packed: PackedLearner | None = None
+    """The packed learner of a Hugging Face policy (`rlscope.learner_packed`); None = the
+    padded learner."""
+    token_budget: int = 0
+    """Micro-batches of whole rows within this many packed tokens (0 = ``micro_batch_size``
+    rows)."""
 
 
 @dataclass(frozen=True)
@@ -383,6 +431,12 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
     mb_rows = minibatch_rows(n_rows, plan.num_minibatches, plan.group_size)
     micro = min(plan.micro_batch_size, mb_rows)
     shared_group = micro_group_size(micro, mb_rows, plan.group_size)
+    counts_B = None
+    if plan.token_budget > 0:
+        counts_B = row_token_counts(batch, inputs.mask_BT)
+        unit = plan.group_size if plan.spec.needs_whole_groups else 1
+        shared_group = plan.group_size if unit == plan.group_size and \
+            mb_rows % plan.group_size == 0 else 1
     first: list[MicroResult] = []
     grad_norms: list[torch.Tensor] = []
     for epoch in range(plan.inner_epochs):
@@ -392,11 +446,13 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
             den = Denominators(n_tokens=inputs.mask_BT[start:stop].sum(),
                                n_seqs=float(stop - start), max_len=plan.max_len)
             optimizer.zero_grad(set_to_none=True)
-            for s in range(start, stop, micro):
-                rows = slice(s, min(s + micro, stop))
+            for rows in (
+                    [slice(s, min(s + micro, stop)) for s in range(start, stop, micro)]
+                    if counts_B is None else
+                    token_budget_slices(counts_B, start, stop, plan.token_budget, unit)):
                 res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
                                        inputs.select(rows), den, beta, plan.dist,
-                                       shared_group, entropy_coef)
+                                       shared_group, entropy_coef, plan.packed)
                 res.loss.backward()
                 last.append(res)
             norm = torch.nn.utils.clip_grad_norm_(

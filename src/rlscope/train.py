@@ -63,6 +63,7 @@ from rlscope.learner import (
     wants_expected_reward,
 )
 from rlscope.learner_graphs import GraphedUpdate
+from rlscope.learner_packed import resolve_learner
 from rlscope.methods import canonical_method_name
 from rlscope.methods.regularizers import (
     adaptive_entropy_update,
@@ -291,13 +292,19 @@ def setup(cfg: TrainConfig) -> RunParts:
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
                                   capturable=use_graphs, fused=not use_graphs)
+    try:  # what the built model allows (--packing on on a model it cannot pack: an error)
+        packed = resolve_learner(cfg.learner, policy)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     # The kept set describes the sampled prefixes; label-trained methods read other tokens.
     plan = UpdatePlan(spec=spec, inner_epochs=r.inner_epochs, num_minibatches=r.num_minibatches,
                       micro_batch_size=d.micro_batch_size, max_len=d.max_new_tokens,
                       grad_clip=cfg.optim.grad_clip, group_size=d.group_size,
                       dist=SampledDistribution(cfg.sampling.temperature,
                                                cfg.sampling.replay_sampling_mask
-                                               and not spec.needs_labels))
+                                               and not spec.needs_labels),
+                      packed=packed,
+                      token_budget=cfg.learner.token_budget)
     learn = GraphedUpdate(plan, policy, value_head, optimizer, r.batch_size) if use_graphs \
         else functools.partial(update, plan, policy, value_head, optimizer)
     return RunParts(
@@ -317,6 +324,8 @@ def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy
     # --init loads full weights; LoRA adapters then go on top, so the loaded model is the base
     lora_on_init = bool(cfg.run.init) and cfg.model.lora_rank > 0
     model_cfg = dataclasses.replace(cfg.model, lora_rank=0) if lora_on_init else cfg.model
+    if cfg.learner.activation_checkpointing:
+        model_cfg = dataclasses.replace(model_cfg, gradient_checkpointing=True)
     policy: Policy = make_policy_for(task, model_cfg).to(device)
     if cfg.run.init:
         checkpoint.load_init(cfg.run.init, policy, device)
@@ -519,7 +528,7 @@ def prepare_stage(parts: RunParts, batch: RolloutBatch, state: LoopState
                                    plan.dist) \
         if p.spec.needs_candidates else None
     inputs, m = prepare(p.spec, batch, p.policy, p.value_head, p.ref, state.beta,
-                        p.d.group_size, plan.dist, candidates)
+                        p.d.group_size, plan.dist, candidates, plan.packed)
     assert batch.rewards_B is not None
     m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B, p.d.group_size)
     return inputs, m

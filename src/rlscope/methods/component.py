@@ -45,6 +45,9 @@ class Component(Generic[P, R]):
     """Reads K next-token candidates per generated position (a `CandidateBatch`)."""
     token_labels: bool = False
     """Reads the task's labels at the actor's own prefixes."""
+    reads_distribution: bool = False
+    """Reads the learner's whole distribution over the vocabulary (``logp_BTV``), not only
+    the chosen tokens' log-probs: the packed learner then keeps the full logits."""
     teacher_forced: bool = False
     """The learner is teacher-forced on the task's ground truth instead of the rollout."""
     own_aggregation: str | None = None

@@ -70,8 +70,10 @@ def scope_lite(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
 
 
 DISTILL_OBJECTIVES: dict[str, Objective] = {
-    "self_distill": Component(self_distill, ("distill_alpha",), token_labels=True),
-    "scope_lite": Component(scope_lite, ("distill_alpha",), token_labels=True),
+    "self_distill": Component(self_distill, ("distill_alpha",), token_labels=True,
+                              reads_distribution=True),
+    "scope_lite": Component(scope_lite, ("distill_alpha",), token_labels=True,
+                            reads_distribution=True),
 }
 """The records of the label-distillation objectives (part of
 `rlscope.methods.objectives.OBJECTIVES`)."""

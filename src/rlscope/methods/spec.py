@@ -155,6 +155,14 @@ class MethodSpec:
         return self.entropy_coef > 0 or self.entropy.control == "adaptive"
 
     @property
+    def reads_learner_distribution(self) -> bool:
+        """The loss reads the learner's whole distribution over the vocabulary (an objective
+        that does, or the ``full`` KL in the loss), not only the chosen tokens' log-probs and
+        entropies: the packed learner then keeps full logits (`rlscope.learner_packed`)."""
+        return self.objective_component.reads_distribution or (
+            self.kl.exact and self.kl.coef > 0 and self.kl.place == "loss")
+
+    @property
     def needs_labels(self) -> bool:
         """The learner is teacher-forced on the task's ground truth instead of the rollout."""
         return self.objective_component.teacher_forced

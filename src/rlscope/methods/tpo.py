@@ -209,13 +209,13 @@ def grpo_token(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
 _GROUP = Component(tpo, ("tpo_eta",), grouped=True, whole_groups=True,
                    own_aggregation="seq_mean_token_sum", own_credit=True)
 _CANDIDATE = Component(tpo_token, ("tpo_eta",), grouped=True, candidates=True,
-                       own_aggregation="token_mean", own_credit=True)
+                       own_aggregation="token_mean", own_credit=True, reads_distribution=True)
 TPO_OBJECTIVES: dict[str, Objective] = {
     "tpo": _GROUP,
     "tpo_no_anchor": dataclasses.replace(_GROUP, fn=tpo_no_anchor),
     "group_pg": dataclasses.replace(_GROUP, fn=group_pg),
     "tpo_full_action": Component(tpo_full_action, ("tpo_eta",), own_aggregation="token_mean",
-                                 own_credit=True),
+                                 own_credit=True, reads_distribution=True),
     "tpo_token": _CANDIDATE,
     "grpo_token": dataclasses.replace(_CANDIDATE, fn=grpo_token, settings=(
         "clip_low", "clip_high", "candidate_kl")),

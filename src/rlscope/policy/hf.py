@@ -165,8 +165,9 @@ class HFPolicy(nn.Module):
                 (positions are then ``0 .. T-1``).
 
         Returns:
-            ``logits_BTV`` as float32 and ``hidden_BTD``, the final hidden state the output head
-            reads (post-final-norm for Llama/Qwen2), in the model's dtype.
+            ``logits_BTV`` as float32 (float64 for a float64 model) and ``hidden_BTD``, the
+            final hidden state the output head reads (post-final-norm for Llama/Qwen2), in the
+            model's dtype.
         """
         self._check_tokens(tokens_BT, "tokens_BT")
         T = tokens_BT.shape[1]
@@ -184,7 +185,56 @@ class HFPolicy(nn.Module):
             **kwargs,
         )
         hidden_BTD = out.hidden_states[-1]
-        return out.logits.float(), hidden_BTD
+        # at least float32: a float64 model (the exactness tests) keeps float64 logits
+        logits_BTV = out.logits.to(torch.promote_types(out.logits.dtype, torch.float32))
+        return logits_BTV, hidden_BTD
+
+    # ------------------------------------------------------------------ packed learner
+
+    def output_head(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """``(W_VD, bias_V)`` of the plain linear output head that maps a final hidden state
+        to the logits, or None when the logits are more than that (a LoRA-wrapped or custom
+        head, logit scaling or soft-capping): then only `forward` computes them exactly."""
+        head = self.model.get_output_embeddings()  # type: ignore[operator]
+        config: Any = self.model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if type(head) is not nn.Linear or any(
+                getattr(text_config, name, None) not in (None, 1.0)
+                for name in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+            return None
+        return head.weight, head.bias
+
+    @autocast_outputs
+    def final_hidden(self, tokens_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None = None,
+                     position_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
+        """The final (post-norm) hidden states ``[B, T, D]`` the output head reads, without
+        computing any logits.
+
+        Either a left-padded batch (``attention_mask_BT`` as in `forward`), or with
+        ``position_ids_BT`` and no mask a **packed** batch: several sequences concatenated
+        along T, each with positions restarting at 0. transformers detects the restarts
+        (``masking_utils.find_packed_sequence_indices``) and keeps attention inside each
+        sequence: a block-diagonal causal mask for eager/SDPA, varlen kernels for
+        flash_attention_2. A packed row therefore computes no padding token.
+        """
+        self._check_tokens(tokens_BT, "tokens_BT")
+        kwargs: dict[str, Any] = {}
+        if attention_mask_BT is not None:
+            if position_ids_BT is not None:
+                raise ValueError("final_hidden takes attention_mask_BT or position_ids_BT, "
+                                 "not both")
+            self._check_mask(attention_mask_BT, tokens_BT)
+            kwargs["attention_mask"] = attention_mask_BT.long()
+            kwargs["position_ids"] = position_ids_from_mask(attention_mask_BT)
+        elif position_ids_BT is not None:
+            if position_ids_BT.shape != tokens_BT.shape:
+                raise ValueError(f"position_ids_BT shape {tuple(position_ids_BT.shape)} does "
+                                 f"not match tokens_BT shape {tuple(tokens_BT.shape)}")
+            kwargs["position_ids"] = position_ids_BT
+        out = _decoder(self.model)(input_ids=tokens_BT, use_cache=False, return_dict=True,
+                                   **kwargs)
+        hidden_BTD: torch.Tensor = out.last_hidden_state
+        return hidden_BTD
 
     # ------------------------------------------------------------------ incremental decoding
 
@@ -396,6 +446,14 @@ def _new_dynamic_cache(config: Any) -> Any:
     if "config" in inspect.signature(DynamicCache.__init__).parameters:
         return DynamicCache(config=config)
     return DynamicCache()
+
+
+def _decoder(model: nn.Module) -> Any:
+    """The decoder stack of a causal LM (its ``.model``: embeddings, blocks, final norm; no
+    output head), looking through a PEFT wrapper (the LoRA layers live inside it)."""
+    getter = getattr(model, "get_base_model", None)
+    base = getter() if callable(getter) else model
+    return base.get_decoder()  # type: ignore[operator]
 
 
 def _model_device(model: nn.Module) -> torch.device:
