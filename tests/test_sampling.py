@@ -385,19 +385,3 @@ def test_noise_at_late_steps_matches_the_tensor_path() -> None:
         alone_NV = uniform_noise(seeds_N1[:, 0], step, 11)
         assert torch.equal(alone_NV, together_NTV[:, t]), step
         assert ((alone_NV > 0) & (alone_NV < 1)).all()
-
-
-def test_noise_from_tensor_constants_is_bit_identical() -> None:
-    """`noise_constants` (the hash's constants as tensors, which compiled code needs) gives the
-    same uniforms bit for bit as the Python-int path, for int and tensor steps, negative and
-    large seeds, and steps past the int64 wrap of (step + 1)·M1."""
-    from rlscope.sampling.processors import gumbel_offsets, noise_constants, uniform_noise
-
-    seeds_B = torch.tensor([0, 1, 12345, -7, 2**62])
-    constants = noise_constants("cpu")
-    for step in (0, 5, 200, 10**6):
-        expected_BV = uniform_noise(seeds_B, step, 777)
-        assert torch.equal(uniform_noise(seeds_B, torch.tensor(step), 777, constants),
-                           expected_BV)
-        assert torch.equal(gumbel_offsets(seeds_B, torch.tensor(step), 777, constants),
-                           gumbel_offsets(seeds_B, step, 777))

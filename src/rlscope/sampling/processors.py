@@ -79,25 +79,13 @@ _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _LOW31 = (1 << 31) - 1
 
 
-def _fmix64(x: torch.Tensor, c: tuple[int | torch.Tensor, ...] | None = None) -> torch.Tensor:
-    """MurmurHash3's 64-bit finaliser on int64 tensors (logical shifts emulated by masking).
-    ``c``: the constants (M1, M2, LOW31) as 0-d int64 tensors instead of Python ints (see
-    `noise_constants`); the same arithmetic, the same bits."""
-    m1, m2, low31 = c if c is not None else (_M1, _M2, _LOW31)
-    x = x ^ ((x >> 33) & low31)
-    x = x * m1
-    x = x ^ ((x >> 33) & low31)
-    x = x * m2
-    return x ^ ((x >> 33) & low31)
-
-
-def noise_constants(device: torch.device | str) -> tuple[torch.Tensor, ...]:
-    """The hash's constants (M1, M2, LOW31, GOLDEN) as 0-d int64 tensors on ``device``, for
-    `uniform_noise`'s ``constants``. Compiled code needs them as tensors: Triton types an
-    integer literal as int32 and rejects M1, M2 and GOLDEN ("Scalar ... is out of range for
-    type int32", torch 2.11 + Triton 3.6 on an H100)."""
-    return tuple(torch.tensor(v, dtype=torch.long, device=device)
-                 for v in (_M1, _M2, _LOW31, _GOLDEN))
+def _fmix64(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 64-bit finaliser on int64 tensors (logical shifts emulated by masking)."""
+    x = x ^ ((x >> 33) & _LOW31)
+    x = x * _M1
+    x = x ^ ((x >> 33) & _LOW31)
+    x = x * _M2
+    return x ^ ((x >> 33) & _LOW31)
 
 
 def _wrap64(value: int) -> int:
@@ -106,8 +94,7 @@ def _wrap64(value: int) -> int:
 
 
 def uniform_noise(row_seeds: torch.Tensor, step: int | torch.Tensor,
-                  width: int, constants: tuple[torch.Tensor, ...] | None = None
-                  ) -> torch.Tensor:
+                  width: int) -> torch.Tensor:
     """Counter-based uniforms in (0, 1), ``[*S, width]``, a pure function of (seed, step, column).
 
     Each row's stream depends only on its own seed, so a prompt sampled inside any batch gets
@@ -115,16 +102,8 @@ def uniform_noise(row_seeds: torch.Tensor, step: int | torch.Tensor,
     ``step`` broadcast to the leading shape ``S``: ``[N]`` seeds and an int step give
     ``[N, width]``; ``[N, 1]`` seeds and a ``[T]`` device tensor of steps give every step at
     once, ``[N, T, width]``, bit for bit the same numbers (int64 arithmetic wraps the same way).
-    ``constants`` (`noise_constants`, with a tensor ``step``) gives the same bits from code
-    that ``torch.compile`` can turn into one kernel.
     """
     cols = torch.arange(width, device=row_seeds.device, dtype=torch.long)
-    if constants is not None:
-        m1, m2, low31, golden = constants
-        x = _fmix64(row_seeds * golden + (step + 1) * m1, (m1, m2, low31))[..., None] \
-            + cols * golden
-        bits = (_fmix64(x, (m1, m2, low31)) >> 40) & ((1 << 24) - 1)
-        return (bits.float() + 0.5) / float(1 << 24)
     # a Python-int step is wrapped to int64 here as a tensor step wraps in torch (past step
     # ~187, (step + 1) * _M1 no longer fits int64 and torch would refuse the int)
     offset = _wrap64((step + 1) * _M1) if isinstance(step, int) else (step + 1) * _M1
@@ -134,11 +113,9 @@ def uniform_noise(row_seeds: torch.Tensor, step: int | torch.Tensor,
 
 
 def gumbel_offsets(row_seeds: torch.Tensor, step: int | torch.Tensor,
-                   width: int, constants: tuple[torch.Tensor, ...] | None = None
-                   ) -> torch.Tensor:
+                   width: int) -> torch.Tensor:
     """``log(−log u)`` of `uniform_noise` (minus standard Gumbel draws), ``[*S, width]``.
 
     ``argmax(logp − offsets)`` draws one token from ``exp(logp)`` (the Gumbel-max trick).
-    ``constants``: see `uniform_noise`.
     """
-    return (-uniform_noise(row_seeds, step, width, constants).log()).log()
+    return (-uniform_noise(row_seeds, step, width).log()).log()
