@@ -102,7 +102,10 @@ def run_rlscope(args: argparse.Namespace, model_dir: Path, runs_dir: str) -> dic
     tokens = statistics.median(m["length/mean"] for m in steps) * args.batch_size
     return {"step_s": step_s, "completion_tokens_per_step": tokens,
             "sample_s": statistics.median(m["time/sample"] for m in steps),
-            "learn_s": statistics.median(m["time/learn"] for m in steps)}
+            "learn_s": statistics.median(m["time/learn"] for m in steps),
+            # the static sampler's bf16 weight copy, refreshed after each update (0 without it)
+            "sampler_weight_sync_s": statistics.median(
+                m.get("time/sampler_weight_sync", 0.0) for m in steps)}
 
 
 def run_trl(args: argparse.Namespace, model_dir: Path, out_dir: str) -> dict[str, float]:
