@@ -567,3 +567,29 @@ def test_packed_learner_with_activation_checkpointing() -> None:
     _close(ref[0], got[0])
     for a, b in zip(ref[3], got[3], strict=True):
         _close(a, b)
+
+
+@pytest.mark.slow
+def test_compiled_blocks_equal_eager_blocks() -> None:
+    """`HFPolicy.compile_blocks` (``--compile_blocks``) compiles every decoder block and the
+    packed learner gives the eager blocks' loss, log-probs and gradients over two packed
+    layouts. To 1e-7, not float64's 1e-10: the blocks' RMSNorm computes in float32 by design
+    (transformers upcasts to float32, not to the model's float64), and the fused kernels sum
+    those float32 values in another order."""
+    spec = _spec()
+    ref = _run(_policy(), None, spec, PackedLearner(True, 3))
+    compiled = _policy()
+    assert compiled.compile_blocks() == 2
+    got = _run(compiled, None, spec, PackedLearner(True, 3))
+    for a, b in zip(ref[:3], got[:3], strict=True):
+        _close(a, b, 1e-7)
+    for a, b in zip(ref[3], got[3], strict=True):
+        _close(a, b, 1e-7)
+    again = _run(compiled, None, spec, PackedLearner(True, 5, True))  # another layout
+    _close(again[0], ref[0], 1e-7)
+
+
+def test_compile_blocks_is_refused_for_the_tiny_transformer() -> None:
+    """The tiny transformer has no Hugging Face blocks: --compile_blocks is a config error."""
+    errors = LearnerConfig(compile_blocks=True).validate("tiny")
+    assert errors and "compile_blocks" in errors[0]

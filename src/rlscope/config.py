@@ -88,6 +88,10 @@ class LearnerConfig:
     activation_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward pass instead of storing
     them (Hugging Face policies; non-reentrant). Same as --model.gradient_checkpointing."""
+    compile_blocks: bool = False
+    """torch.compile each transformer block of a Hugging Face policy (dynamic shapes, so one
+    compilation serves every packed layout; the first steps pay the compilation). Fuses the
+    blocks' element-wise work; see docs/performance.md for what it buys on an H100."""
 
     def validate(self, arch: str) -> list[str]:
         """Why this config cannot run with ``--arch arch`` (empty when it can)."""
@@ -101,7 +105,8 @@ class LearnerConfig:
             asked = [name for name, on in (
                 ("packing=on", self.packing == "on"),
                 ("token_budget", self.token_budget > 0),
-                ("activation_checkpointing", self.activation_checkpointing)) if on]
+                ("activation_checkpointing", self.activation_checkpointing),
+                ("compile_blocks", self.compile_blocks)) if on]
             if asked:
                 errors.append(f"learner.{', learner.'.join(asked)}: "
                               f"{'needs' if len(asked) == 1 else 'need'} a Hugging Face policy "

@@ -284,6 +284,8 @@ def setup(cfg: TrainConfig) -> RunParts:
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = reference_of(policy) if spec.needs_reference else None
+    if cfg.learner.compile_blocks:  # after the reference's copy: only the trained policy
+        cast("HFPolicy", policy).compile_blocks()
     # Frozen weights (a LoRA policy's base) stay out of the optimizer.
     params = [p for m in (policy, value_head) if m is not None for p in m.parameters()
               if p.requires_grad]
