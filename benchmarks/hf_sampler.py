@@ -5,7 +5,7 @@
 Builds a Qwen2.5-0.5B-shaped model from its config (vocab 151,936, hidden 896, 24 layers,
 14 query / 2 key-value heads, MLP 4,864, tied embeddings; ``--small`` for a 2-layer model that
 runs anywhere), fp32 master weights with bf16 autocast on CUDA, and times
-`rlscope.sampling.generate` with ``--sampling.backend static`` (CUDA-graphed on CUDA) and
+`rlscope.sampling.generate` with ``SamplingConfig(backend="static")`` (CUDA-graphed on CUDA) and
 ``eager`` on the same prompts (64 tokens, groups of 8 rows sharing a prompt, no stop tokens):
 completion tokens/s and ms per decode position after one warm-up call. Also the weight refresh
 (``time/sampler_weight_sync``) after every parameter changed, and the peak memory.

@@ -211,6 +211,12 @@ def test_short_sliding_window_is_refused() -> None:
     prompts, seeds_B, _ = _prompts()
     with pytest.raises(ValueError, match="sliding_window=8"):
         generate(policy, prompts, SamplingConfig(backend="static"), seeds_B, 4)
+    # auto on CUDA would pick static for this model; a too-short window falls back to eager
+    auto = BACKENDS["static"].generate(policy, prompts, SamplingConfig(backend="auto"),
+                                       seeds_B, 4)
+    eager = generate(policy, prompts, SamplingConfig(backend="eager"), seeds_B, 4)
+    assert torch.equal(auto.completion_tokens_BT, eager.completion_tokens_BT)
+    assert torch.equal(auto.logp_raw_BT, eager.logp_raw_BT)  # the same (eager) computation
 
 
 def test_lora_model_is_unsupported() -> None:

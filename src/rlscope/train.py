@@ -281,7 +281,7 @@ def setup(cfg: TrainConfig) -> RunParts:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
     policy = initial_policy(cfg, task, device)
-    check_backend(cfg.sampling, policy, device)  # --sampling.backend static on a model it lacks
+    check_backend(cfg.sampling, policy, device)  # --backend static on a model it lacks
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = reference_of(policy) if spec.needs_reference else None

@@ -76,7 +76,7 @@ def resolve(name: str, policy: Policy, device: torch.device) -> GenerationBacken
     reason = backend.unsupported_reason(policy, device)
     if reason is not None:
         raise ValueError(f"sampling.backend={name!r} cannot sample from this policy: {reason}; "
-                         "use --sampling.backend auto or eager")
+                         "use --backend auto or eager")
     return backend
 
 

@@ -31,7 +31,7 @@ takes accumulates for `take_weight_sync_seconds` (``time/sampler_weight_sync``).
 
 Anything else (other architectures, PEFT/LoRA adapters, biased MLPs, non-SiLU activations,
 replaced modules, a dynamic/longrope RoPE, a sliding window shorter than the sequence) is
-unsupported: `unsupported_reason` says why, and ``--sampling.backend auto`` falls back to the
+unsupported: `unsupported_reason` says why, and ``--backend auto`` falls back to the
 eager path.
 
 Use directly (e.g. in a benchmark)::
@@ -53,6 +53,7 @@ from torch import nn
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy, position_ids_from_mask
+from rlscope.sampling.backends.eager import generate_eager
 from rlscope.sampling.draw import SamplingConfig, assemble, draw
 from rlscope.sampling.graphs import capture, record_draw
 from rlscope.sampling.processors import gumbel_offsets
@@ -486,9 +487,12 @@ class HFStaticBackend:
         B, P = prompts.tokens_BP.shape
         window = sliding_window(policy)
         if window is not None and P + max_new_tokens > window:
+            if cfg.backend == "auto":  # the eager path has the model's own sliding window
+                return generate_eager(policy, prompts, cfg, row_seeds_B, max_new_tokens,
+                                      pad_token_id, group_id_B, with_entropy, with_sum_p2)
             raise ValueError(f"the static sampler has no sliding-window attention: prompt + "
                              f"completion ({P + max_new_tokens}) exceeds the model's "
-                             f"sliding_window={window}; use --sampling.backend eager")
+                             f"sliding_window={window}; use --backend eager")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         device = prompts.tokens_BP.device
