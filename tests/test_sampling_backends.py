@@ -169,13 +169,21 @@ def test_weight_refresh_sees_an_optimizer_step() -> None:
     assert take_weight_sync_seconds() > 0  # the first call copied the weights
     generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
     assert take_weight_sync_seconds() == 0  # unchanged weights are not copied again
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2, foreach=True)
+    # fused AdamW (the loop's optimizer) does not bump version counters: the step hook sees it
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2, fused=True)
     logits_BTV, _ = policy(prompts.tokens_BP, prompts.attention_mask_BP)
     logits_BTV.logsumexp(-1).mean().backward()
+    versions = [p._version for p in policy.parameters()]
     optimizer.step()
+    assert [p._version for p in policy.parameters()] == versions
     after = generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
     assert take_weight_sync_seconds() > 0
     assert not torch.allclose(before.logp_raw_BT, after.logp_raw_BT)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.data.mul_(1.01)  # invisible to version counters and optimizer hooks
+    hf_static.weights_changed()
+    after = generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
     hf_static._DECODERS.pop(policy)
     fresh = generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
     _assert_same(after, fresh, atol=0)
@@ -240,3 +248,31 @@ def test_config_names_match_the_registry() -> None:
     from rlscope.sampling.draw import BACKEND_NAMES
 
     assert BACKEND_CHOICES == BACKEND_NAMES
+
+
+def test_train_with_the_static_backend(tmp_path) -> None:
+    """The loop samples through the static backend: on-policy first pass, the weight sync
+    logged every step (the optimizer moved the weights), and a tiny transformer with
+    --backend static refused before the first step."""
+    from rlscope.config import RunConfig, TrainConfig
+    from rlscope.policy import ModelConfig
+    from rlscope.tasks import TaskConfig
+    from rlscope.train import train
+
+    def cfg(arch: str, name: str) -> TrainConfig:
+        return TrainConfig(
+            method="grpo", sampling=SamplingConfig(backend="static"),
+            model=ModelConfig(arch=arch, d_model=32, n_heads=2, n_layers=1),
+            task_options=TaskConfig(seq_len=4, eval_batches=1, eval_batch_size=8),
+            run=RunConfig(num_steps=3, batch_size=8, eval_every=0, device="cpu",
+                          progress=False, doctor_every=0, runs_dir=str(tmp_path), name=name))
+
+    result = train(cfg("qwen2", "static"))
+    assert result.run_dir == tmp_path / "static"
+    first = result.metrics[0]
+    assert abs(first["policy/ratio_mean_first"] - 1.0) < 1e-5
+    assert first["sampler/logp_diff_max"] < 1e-4
+    assert all(row["time/sampler_weight_sync"] > 0 for row in result.metrics)
+    with pytest.raises(ValueError, match="not a Hugging Face policy"):
+        train(cfg("tiny", "tiny"))
+    assert not (tmp_path / "tiny").exists()

@@ -25,9 +25,11 @@ rows rounded up to a power of two (at least `MIN_ROWS`; pad rows repeat row 0 an
 discarded) and the prompt left-padded to a multiple of `PROMPT_MULTIPLE` (extra left padding is
 neutral because positions come from the mask), so batches of varying size reuse graphs.
 
-The weights are refreshed in place (same storage, so captured graphs stay valid) whenever a
-source parameter's version counter or address moved, e.g. after an optimizer step; the time it
-takes accumulates for `take_weight_sync_seconds` (``time/sampler_weight_sync``).
+The weights are refreshed in place (same storage, so captured graphs stay valid) whenever an
+optimizer stepped (a global ``torch.optim`` post-step hook: fused AdamW does not bump version
+counters) or a source parameter's version counter or address moved (``load_state_dict``, any
+in-place autograd-visible write); `weights_changed` covers writes through ``.data``. The time
+it takes accumulates for `take_weight_sync_seconds` (``time/sampler_weight_sync``).
 
 Anything else (other architectures, PEFT/LoRA adapters, biased MLPs, non-SiLU activations,
 replaced modules, a dynamic/longrope RoPE, a sliding window shorter than the sequence) is
@@ -50,6 +52,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy, position_ids_from_mask
@@ -82,6 +85,34 @@ class _SyncClock:
 
 
 _CLOCK = _SyncClock()
+
+
+class _StepCounter:
+    """Optimizer steps taken anywhere in the process (a global post-step hook, registered
+    when the first `HFStaticWeights` is built). Fused AdamW (the loop's optimizer) updates
+    parameters without bumping their version counters, so the version stamp alone would miss
+    it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.hooked = False
+
+    def hook(self) -> None:
+        if not self.hooked:
+            register_optimizer_step_post_hook(self._bump)
+            self.hooked = True
+
+    def _bump(self, *_: Any) -> None:
+        self.count += 1
+
+
+_STEPS = _StepCounter()
+
+
+def weights_changed() -> None:
+    """Tell the static sampler that parameters changed outside ``torch.optim`` and outside
+    autograd's version counters (e.g. written through ``.data``): its next call refreshes."""
+    _STEPS.count += 1
 
 
 def take_weight_sync_seconds() -> float:
@@ -241,10 +272,13 @@ class HFStaticWeights:
                 self.q_norm.append(own(a.q_norm.weight, self.resid_dtype))
                 self.k_norm.append(own(a.k_norm.weight, self.resid_dtype))
         self._stamp: tuple[int, ...] | None = None
+        _STEPS.hook()
 
     def stamp(self) -> tuple[int, ...]:
-        """Version counters and addresses of the source parameters (no device sync)."""
-        return tuple(x for src, _ in self._pairs for x in (src._version, src.data_ptr()))
+        """The process's optimizer-step count (`weights_changed` adds to it), and the version
+        counters and addresses of the source parameters: read on the host, no device sync."""
+        return (_STEPS.count,
+                *(x for src, _ in self._pairs for x in (src._version, src.data_ptr())))
 
     def refresh(self) -> bool:
         """Copy the model's parameters in place if they changed since the last refresh; adds
