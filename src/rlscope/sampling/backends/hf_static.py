@@ -9,9 +9,10 @@ that saves kernels (q/k/v in one matrix, gate/up in one), and runs
   values are then copied to every row of the group), eagerly, with SDPA under a causal +
   left-padding mask;
 - **decode** one position at a time against a preallocated static KV cache
-  ``[B, kv_heads, max_len, head_dim]`` per layer and a boolean key mask ``[B, max_len]``
-  (left padding masked; each generated position unmasked as it is written), GQA as
-  ``q [B, kv, group, D] @ k [B, kv, D, L]`` (no repeated keys), RoPE from the model's own
+  ``[B, kv_heads, max_len, head_dim]`` per layer and an additive key mask
+  ``[B, kv_heads, max_len]`` (left padding masked; each generated position unmasked as it is
+  written), GQA as one ``baddbmm`` of ``q [B·kv, group, D]`` against ``k [B·kv, D, L]`` (no
+  repeated keys), RoPE from the model's own
   ``model.model.rotary_emb`` (so its rope-scaling variant is the model's), positions from the
   mask (the package's convention);
 - **sampling** by `rlscope.sampling.draw.draw` with the step's counter-based Gumbel noise
@@ -188,11 +189,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * h.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class HFStaticWeights:
     """The sampler's copy of a Hugging Face model's weights, fused and in the sampling dtype.
 
@@ -302,37 +298,51 @@ class HFStaticWeights:
 
     # ------------------------------------------------------------------ the model
 
-    def _qkv(self, i: int, x_NTD: torch.Tensor, pos_NT: torch.Tensor
+    def _rope(self, x_NTD: torch.Tensor, pos_NT: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin')`` ``[N, T, 1, Dh]`` from the model's own ``rotary_emb``, once per
+        forward (shared by every layer); ``sin'`` has its first half negated so that
+        ``rotate_half(x) * sin == x.roll(Dh / 2) * sin'`` (one roll instead of neg + cat)."""
+        cos_NTD, sin_NTD = self.rotary(x_NTD, pos_NT)
+        half = self.head_dim // 2
+        signed_NTD = torch.cat((-sin_NTD[..., :half], sin_NTD[..., half:]), -1)
+        return cos_NTD[:, :, None], signed_NTD[:, :, None]
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`_rms_norm`, fused into one kernel where input and weight share a dtype (the same
+        arithmetic: float32 statistics, then times weight)."""
+        if x.dtype == weight.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
+        return _rms_norm(x, weight, self.eps)
+
+    def _qkv(self, i: int, x_NTD: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s rotated queries ``[N, H, T, Dh]``, keys and values ``[N, K, T, Dh]``
+        """Layer ``i``'s rotated queries ``[N, T, H, Dh]``, keys and values ``[N, T, K, Dh]``
         (sampling dtype) for the residual stream ``x_NTD``."""
         N, T, _ = x_NTD.shape
         H, K, Dh = self.n_heads, self.n_kv, self.head_dim
-        h_NTD = _rms_norm(x_NTD, self.ln1[i], self.eps).to(self.dtype)
+        h_NTD = self._norm(x_NTD, self.ln1[i]).to(self.dtype)
         qkv = F.linear(h_NTD, self.w_qkv[i], self.b_qkv[i])
-        q_NTHD = qkv[..., :H * Dh].view(N, T, H, Dh)
-        k_NTKD = qkv[..., H * Dh:(H + K) * Dh].view(N, T, K, Dh)
+        qk_NTJD = qkv[..., :(H + K) * Dh].view(N, T, H + K, Dh)  # J = H + K heads, rotated
         v_NTKD = qkv[..., (H + K) * Dh:].view(N, T, K, Dh)
         if self.qk_norm:
-            q_NTHD = _rms_norm(q_NTHD, self.q_norm[i], self.eps)
-            k_NTKD = _rms_norm(k_NTKD, self.k_norm[i], self.eps)
-        cos_NTD, sin_NTD = self.rotary(x_NTD, pos_NT)
-        cos, sin = cos_NTD[:, :, None], sin_NTD[:, :, None]
-        q_NTHD = q_NTHD * cos + _rotate_half(q_NTHD) * sin
-        k_NTKD = k_NTKD * cos + _rotate_half(k_NTKD) * sin
-        return (q_NTHD.to(self.dtype).transpose(1, 2), k_NTKD.to(self.dtype).transpose(1, 2),
-                v_NTKD.transpose(1, 2))
+            qk_NTJD = torch.cat((_rms_norm(qk_NTJD[:, :, :H], self.q_norm[i], self.eps),
+                                 _rms_norm(qk_NTJD[:, :, H:], self.k_norm[i], self.eps)), 2)
+        cos, sin_signed = rope
+        qk_NTJD = torch.addcmul(qk_NTJD * cos, qk_NTJD.roll(Dh // 2, -1), sin_signed) \
+            .to(self.dtype)
+        return qk_NTJD[:, :, :H], qk_NTJD[:, :, H:], v_NTKD
 
     def _finish_layer(self, i: int, x_NTD: torch.Tensor, attn_NTE: torch.Tensor
                       ) -> torch.Tensor:
         """Residual + output projection, then the gated MLP block."""
         x_NTD = x_NTD + F.linear(attn_NTE, self.w_o[i], self.b_o[i])
-        h_NTD = _rms_norm(x_NTD, self.ln2[i], self.eps).to(self.dtype)
+        h_NTD = self._norm(x_NTD, self.ln2[i]).to(self.dtype)
         gate_NTI, up_NTI = F.linear(h_NTD, self.w_gu[i]).split(self.intermediate, -1)
-        return x_NTD + F.linear(F.silu(gate_NTI) * up_NTI, self.w_down[i])
+        return x_NTD + F.linear(F.silu(gate_NTI).mul_(up_NTI), self.w_down[i])
 
     def _logits(self, x_ND: torch.Tensor) -> torch.Tensor:
-        h_ND = _rms_norm(x_ND, self.norm, self.eps).to(self.dtype)
+        h_ND = self._norm(x_ND, self.norm).to(self.dtype)
         return F.linear(h_ND, self.head, self.head_bias).float()
 
     def prefill(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor, row_group_B: torch.Tensor,
@@ -348,38 +358,45 @@ class HFStaticWeights:
         allowed_G1PP = (causal_PP & mask_GP[:, None, None, :]) | \
             torch.eye(P, dtype=torch.bool, device=tokens_GP.device)
         x_GPD = self.embed[tokens_GP]
+        rope = self._rope(x_GPD, pos_GP)
         for i in range(len(self.w_qkv)):
-            q_GHPD, k_GKPD, v_GKPD = self._qkv(i, x_GPD, pos_GP)
+            q_GPHD, k_GPKD, v_GPKD = self._qkv(i, x_GPD, rope)
+            k_GKPD, v_GKPD = k_GPKD.transpose(1, 2), v_GPKD.transpose(1, 2)
             k_cache[i][:, :, :P].copy_(k_GKPD.index_select(0, row_group_B))
             v_cache[i][:, :, :P].copy_(v_GKPD.index_select(0, row_group_B))
-            o_GHPD = F.scaled_dot_product_attention(q_GHPD, k_GKPD, v_GKPD,
+            o_GHPD = F.scaled_dot_product_attention(q_GPHD.transpose(1, 2), k_GKPD, v_GKPD,
                                                     attn_mask=allowed_G1PP, scale=self.scale,
                                                     enable_gqa=True)
             x_GPD = self._finish_layer(i, x_GPD, o_GHPD.transpose(1, 2).reshape(G, P, -1))
         return self._logits(x_GPD[:, -1])
 
     def decode(self, token_B: torch.Tensor, pos_B: torch.Tensor, col_1: torch.Tensor,
-               mask_BL: torch.Tensor, k_cache: list[torch.Tensor],
+               bias_BKL: torch.Tensor, k_cache: list[torch.Tensor],
                v_cache: list[torch.Tensor]) -> torch.Tensor:
         """One position per row, graph-safe: ``token_B`` at position ``pos_B`` is written to
-        cache column ``col_1`` (a ``[1]`` device tensor), unmasked there, and attends over the
-        whole cache under ``mask_BL``; returns the next ``logits_BV``."""
+        cache column ``col_1`` (a ``[1]`` device tensor), unmasked there in the additive key
+        mask ``bias_BKL`` (0 where attended, -inf elsewhere), and attends over the whole cache;
+        returns the next ``logits_BV``."""
         B = token_B.shape[0]
         K, Dh = self.n_kv, self.head_dim
         G = self.n_heads // K
-        mask_BL.index_fill_(1, col_1, True)
-        masked_B11L = ~mask_BL[:, None, None, :]
+        L = bias_BKL.shape[-1]
+        bias_BKL.index_fill_(2, col_1, 0.0)
+        bias_N1L = bias_BKL.view(B * K, 1, L)  # N = B·K (row, kv head) pairs
         x_B1D = self.embed.index_select(0, token_B)[:, None]
+        rope = self._rope(x_B1D, pos_B[:, None])
         for i in range(len(self.w_qkv)):
-            q_BH1D, k_BK1D, v_BK1D = self._qkv(i, x_B1D, pos_B[:, None])
-            k_cache[i].index_copy_(2, col_1, k_BK1D)
-            v_cache[i].index_copy_(2, col_1, v_BK1D)
-            q_BKGD = q_BH1D.reshape(B, K, G, Dh)
-            scores_BKGL = torch.matmul(q_BKGD, k_cache[i].transpose(-1, -2)) * self.scale
-            probs_BKGL = scores_BKGL.masked_fill(masked_B11L, float("-inf")) \
-                .softmax(-1, dtype=torch.float32).to(self.dtype)
-            o_BKGD = torch.matmul(probs_BKGL, v_cache[i])
-            x_B1D = self._finish_layer(i, x_B1D, o_BKGD.reshape(B, 1, K * G * Dh))
+            q_B1HD, k_B1KD, v_B1KD = self._qkv(i, x_B1D, rope)
+            k_cache[i].index_copy_(2, col_1, k_B1KD.transpose(1, 2))
+            v_cache[i].index_copy_(2, col_1, v_B1KD.transpose(1, 2))
+            # GQA without repeated keys: the G query heads of a kv head are rows of one matmul
+            q_NGD = q_B1HD.reshape(B * K, G, Dh)
+            scores_NGL = torch.baddbmm(bias_N1L, q_NGD,
+                                       k_cache[i].view(B * K, L, Dh).transpose(1, 2),
+                                       alpha=self.scale)
+            probs_NGL = scores_NGL.softmax(-1, dtype=torch.float32).to(self.dtype)
+            o_NGD = torch.bmm(probs_NGL, v_cache[i].view(B * K, L, Dh))
+            x_B1D = self._finish_layer(i, x_B1D, o_NGD.view(B, 1, K * G * Dh))
         return self._logits(x_B1D[:, 0])
 
 
@@ -407,7 +424,10 @@ class _Bucket:
             self.k_cache.append(torch.zeros(B, w.n_kv, L, w.head_dim, dtype=w.dtype,
                                             device=device))
             self.v_cache.append(torch.zeros_like(self.k_cache[-1]))
-        self.mask_BL = torch.zeros(B, L, dtype=torch.bool, device=device)
+        self.bias_BKL = torch.full((B, w.n_kv, L), float("-inf"), dtype=w.dtype,
+                                   device=device)
+        """Additive key mask per (row, kv head): 0 on real prompt tokens and written
+        positions, -inf on padding and columns not yet written."""
         self.pos_B = torch.zeros(B, dtype=torch.long, device=device)
         self.col_1 = torch.zeros(1, dtype=torch.long, device=device)
         self.step = torch.zeros((), dtype=torch.long, device=device)
@@ -448,7 +468,7 @@ class _Bucket:
 
     def decode_step(self) -> None:
         """Feed the last token, advance the counters, draw the next token (graph-safe)."""
-        logits_BV = self.weights.decode(self.token_B, self.pos_B, self.col_1, self.mask_BL,
+        logits_BV = self.weights.decode(self.token_B, self.pos_B, self.col_1, self.bias_BKL,
                                         self.k_cache, self.v_cache)
         self.col_1 += 1
         self.pos_B += 1
@@ -619,9 +639,10 @@ class HFStaticBackend:
         tokens_GP = F.pad(tokens_BP[first_G], (Pb - P, 0))
         mask_GP = F.pad(mask_BP[first_G], (Pb - P, 0))
         row_group_Bb = torch.cat([row_group_B, row_group_B[:1].expand(Bb - B)])
-        bucket.mask_BL.zero_()
-        bucket.mask_BL[:, :Pb].copy_(mask_GP[row_group_Bb])
-        bucket.pos_B.copy_(bucket.mask_BL.sum(-1))
+        mask_BbPb = mask_GP[row_group_Bb]
+        bucket.bias_BKL.fill_(float("-inf"))
+        bucket.bias_BKL[:, :, :Pb].masked_fill_(mask_BbPb[:, None, :], 0.0)
+        bucket.pos_B.copy_(mask_BbPb.sum(-1))
         bucket.col_1.fill_(Pb)
         bucket.step.zero_()
         bucket.alive_B.zero_()
