@@ -276,3 +276,38 @@ def test_train_with_the_static_backend(tmp_path) -> None:
     with pytest.raises(ValueError, match="not a Hugging Face policy"):
         train(cfg("tiny", "tiny"))
     assert not (tmp_path / "tiny").exists()
+
+
+class _ReplayedCall:
+    """Stands in for a CUDA graph on CPU: `capture` runs the step once (its warm-up, as the
+    real one does) and every replay runs it again."""
+
+    def __init__(self, fn: object) -> None:
+        self.fn = fn
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.fn()  # type: ignore[operator]
+
+
+def test_capture_flow_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graphed flow (prefill, capture with its warm-up step, prefill again, replays) gives
+    the eager path's rollout: the warm-up's state changes are all reset."""
+    graphs: list[_ReplayedCall] = []
+
+    def fake_capture(fn: object) -> _ReplayedCall:
+        fn()  # type: ignore[operator]
+        graphs.append(_ReplayedCall(fn))
+        return graphs[-1]
+
+    monkeypatch.setattr(hf_static, "can_capture", lambda device: True)
+    monkeypatch.setattr(hf_static, "capture", fake_capture)
+    policy = _policy("qwen2")
+    cfg = SamplingConfig(temperature=0.8, top_k=12, stop_token_ids=STOPS)
+    eager, static = _both(policy, cfg, new_tokens=14)
+    assert len(graphs) == 1 and graphs[0].replays > 0
+    _assert_same(eager, static)
+    again = _both(policy, cfg, new_tokens=14)[1]  # the same bucket: replayed, not recaptured
+    assert len(graphs) == 1
+    _assert_same(static, again, atol=0)

@@ -499,6 +499,12 @@ _DECODERS: weakref.WeakKeyDictionary[Any, tuple[torch.dtype, HFStaticWeights, di
     weakref.WeakKeyDictionary()
 
 
+def can_capture(device: torch.device) -> bool:
+    """Whether the decode step is recorded as a CUDA graph on ``device`` (CUDA, not already
+    inside a capture)."""
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
 def sampling_dtype(policy: Policy, device: torch.device) -> torch.dtype:
     """bf16/fp16 when the policy autocasts on CUDA, else the parameters' dtype."""
     autocast = getattr(policy, "autocast_dtype", None)
@@ -591,8 +597,8 @@ class HFStaticBackend:
                                             with_entropy, with_sum_p2)
         with torch.autocast(device.type, enabled=False):
             self._prefill(bucket, prompts, row_seeds_B, group_id_B)
-        if bucket.graph is None and device.type == "cuda" and cfg.decode_graphs \
-                and max_new_tokens > 1 and not torch.cuda.is_current_stream_capturing():
+        if bucket.graph is None and cfg.decode_graphs and max_new_tokens > 1 \
+                and can_capture(device):
             bucket.capture()
             with torch.autocast(device.type, enabled=False):  # the warm-up moved the state
                 self._prefill(bucket, prompts, row_seeds_B, group_id_B)
