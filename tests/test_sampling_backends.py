@@ -311,3 +311,11 @@ def test_capture_flow_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     again = _both(policy, cfg, new_tokens=14)[1]  # the same bucket: replayed, not recaptured
     assert len(graphs) == 1
     _assert_same(static, again, atol=0)
+
+
+def test_static_refuses_sequences_past_the_model_length_as_eager_does() -> None:
+    policy = _policy("llama")  # max_position_embeddings=128
+    prompts, seeds_B, _ = _prompts()
+    for backend in ("eager", "static"):
+        with pytest.raises(ValueError, match="exceeds max_position_embeddings=128"):
+            generate(policy, prompts, SamplingConfig(backend=backend), seeds_B, 125)

@@ -584,6 +584,10 @@ class HFStaticBackend:
                              f"sliding_window={window}; use --backend eager")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        max_len = getattr(policy, "max_len", None)
+        if max_len is not None and P + max_new_tokens > max_len:  # as HFPolicy.init_cache
+            raise ValueError(f"cache of {P + max_new_tokens} positions exceeds "
+                             f"max_position_embeddings={max_len}")
         device = prompts.tokens_BP.device
         weights = self.decoder(policy, device)
         Bb, Pb = bucket_rows(B), bucket_prompt_len(P)
