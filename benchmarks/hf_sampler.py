@@ -7,7 +7,8 @@ Builds a Qwen2.5-0.5B-shaped model from its config (vocab 151,936, hidden 896, 2
 runs anywhere), fp32 master weights with bf16 autocast on CUDA, and times
 `rlscope.sampling.generate` with ``SamplingConfig(backend="static")`` (CUDA-graphed on CUDA) and
 ``eager`` on the same prompts (64 tokens, groups of 8 rows sharing a prompt, no stop tokens):
-completion tokens/s and ms per decode position after one warm-up call. Also the weight refresh
+completion tokens/s and ms per decode position after one warm-up call (``--compile`` adds
+the static backend with ``compile_sampler``). Also the weight refresh
 (``time/sampler_weight_sync``) after every parameter changed, and the peak memory.
 """
 
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--eager_max_batch", type=int, default=256,
                         help="skip the (slow) eager path above this batch")
     parser.add_argument("--small", action="store_true", help="a 2-layer, 1k-vocab model")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the static backend with compile_sampler=True")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -65,10 +68,13 @@ def main() -> None:
         prompts = PromptBatch(tokens_BP=tokens_BP)
         seeds_B = torch.arange(B, device=device)
         group_B = torch.arange(groups, device=device).repeat_interleave(B // groups)
-        for backend in ("static", "eager"):
+        variants = {"static": SamplingConfig(backend="static"),
+                    "eager": SamplingConfig(backend="eager")}
+        if args.compile:
+            variants["static_compiled"] = SamplingConfig(backend="static", compile_sampler=True)
+        for backend, cfg in variants.items():
             if backend == "eager" and B > args.eager_max_batch:
                 continue
-            cfg = SamplingConfig(backend=backend)
             generate(policy, prompts, cfg, seeds_B, args.new_tokens, group_id_B=group_B)
             sync()
             t0 = time.perf_counter()

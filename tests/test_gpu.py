@@ -390,3 +390,16 @@ def test_graphed_hf_sampler_under_bf16_autocast() -> None:
     assert gap.max().item() < 0.1 and gap.mean().item() < 0.01
     same_first = (static.completion_tokens_BT[:, 0] == eager.completion_tokens_BT[:, 0])
     assert same_first.float().mean().item() >= 0.8
+
+
+def test_compiled_graphed_hf_sampler_equals_eager() -> None:
+    """``compile_sampler``: the inductor-compiled decode step, captured in a CUDA graph."""
+    policy, prompts, seeds_B, group_B = _hf_static_case("llama")
+    cfg = SamplingConfig(stop_token_ids=(3, 5, 7, 11))
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 16,
+                     group_id_B=group_B)
+    compiled = generate(policy, prompts, dataclasses.replace(cfg, backend="static",
+                                                             compile_sampler=True),
+                        seeds_B, 16, group_id_B=group_B)
+    assert torch.equal(compiled.completion_tokens_BT, eager.completion_tokens_BT)
+    torch.testing.assert_close(compiled.logp_raw_BT, eager.logp_raw_BT, atol=1e-4, rtol=0)

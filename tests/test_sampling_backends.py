@@ -319,3 +319,22 @@ def test_static_refuses_sequences_past_the_model_length_as_eager_does() -> None:
     for backend in ("eager", "static"):
         with pytest.raises(ValueError, match="exceeds max_position_embeddings=128"):
             generate(policy, prompts, SamplingConfig(backend=backend), seeds_B, 125)
+
+
+def test_compiled_decode_step_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile_sampler``: the whole decode step traces as one graph (no graph break; CPU
+    runs it through ``aot_eager``) and gives the eager path's rollout."""
+    compiled: list[object] = []
+
+    def compile_step(step: object) -> object:
+        compiled.append(torch.compile(step, backend="aot_eager", fullgraph=True))
+        return compiled[-1]
+
+    monkeypatch.setattr(hf_static, "compiles", lambda device: True)
+    monkeypatch.setattr(hf_static, "compile_step", compile_step)
+    policy = _policy("qwen3")
+    cfg = SamplingConfig(temperature=0.9, top_p=0.8, stop_token_ids=STOPS,
+                         compile_sampler=True)
+    eager, static = _both(policy, cfg, new_tokens=10)
+    assert len(compiled) == 1
+    _assert_same(eager, static)

@@ -51,6 +51,10 @@ class SamplingConfig:
     stop_check_every: int = 8
     """Static backend: the host checks whether every row has stopped only every this many
     positions (each check is a device sync); the output is trimmed to the eager path's length."""
+    compile_sampler: bool = False
+    """Static backend on CUDA: compile the whole decode step (model and draw) with
+    ``torch.compile`` before capturing it, fusing its elementwise kernels (the first call of
+    each batch bucket compiles, about a minute for a 24-layer model)."""
 
     def validate(self) -> list[str]:
         errors = []

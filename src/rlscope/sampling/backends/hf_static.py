@@ -437,6 +437,9 @@ class _Bucket:
         self.stops = torch.tensor(self.cfg.stop_token_ids, dtype=torch.long, device=device)
         self.noise: Callable[..., torch.Tensor] = _compiled_noise() \
             if device.type == "cuda" and COMPILE_NOISE else gumbel_offsets
+        self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
+            if self.cfg.compile_sampler and compiles(device) else self.decode_step
+        """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""
 
     def gumbel(self, V: int) -> torch.Tensor:
         """This step's `gumbel_offsets` ``[B, V]``, on CUDA from one compiled kernel (the
@@ -479,7 +482,7 @@ class _Bucket:
         """Record `decode_step` as a CUDA graph (the warm-up's effects are reset by the next
         prefill)."""
         with torch.autocast(self.weights.device.type, enabled=False):
-            self.graph = capture(self.decode_step)
+            self.graph = capture(self.step_fn)
 
 
 COMPILE_NOISE = True
@@ -497,6 +500,16 @@ def _compiled_noise() -> Callable[..., torch.Tensor]:
 # policy -> (sampling dtype, weights, {bucket key: bucket})
 _DECODERS: weakref.WeakKeyDictionary[Any, tuple[torch.dtype, HFStaticWeights, dict]] = \
     weakref.WeakKeyDictionary()
+
+
+def compiles(device: torch.device) -> bool:
+    """Whether ``compile_sampler`` compiles on ``device`` (CUDA only)."""
+    return device.type == "cuda"
+
+
+def compile_step(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` through ``torch.compile`` (static shapes: one compile per bucket)."""
+    return torch.compile(step, dynamic=False)
 
 
 def can_capture(device: torch.device) -> bool:
@@ -615,7 +628,7 @@ class HFStaticBackend:
                 if bucket.graph is not None:
                     bucket.graph.replay()
                 else:
-                    bucket.decode_step()
+                    bucket.step_fn()
                 n += 1
         out = {name: buf[:B] for name, buf in bucket.out.items()}
         if stops:
