@@ -403,3 +403,17 @@ def test_compiled_graphed_hf_sampler_equals_eager() -> None:
                         seeds_B, 16, group_id_B=group_B)
     assert torch.equal(compiled.completion_tokens_BT, eager.completion_tokens_BT)
     torch.testing.assert_close(compiled.logp_raw_BT, eager.logp_raw_BT, atol=1e-4, rtol=0)
+
+
+def test_compiled_gumbel_offsets_equal_the_eager_ones() -> None:
+    """The static sampler's compiled noise (`hf_static.COMPILE_NOISE`) is bit for bit the
+    eager `gumbel_offsets`, so it draws the eager path's tokens."""
+    from rlscope.sampling.backends.hf_static import _compiled_noise
+    from rlscope.sampling.processors import gumbel_offsets
+
+    seeds_B = torch.randint(0, 2**62, (64,), generator=torch.Generator().manual_seed(0)).cuda()
+    compiled = _compiled_noise()
+    for step in (0, 1, 200):
+        step_t = torch.tensor(step, device="cuda")
+        assert torch.equal(compiled(seeds_B, step_t, 151936),
+                           gumbel_offsets(seeds_B, step, 151936))
