@@ -153,7 +153,10 @@ def test_buckets_are_reused_across_batch_sizes() -> None:
     hf_static._DECODERS.pop(policy, None)
     small = generate(policy, prompts.select(torch.arange(3)), cfg, seeds_B[:3], 5)
     generate(policy, prompts, cfg, seeds_B, 5)
-    assert len(hf_static._DECODERS[policy][2]) == 1  # 3 and 6 rows, prompts <= 16: one bucket
+    BACKENDS["static"].generate(policy, prompts,
+                                SamplingConfig(backend="auto", stop_check_every=3), seeds_B, 5)
+    # 3 and 6 rows, prompts <= 16, backend names and stop-check periods: one bucket
+    assert len(hf_static._DECODERS[policy][2]) == 1
     # a row's result does not depend on the batch it was drawn in (bucket padding is neutral)
     full = generate(policy, prompts, cfg, seeds_B, 5)
     assert torch.equal(small.completion_tokens_BT, full.completion_tokens_BT[:3])

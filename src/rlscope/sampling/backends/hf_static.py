@@ -45,6 +45,7 @@ Use directly (e.g. in a benchmark)::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable
@@ -605,14 +606,17 @@ class HFStaticBackend:
         device = prompts.tokens_BP.device
         weights = self.decoder(policy, device)
         Bb, Pb = bucket_rows(B), bucket_prompt_len(P)
-        key = (Bb, Pb, max_new_tokens, cfg, pad_token_id, with_entropy, with_sum_p2)
+        # what the captured step depends on (not the backend's name or the stop-check period)
+        step_cfg = dataclasses.replace(cfg, backend="static", stop_check_every=1,
+                                       max_new_tokens=0)
+        key = (Bb, Pb, max_new_tokens, step_cfg, pad_token_id, with_entropy, with_sum_p2)
         buckets = _DECODERS[policy][2]
         bucket = buckets.get(key)
         if bucket is None:
             while len(buckets) >= MAX_BUCKETS:
                 del buckets[next(iter(buckets))]
-            bucket = buckets[key] = _Bucket(weights, Bb, Pb, max_new_tokens, cfg, pad_token_id,
-                                            with_entropy, with_sum_p2)
+            bucket = buckets[key] = _Bucket(weights, Bb, Pb, max_new_tokens, step_cfg,
+                                            pad_token_id, with_entropy, with_sum_p2)
         with torch.autocast(device.type, enabled=False):
             self._prefill(bucket, prompts, row_seeds_B, group_id_B)
         if bucket.graph is None and cfg.decode_graphs and max_new_tokens > 1 \
