@@ -409,11 +409,12 @@ def test_compiled_gumbel_offsets_equal_the_eager_ones() -> None:
     """The static sampler's compiled noise (`hf_static.COMPILE_NOISE`) is bit for bit the
     eager `gumbel_offsets`, so it draws the eager path's tokens."""
     from rlscope.sampling.backends.hf_static import _compiled_noise
-    from rlscope.sampling.processors import gumbel_offsets
+    from rlscope.sampling.processors import column_keys, gumbel_offsets
 
     seeds_B = torch.randint(0, 2**62, (64,), generator=torch.Generator().manual_seed(0)).cuda()
     compiled = _compiled_noise()
+    keys_V = column_keys(151936, torch.device("cuda"))
     for step in (0, 1, 200):
         step_t = torch.tensor(step, device="cuda")
-        assert torch.equal(compiled(seeds_B, step_t, 151936),
+        assert torch.equal(compiled(seeds_B, step_t, keys_V),
                            gumbel_offsets(seeds_B, step, 151936))

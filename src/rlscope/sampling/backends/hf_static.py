@@ -62,7 +62,7 @@ from rlscope.policy.base import Policy, position_ids_from_mask
 from rlscope.sampling.backends.eager import generate_eager
 from rlscope.sampling.draw import SamplingConfig, assemble, draw
 from rlscope.sampling.graphs import capture, record_draw
-from rlscope.sampling.processors import gumbel_offsets
+from rlscope.sampling.processors import column_keys, gumbel_offsets_at
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral")
 """``config.model_type`` values the static decoder implements."""
@@ -436,8 +436,9 @@ class _Bucket:
         self.alive_B = torch.ones(B, dtype=torch.bool, device=device)
         self.seeds_B = torch.zeros(B, dtype=torch.long, device=device)
         self.stops = torch.tensor(self.cfg.stop_token_ids, dtype=torch.long, device=device)
+        self.column_keys_V = column_keys(w.vocab_size, device)
         self.noise: Callable[..., torch.Tensor] = _compiled_noise() \
-            if device.type == "cuda" and COMPILE_NOISE else gumbel_offsets
+            if device.type == "cuda" and COMPILE_NOISE else gumbel_offsets_at
         self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
             if self.cfg.compile_sampler and compiles(device) else self.decode_step
         """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""
@@ -449,14 +450,15 @@ class _Bucket:
         vocabulary). Falls back to the eager
         function for good if compiling fails (this first happens at the prefill's draw,
         outside any capture)."""
-        if self.noise is not gumbel_offsets:
+        keys_V = self.column_keys_V[:V]
+        if self.noise is not gumbel_offsets_at:
             try:
-                return self.noise(self.seeds_B, self.step, V)
+                return self.noise(self.seeds_B, self.step, keys_V)
             except Exception:  # no Triton / compiler: any failure means "run it eagerly"
                 if torch.cuda.is_current_stream_capturing():
                     raise
-                self.noise = gumbel_offsets
-        return gumbel_offsets(self.seeds_B, self.step, V)
+                self.noise = gumbel_offsets_at
+        return gumbel_offsets_at(self.seeds_B, self.step, keys_V)
 
     def draw_step(self, logits_BV: torch.Tensor) -> None:
         """Draw this step's token from ``logits_BV`` and record it (graph-safe)."""
@@ -493,9 +495,9 @@ _NOISE: list[Callable[..., torch.Tensor]] = []
 
 
 def _compiled_noise() -> Callable[..., torch.Tensor]:
-    """`gumbel_offsets` through ``torch.compile`` (built once per process)."""
+    """`gumbel_offsets_at` through ``torch.compile`` (built once per process)."""
     if not _NOISE:
-        _NOISE.append(torch.compile(gumbel_offsets, dynamic=False))
+        _NOISE.append(torch.compile(gumbel_offsets_at, dynamic=False))
     return _NOISE[0]
 
 
