@@ -11,7 +11,8 @@ that saves kernels (q/k/v in one matrix, gate/up in one), and runs
 - **decode** one position at a time against a preallocated static KV cache
   ``[B, kv_heads, max_len, head_dim]`` per layer and an additive key mask
   ``[B, kv_heads, max_len]`` (left padding masked; each generated position unmasked as it is
-  written), GQA as one ``baddbmm`` of ``q [B·kv, group, D]`` against ``k [B·kv, D, L]`` (no
+  written), GQA as one fused attention call with the ``group`` query heads of each kv head
+  as ``group`` query rows of one head (``q [B, kv, group, D]`` against ``k [B, kv, L, D]``; no
   repeated keys), RoPE from the model's own
   ``model.model.rotary_emb`` (so its rope-scaling variant is the model's), positions from the
   mask (the package's convention);
@@ -383,21 +384,19 @@ class HFStaticWeights:
         G = self.n_heads // K
         L = bias_BKL.shape[-1]
         bias_BKL.index_fill_(2, col_1, 0.0)
-        bias_N1L = bias_BKL.view(B * K, 1, L)  # N = B·K (row, kv head) pairs
+        bias_BK1L = bias_BKL.view(B, K, 1, L)
         x_B1D = self.embed.index_select(0, token_B)[:, None]
         rope = self._rope(x_B1D, pos_B[:, None])
         for i in range(len(self.w_qkv)):
             q_B1HD, k_B1KD, v_B1KD = self._qkv(i, x_B1D, rope)
             k_cache[i].index_copy_(2, col_1, k_B1KD.transpose(1, 2))
             v_cache[i].index_copy_(2, col_1, v_B1KD.transpose(1, 2))
-            # GQA without repeated keys: the G query heads of a kv head are rows of one matmul
-            q_NGD = q_B1HD.reshape(B * K, G, Dh)
-            scores_NGL = torch.baddbmm(bias_N1L, q_NGD,
-                                       k_cache[i].view(B * K, L, Dh).transpose(1, 2),
-                                       alpha=self.scale)
-            probs_NGL = scores_NGL.softmax(-1, dtype=torch.float32).to(self.dtype)
-            o_NGD = torch.bmm(probs_NGL, v_cache[i].view(B * K, L, Dh))
-            x_B1D = self._finish_layer(i, x_B1D, o_NGD.view(B, 1, K * G * Dh))
+            # GQA without repeated keys: the G query heads of a kv head are G query rows of
+            # one attention head over its keys (one fused kernel, no causal mask needed)
+            q_BKGD = q_B1HD[:, 0].view(B, K, G, Dh)
+            o_BKGD = F.scaled_dot_product_attention(q_BKGD, k_cache[i], v_cache[i],
+                                                    attn_mask=bias_BK1L, scale=self.scale)
+            x_B1D = self._finish_layer(i, x_B1D, o_BKGD.reshape(B, 1, K * G * Dh))
         return self._logits(x_B1D[:, 0])
 
 
@@ -420,7 +419,8 @@ class _Bucket:
 
     def __post_init__(self) -> None:
         w, B, device = self.weights, self.rows, self.weights.device
-        L = self.prompt_len + self.new_tokens
+        # a multiple of 16 keys: fused attention kernels want an aligned mask row
+        L = self.prompt_len + bucket_prompt_len(self.new_tokens)
         for _ in range(len(w.w_qkv)):
             self.k_cache.append(torch.zeros(B, w.n_kv, L, w.head_dim, dtype=w.dtype,
                                             device=device))
