@@ -194,7 +194,7 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     # import mod`, and the package itself when a name of its __init__ is imported
     assert "rlscope.batch" in GRAPH["rlscope.sampling.sampler"]
     assert "rlscope.supervised.sft" in GRAPH["rlscope.cli"]
-    assert "rlscope.sampling.graphs" in GRAPH["rlscope.sampling.sampler"]
+    assert "rlscope.sampling.backends" in GRAPH["rlscope.sampling.sampler"]
     assert "rlscope.sampling" in GRAPH["rlscope.config"]
     assert "torch" in EXTERNAL["rlscope.policy.tiny"]
     assert "torch" not in EXTERNAL["rlscope.doctor.rules"]

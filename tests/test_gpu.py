@@ -311,3 +311,110 @@ def test_bf16_autocast_matches_float32_logits_on_cuda() -> None:
     assert bf16_BTV.dtype == torch.float32
     gap = (bf16_BTV.log_softmax(-1) - fp32_BTV.log_softmax(-1)).abs()
     assert 0 < gap.max().item() < 0.1 and gap.mean().item() < 0.01
+
+
+def _hf_static_case(arch: str, autocast: torch.dtype | None = None) -> tuple[Any, ...]:
+    """A tiny HF policy on CUDA and ragged left-padded grouped prompts with stop tokens."""
+    from rlscope.policy.hf import HFPolicy, tiny_hf_model
+
+    policy = HFPolicy(tiny_hf_model(arch, 40, seed=0)).cuda().eval()
+    policy.autocast_dtype = autocast
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(12, 40, (3 + 4 * i,), generator=g) for i in range(3)]
+    prompts = PromptBatch.left_padded(rows).repeat_interleave(3).to(torch.device("cuda"))
+    seeds_B = torch.randint(0, 2**62, (9,), generator=g).cuda()
+    group_B = torch.arange(3).repeat_interleave(3).cuda()
+    return policy, prompts, seeds_B, group_B
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("cfg", [SamplingConfig(stop_token_ids=(3, 5, 7, 11)),
+                                 SamplingConfig(temperature=0.7, top_k=10, top_p=0.9,
+                                                stop_token_ids=(3, 5, 7, 11))])
+def test_graphed_hf_sampler_equals_eager_in_fp32(arch: str, cfg: SamplingConfig) -> None:
+    from rlscope.sampling.backends import hf_static
+
+    policy, prompts, seeds_B, group_B = _hf_static_case(arch)
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 24,
+                     group_id_B=group_B, with_entropy=True)
+    static = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 24,
+                      group_id_B=group_B, with_entropy=True)
+    buckets = hf_static._DECODERS[policy][2]
+    assert all(b.graph is not None for b in buckets.values())  # the decode step was graphed
+    assert bool(eager.finished_by_stop_B.any())
+    assert torch.equal(static.completion_tokens_BT, eager.completion_tokens_BT)
+    assert torch.equal(static.completion_mask_BT, eager.completion_mask_BT)
+    for name in ("logp_sampler_BT", "logp_raw_BT", "entropy_BT"):
+        torch.testing.assert_close(getattr(static, name), getattr(eager, name), atol=1e-4,
+                                   rtol=0)
+    again = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 24,
+                     group_id_B=group_B, with_entropy=True)  # graph replayed, not recaptured
+    assert torch.equal(again.completion_tokens_BT, static.completion_tokens_BT)
+
+
+def test_graphed_hf_sampler_sees_an_optimizer_step() -> None:
+    policy, prompts, seeds_B, group_B = _hf_static_case("qwen2")
+    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5))
+    before = generate(policy, prompts, cfg, seeds_B, 16, group_id_B=group_B)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    logits_BTV, _ = policy(prompts.tokens_BP, prompts.attention_mask_BP)
+    logits_BTV.logsumexp(-1).mean().backward()
+    optimizer.step()
+    after = generate(policy, prompts, cfg, seeds_B, 16, group_id_B=group_B)
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 16,
+                     group_id_B=group_B)
+    assert not torch.equal(before.logp_raw_BT, after.logp_raw_BT)
+    assert torch.equal(after.completion_tokens_BT, eager.completion_tokens_BT)
+    torch.testing.assert_close(after.logp_raw_BT, eager.logp_raw_BT, atol=1e-4, rtol=0)
+
+
+def test_graphed_hf_sampler_under_bf16_autocast() -> None:
+    """bf16 sampler weights: log-probs within bf16 tolerance of the learner's teacher-forced
+    forward (bf16 autocast) on the sampled tokens, and the first tokens the eager path's."""
+    policy, prompts, seeds_B, group_B = _hf_static_case("qwen2", torch.bfloat16)
+    cfg = SamplingConfig(stop_token_ids=(3, 5, 7, 11))
+    static = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 24,
+                      group_id_B=group_B)
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 24,
+                     group_id_B=group_B)
+    seq_BT = torch.cat([prompts.tokens_BP, static.completion_tokens_BT], 1)
+    assert prompts.attention_mask_BP is not None
+    mask_BT = torch.cat([prompts.attention_mask_BP, torch.ones_like(
+        static.completion_tokens_BT)], 1)
+    with torch.no_grad():
+        logits_BTV, _ = policy(seq_BT, mask_BT)
+    P, T = prompts.tokens_BP.shape[1], static.completion_tokens_BT.shape[1]
+    learner_BT = logits_BTV[:, P - 1:P - 1 + T].log_softmax(-1).gather(
+        -1, static.completion_tokens_BT[..., None])[..., 0] * static.completion_mask_BT
+    gap = (learner_BT - static.logp_raw_BT).abs()
+    assert gap.max().item() < 0.1 and gap.mean().item() < 0.01
+    same_first = (static.completion_tokens_BT[:, 0] == eager.completion_tokens_BT[:, 0])
+    assert same_first.float().mean().item() >= 0.8
+
+
+def test_compiled_graphed_hf_sampler_equals_eager() -> None:
+    """``compile_sampler``: the inductor-compiled decode step, captured in a CUDA graph."""
+    policy, prompts, seeds_B, group_B = _hf_static_case("llama")
+    cfg = SamplingConfig(stop_token_ids=(3, 5, 7, 11))
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 16,
+                     group_id_B=group_B)
+    compiled = generate(policy, prompts, dataclasses.replace(cfg, backend="static",
+                                                             compile_sampler=True),
+                        seeds_B, 16, group_id_B=group_B)
+    assert torch.equal(compiled.completion_tokens_BT, eager.completion_tokens_BT)
+    torch.testing.assert_close(compiled.logp_raw_BT, eager.logp_raw_BT, atol=1e-4, rtol=0)
+
+
+def test_compiled_gumbel_offsets_equal_the_eager_ones() -> None:
+    """The static sampler's compiled noise (`hf_static.COMPILE_NOISE`) is bit for bit the
+    eager `gumbel_offsets`, so it draws the eager path's tokens."""
+    from rlscope.sampling.backends.hf_static import _compiled_noise
+    from rlscope.sampling.processors import column_keys, gumbel_offsets
+
+    seeds_B = torch.randint(0, 2**62, (64,), generator=torch.Generator().manual_seed(0)).cuda()
+    compiled = _compiled_noise()
+    keys_V = column_keys(151936, torch.device("cuda"))
+    for step in (0, 1, 200):
+        step_t = torch.tensor(step, device="cuda")
+        assert torch.equal(compiled(seeds_B, step_t, keys_V),
+                           gumbel_offsets(seeds_B, step, 151936))

@@ -96,6 +96,8 @@ from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ADVANTAGE_PRIORITIES, BatchSource, batch_source
 from rlscope.sampling import graphs
+from rlscope.sampling.backends import check_backend
+from rlscope.sampling.backends.hf_static import take_weight_sync_seconds
 from rlscope.sampling.candidates import sample_candidates
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import SamplingConfig, generate
@@ -281,6 +283,7 @@ def setup(cfg: TrainConfig) -> RunParts:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
     policy = initial_policy(cfg, task, device)
+    check_backend(cfg.sampling, policy, device)  # --backend static on a model it lacks
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = reference_of(policy) if spec.needs_reference else None
@@ -579,6 +582,7 @@ def step_values(parts: RunParts, m: dict[str, torch.Tensor], batch: RolloutBatch
         "time/sample": t_sampled - t_step, "time/score": t_scored - t_sampled,
         "time/ref": t_learn - t_scored, "time/learn": t_end - t_learn,
         "time/step": t_end - t_step,
+        "time/sampler_weight_sync": take_weight_sync_seconds(),
         "throughput/sample_tokens_per_s": n_gen / max(t_sampled - t_step, 1e-9),
         "throughput/learn_tokens_per_s": learn_tokens / max(t_end - t_learn, 1e-9)}
     values |= source.stats()

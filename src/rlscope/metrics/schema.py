@@ -192,6 +192,9 @@ METRICS: tuple[MetricDef, ...] = (
     _m("time/learn", "steps", "value", "step", "seconds in learner passes and optimizer steps"),
     _m("time/eval", "steps", "value", "step", "seconds evaluating (eval steps only)"),
     _m("time/step", "steps", "value", "step", "seconds for the whole step"),
+    _m("time/sampler_weight_sync", "steps", "value", "step",
+       "seconds the static sampler spent copying updated weights into its own (inside "
+       "time/sample; 0 with the eager backend)"),
     _m("throughput/sample_tokens_per_s", "steps", "value", "step", "generated tokens / s"),
     _m("throughput/learn_tokens_per_s", "steps", "value", "step",
        "learner tokens (prompt + completion, all passes) / s"),

@@ -15,6 +15,10 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.sampling.processors import keep_mask, processed_logprobs
 
+BACKEND_NAMES: tuple[str, ...] = ("auto", "eager", "static")
+"""Values of ``SamplingConfig.backend``: ``auto`` and the names of
+`rlscope.sampling.backends.BACKENDS` (kept equal by a test)."""
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -38,6 +42,19 @@ class SamplingConfig:
     """Replay the tiny transformer's cached decode step from CUDA graphs on CUDA devices (same
     tokens; launch overhead dominates at sandbox sizes). No effect on CPU or other policies;
     ``--cuda_graphs False`` (the run's switch) turns it off too."""
+    backend: str = "auto"
+    """Generation backend (`rlscope.sampling.backends`): ``auto`` = ``static`` for Hugging Face
+    Llama/Qwen2/Qwen3/Mistral models on CUDA, else ``eager``; ``eager`` = the policy's own
+    prefill/decode_step loop (every policy; HF models use their dynamic cache); ``static`` =
+    rlscope's static-cache decoder over the HF weights, CUDA-graphed on CUDA (an unsupported
+    model is an error before training starts, saying why)."""
+    stop_check_every: int = 8
+    """Static backend: the host checks whether every row has stopped only every this many
+    positions (each check is a device sync); the output is trimmed to the eager path's length."""
+    compile_sampler: bool = False
+    """Static backend on CUDA: compile the whole decode step (model and draw) with
+    ``torch.compile`` before capturing it, fusing its elementwise kernels (the first call of
+    each batch bucket compiles, about a minute for a 24-layer model)."""
 
     def validate(self) -> list[str]:
         errors = []
@@ -49,6 +66,10 @@ class SamplingConfig:
             errors.append(f"sampling.top_p={self.top_p} must lie in (0, 1]")
         if self.max_new_tokens < 0:
             errors.append(f"sampling.max_new_tokens={self.max_new_tokens} must be >= 0")
+        if self.stop_check_every < 1:
+            errors.append(f"sampling.stop_check_every={self.stop_check_every} must be >= 1")
+        if self.backend not in BACKEND_NAMES:
+            errors.append(f"sampling.backend={self.backend!r} must be one of {BACKEND_NAMES}")
         return errors
 
 

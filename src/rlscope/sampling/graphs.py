@@ -30,7 +30,7 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy
 from rlscope.policy.tiny import TinyTransformer
-from rlscope.sampling.draw import SamplingConfig, assemble, draw
+from rlscope.sampling.draw import Draw, SamplingConfig, assemble, draw
 from rlscope.sampling.processors import gumbel_offsets
 
 # policy -> (its parameters' addresses, {decoder key: decoder})
@@ -56,6 +56,24 @@ def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         fn()
     return graph
+
+
+def record_draw(out: dict[str, torch.Tensor], new_tokens: int, index_1: torch.Tensor,
+                d: Draw, alive_B: torch.Tensor | None) -> None:
+    """Write one draw into column ``index_1`` (a ``[1]`` device tensor) of the ``[B, T, ...]``
+    buffers ``out`` (allocated on first use, so do that outside a capture): the token, the
+    alive mask before the draw (None without stop tokens), the log-probs, the kept set, the
+    entropy and Σμ² where recorded. Graph-safe; shared by every graphed decoder."""
+    values = {"token": d.token_B, "alive": alive_B,
+              "logp_sampler": d.logp_sampler_B,
+              "logp_raw": None if d.logp_raw_B is d.logp_sampler_B else d.logp_raw_B,
+              "keep": d.keep_BV, "entropy": d.entropy_B, "sum_p2": d.sum_p2_B}
+    for name, value_B in values.items():
+        if value_B is None:
+            continue
+        if name not in out:
+            out[name] = value_B.new_zeros((value_B.shape[0], new_tokens, *value_B.shape[1:]))
+        out[name].index_copy_(1, index_1, value_B.unsqueeze(1))
 
 
 class GraphedDecoder:
@@ -107,17 +125,7 @@ class GraphedDecoder:
         stops = bool(self.stops.numel())
         d = draw(logits_BV, self.alive_B if stops else None, gumbel_BV, self.cfg,
                  self.pad_token_id, self.with_entropy, self.with_sum_p2)
-        values = {"token": d.token_B, "alive": self.alive_B if stops else None,
-                  "logp_sampler": d.logp_sampler_B,
-                  "logp_raw": None if d.logp_raw_B is d.logp_sampler_B else d.logp_raw_B,
-                  "keep": d.keep_BV, "entropy": d.entropy_B, "sum_p2": d.sum_p2_B}
-        for name, value_B in values.items():
-            if value_B is None:
-                continue
-            if name not in self.out:
-                self.out[name] = value_B.new_zeros(
-                    (value_B.shape[0], self.new_tokens, *value_B.shape[1:]))
-            self.out[name].index_copy_(1, index, value_B.unsqueeze(1))
+        record_draw(self.out, self.new_tokens, index, d, self.alive_B if stops else None)
         if stops:
             # = torch.isin, whose sorting path (long stop lists) cannot be captured
             self.alive_B &= ~(d.token_B[:, None] == self.stops).any(-1)

@@ -103,13 +103,31 @@ def uniform_noise(row_seeds: torch.Tensor, step: int | torch.Tensor,
     ``[N, width]``; ``[N, 1]`` seeds and a ``[T]`` device tensor of steps give every step at
     once, ``[N, T, width]``, bit for bit the same numbers (int64 arithmetic wraps the same way).
     """
-    cols = torch.arange(width, device=row_seeds.device, dtype=torch.long)
+    return uniform_noise_at(row_seeds, step, column_keys(width, row_seeds.device))
+
+
+def column_keys(width: int, device: torch.device) -> torch.Tensor:
+    """``[width]`` int64 keys of the vocabulary columns, `uniform_noise_at`'s last input."""
+    return torch.arange(width, device=device, dtype=torch.long) * _GOLDEN
+
+
+def uniform_noise_at(row_seeds: torch.Tensor, step: int | torch.Tensor,
+                     column_keys_V: torch.Tensor) -> torch.Tensor:
+    """`uniform_noise` with the column keys given (`column_keys`): the same numbers. A
+    compiled kernel then reads the keys rather than multiplying its column index by a 64-bit
+    constant (which ``torch.compile``'s Triton code cannot do: the index is 32-bit)."""
     # a Python-int step is wrapped to int64 here as a tensor step wraps in torch (past step
     # ~187, (step + 1) * _M1 no longer fits int64 and torch would refuse the int)
     offset = _wrap64((step + 1) * _M1) if isinstance(step, int) else (step + 1) * _M1
-    x = _fmix64(row_seeds * _GOLDEN + offset)[..., None] + cols * _GOLDEN
+    x = _fmix64(row_seeds * _GOLDEN + offset)[..., None] + column_keys_V
     bits = (_fmix64(x) >> 40) & ((1 << 24) - 1)
     return (bits.float() + 0.5) / float(1 << 24)
+
+
+def gumbel_offsets_at(row_seeds: torch.Tensor, step: int | torch.Tensor,
+                      column_keys_V: torch.Tensor) -> torch.Tensor:
+    """`gumbel_offsets` with the column keys given (see `uniform_noise_at`)."""
+    return (-uniform_noise_at(row_seeds, step, column_keys_V).log()).log()
 
 
 def gumbel_offsets(row_seeds: torch.Tensor, step: int | torch.Tensor,

@@ -5,8 +5,12 @@ tokens, the loss mask, the finish reason, and two log-prob tensors (under the pr
 distribution and under the raw policy at temperature 1). Sampling is reproducible: each row
 draws from a counter-based stream keyed by its own seed (see `processors.uniform_noise`).
 
-One step of sampling is `draw`; on CUDA the tiny transformer's decode loop is replayed from
-CUDA graphs (`rlscope.sampling.graphs`), which run the same `draw` and give the same rollout.
+One step of sampling is `draw`. The engine is a generation backend
+(`rlscope.sampling.backends`, chosen by ``SamplingConfig.backend``): the eager loop over the
+policy's ``prefill`` / ``decode_step`` (on CUDA the tiny transformer's loop is replayed from
+CUDA graphs, `rlscope.sampling.graphs`), or the static-cache decoder for Hugging Face models
+(`rlscope.sampling.backends.hf_static`). Every backend runs the same `draw` and gives the same
+rollout.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy
-from rlscope.sampling import graphs
-from rlscope.sampling.draw import Draw, SamplingConfig, assemble, draw
-from rlscope.sampling.processors import gumbel_offsets
+from rlscope.sampling import backends
+from rlscope.sampling.draw import SamplingConfig
+
+__all__ = ["SamplingConfig", "generate"]
 
 
 @torch.no_grad()
@@ -31,56 +36,12 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
     ``T <= max_new_tokens``. Greedy when ``cfg.temperature == 0``. ``with_entropy`` also
     records the raw policy's entropy at every step (``entropy_BT``, used by evaluation);
     ``with_sum_p2`` records Σ_v μ(v | prefix)² of the sampling distribution
-    (``sum_p2_sampler_BT``, kondo selection's behaviour baseline).
+    (``sum_p2_sampler_BT``, kondo selection's behaviour baseline). ``group_id_B`` marks rows
+    sharing a prompt (the static backend prefills it once per group). ``cfg.backend`` picks the
+    engine; ``use_cache=False`` and ``max_new_tokens == 0`` always run the eager loop.
     """
-    B, P = prompts.tokens_BP.shape
     device = prompts.tokens_BP.device
-    if cfg.decode_graphs and cfg.use_cache and max_new_tokens > 0 \
-            and graphs.supported(policy, device):
-        return graphs.generate_graphed(policy, prompts, cfg, row_seeds_B, max_new_tokens,
-                                       pad_token_id, group_id_B, with_entropy, with_sum_p2)
-    greedy = cfg.temperature == 0
-    stops = torch.tensor(cfg.stop_token_ids, device=device, dtype=torch.long)
-    draws: list[Draw] = []
-    alive_out = []
-    alive_B = torch.ones(B, dtype=torch.bool, device=device)
-    if cfg.use_cache:
-        cache = policy.init_cache(B, P + max_new_tokens)
-        logits_BV = policy.prefill(prompts.tokens_BP, prompts.attention_mask_BP, cache)
-    else:
-        seq_BT, mask_BT = prompts.tokens_BP, prompts.attention_mask_BP
-        logits_BV = policy.forward(seq_BT, mask_BT)[0][:, -1]
-    for step in range(max_new_tokens):
-        gumbel_BV = None if greedy else gumbel_offsets(row_seeds_B, step, logits_BV.shape[-1])
-        d = draw(logits_BV, alive_B if stops.numel() else None, gumbel_BV, cfg, pad_token_id,
-                 with_entropy, with_sum_p2)
-        draws.append(d)
-        alive_out.append(alive_B)
-        token_B = d.token_B
-        if stops.numel():
-            alive_B = alive_B & ~torch.isin(token_B, stops)
-            if not bool(alive_B.any()):
-                break
-        if step + 1 == max_new_tokens:
-            break
-        if cfg.use_cache:
-            logits_BV = policy.decode_step(token_B, cache)
-        else:
-            seq_BT = torch.cat([seq_BT, token_B[:, None]], 1)
-            if mask_BT is not None:
-                mask_BT = torch.cat([mask_BT, torch.ones_like(mask_BT[:, :1])], 1)
-            logits_BV = policy.forward(seq_BT, mask_BT)[0][:, -1]
-
-    keep = [d.keep_BV for d in draws if d.keep_BV is not None]
-    entropy = [d.entropy_B for d in draws if d.entropy_B is not None]
-    sum_p2 = [d.sum_p2_B for d in draws if d.sum_p2_B is not None]
-    return assemble(prompts,
-                    tokens_BT=torch.stack([d.token_B for d in draws], 1),
-                    alive_BT=torch.stack(alive_out, 1),
-                    logp_sampler_BT=torch.stack([d.logp_sampler_B for d in draws], 1),
-                    logp_raw_BT=torch.stack([d.logp_raw_B for d in draws], 1),
-                    keep_BTV=torch.stack(keep, 1) if keep else None,
-                    entropy_BT=torch.stack(entropy, 1) if entropy else None,
-                    finished_by_stop_B=~alive_B if stops.numel() else torch.zeros_like(alive_B),
-                    group_id_B=group_id_B,
-                    sum_p2_BT=torch.stack(sum_p2, 1) if sum_p2 else None)
+    name = cfg.backend if cfg.use_cache and max_new_tokens > 0 else "eager"
+    backend = backends.resolve(name, policy, device)
+    return backend.generate(policy, prompts, cfg, row_seeds_B, max_new_tokens, pad_token_id,
+                            group_id_B, with_entropy, with_sum_p2)

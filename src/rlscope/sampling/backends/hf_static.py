@@ -1,0 +1,684 @@
+"""The ``static`` generation backend: rlscope's own decode step over a Hugging Face model's weights.
+
+For decoder-only Llama, Qwen2, Qwen3 and Mistral models (``config.model_type``) this backend
+samples without calling the model's ``forward``: it keeps its own copy of the weights in the
+sampling dtype (bf16 under ``--autocast bf16`` on CUDA, else the model's dtype), fused where
+that saves kernels (q/k/v in one matrix, gate/up in one), and runs
+
+- **prefill** once per group of rows sharing a prompt (the group's first row; its keys and
+  values are then copied to every row of the group), eagerly, with SDPA under a causal +
+  left-padding mask;
+- **decode** one position at a time against a preallocated static KV cache
+  ``[B, kv_heads, max_len, head_dim]`` per layer and an additive key mask
+  ``[B, kv_heads, max_len]`` (left padding masked; each generated position unmasked as it is
+  written), GQA as one fused attention call with the ``group`` query heads of each kv head
+  as ``group`` query rows of one head (``q [B, kv, group, D]`` against ``k [B, kv, L, D]``; no
+  repeated keys), RoPE from the model's own
+  ``model.model.rotary_emb`` (so its rope-scaling variant is the model's), positions from the
+  mask (the package's convention);
+- **sampling** by `rlscope.sampling.draw.draw` with the step's counter-based Gumbel noise
+  computed on the device (``gumbel_offsets(seeds_B, step, V)``; never ``[B, T, V]``), the
+  alive mask updated on the device, and the host checking "all finished" only every
+  ``SamplingConfig.stop_check_every`` positions; the output is trimmed to the last position any
+  row was alive at, so the rollout has the eager path's length.
+
+On CUDA the decode step (model, draw, bookkeeping) is captured in a CUDA graph per bucket:
+rows rounded up to a power of two (at least `MIN_ROWS`; pad rows repeat row 0 and are
+discarded) and the prompt left-padded to a multiple of `PROMPT_MULTIPLE` (extra left padding is
+neutral because positions come from the mask), so batches of varying size reuse graphs.
+
+The weights are refreshed in place (same storage, so captured graphs stay valid) whenever an
+optimizer stepped (a global ``torch.optim`` post-step hook: fused AdamW does not bump version
+counters) or a source parameter's version counter or address moved (``load_state_dict``, any
+in-place autograd-visible write); `weights_changed` covers writes through ``.data``. The time
+it takes accumulates for `take_weight_sync_seconds` (``time/sampler_weight_sync``).
+
+Anything else (other architectures, PEFT/LoRA adapters, biased MLPs, non-SiLU activations,
+replaced modules, a dynamic/longrope RoPE, a sliding window shorter than the sequence) is
+unsupported: `unsupported_reason` says why, and ``--backend auto`` falls back to the
+eager path.
+
+Use directly (e.g. in a benchmark)::
+
+    from rlscope.sampling.backends import BACKENDS
+    rollout = BACKENDS["static"].generate(hf_policy, prompts, SamplingConfig(), seeds_B, 128)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.policy.base import Policy, position_ids_from_mask
+from rlscope.sampling.backends.eager import generate_eager
+from rlscope.sampling.draw import SamplingConfig, assemble, draw
+from rlscope.sampling.graphs import capture, record_draw
+from rlscope.sampling.processors import column_keys, gumbel_offsets_at
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "mistral")
+"""``config.model_type`` values the static decoder implements."""
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
+"""RoPE variants whose ``rotary_emb`` never reads the positions on the host (graph-safe)."""
+MIN_ROWS = 8
+"""Smallest row bucket."""
+PROMPT_MULTIPLE = 16
+"""Prompts are left-padded to a multiple of this many positions."""
+MAX_BUCKETS = 8
+"""Buckets (caches and graphs) kept per policy; the oldest is dropped beyond this."""
+
+
+class _SyncClock:
+    """Seconds spent refreshing the sampler's weights since the last `take`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+_CLOCK = _SyncClock()
+
+
+class _StepCounter:
+    """Optimizer steps taken anywhere in the process (a global post-step hook, registered
+    when the first `HFStaticWeights` is built). Fused AdamW (the loop's optimizer) updates
+    parameters without bumping their version counters, so the version stamp alone would miss
+    it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.hooked = False
+
+    def hook(self) -> None:
+        if not self.hooked:
+            register_optimizer_step_post_hook(self._bump)
+            self.hooked = True
+
+    def _bump(self, *_: Any) -> None:
+        self.count += 1
+
+
+_STEPS = _StepCounter()
+
+
+def weights_changed() -> None:
+    """Tell the static sampler that parameters changed outside ``torch.optim`` and outside
+    autograd's version counters (e.g. written through ``.data``): its next call refreshes."""
+    _STEPS.count += 1
+
+
+def take_weight_sync_seconds() -> float:
+    """Seconds the static backend spent copying the learner's weights into its own since the
+    last call (0 when it never ran); the loop logs it as ``time/sampler_weight_sync``."""
+    return _CLOCK.take()
+
+
+def _linear(module: Any) -> bool:
+    return type(module) is nn.Linear
+
+
+def unsupported_reason(policy: Policy) -> str | None:
+    """Why the static decoder cannot run ``policy`` (None when it can)."""
+    from rlscope.policy.hf import HFPolicy
+
+    if not isinstance(policy, HFPolicy):
+        return f"{type(policy).__name__} is not a Hugging Face policy"
+    if policy.has_adapters:
+        return "the model has PEFT/LoRA adapters (merge them or use the eager backend)"
+    model = policy.unwrap()
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(config, 'hidden_act', None)!r} is not 'silu'"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases (mlp_bias=True) are not implemented"
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if base is None or layers is None or not _linear(getattr(model, "lm_head", None)) \
+            or not isinstance(getattr(base, "embed_tokens", None), nn.Embedding):
+        return "the model does not have the standard model.layers / embed_tokens / lm_head"
+    rope_type = getattr(getattr(base, "rotary_emb", None), "rope_type", None)
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        return f"RoPE type {rope_type!r} is not one of {SUPPORTED_ROPE_TYPES}"
+    for i, layer in enumerate(layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if not all(_linear(getattr(attn, n, None)) for n in ("q_proj", "k_proj", "v_proj",
+                                                             "o_proj")) \
+                or not all(_linear(getattr(mlp, n, None)) and getattr(mlp, n).bias is None
+                           for n in ("gate_proj", "up_proj", "down_proj")):
+            return f"layer {i} has non-standard attention or MLP modules"
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if model_type == "qwen3":
+            norms = [*norms, "self_attn.q_norm", "self_attn.k_norm"]
+        for name in norms:
+            module: Any = layer
+            for part in name.split("."):
+                module = getattr(module, part, None)
+            if not hasattr(module, "variance_epsilon") or type(module).__name__ not in (
+                    "LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"):
+                return f"layer {i}'s {name} is not the architecture's RMSNorm"
+    return None
+
+
+def sliding_window(policy: Policy) -> int | None:
+    """The model's attention window in positions (None: full attention in every layer)."""
+    config = policy.unwrap().config  # type: ignore[attr-defined]
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window) if window is not None else None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's RMSNorm: normalise in float32, back to the input's dtype, times weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class HFStaticWeights:
+    """The sampler's copy of a Hugging Face model's weights, fused and in the sampling dtype.
+
+    ``resid_dtype`` (the model's parameter dtype) carries the residual stream, the norms and
+    RoPE, as Hugging Face does under autocast; matmuls run in ``dtype``. `refresh` copies the
+    model's parameters in place when they changed."""
+
+    def __init__(self, model: Any, dtype: torch.dtype) -> None:
+        """``model``: a supported ``transformers`` causal LM (see `unsupported_reason`)."""
+        config = model.config
+        base = model.model
+        self.layers_src: list[Any] = list(base.layers)
+        self.rotary: nn.Module = base.rotary_emb
+        self.qk_norm = config.model_type == "qwen3"
+        self.n_heads: int = config.num_attention_heads
+        self.n_kv: int = config.num_key_value_heads
+        self.head_dim: int = getattr(config, "head_dim", None) or \
+            config.hidden_size // self.n_heads
+        self.scale = self.head_dim ** -0.5
+        self.eps = float(config.rms_norm_eps)
+        embed = base.embed_tokens.weight
+        self.device = embed.device
+        self.dtype = dtype
+        self.resid_dtype = embed.dtype
+        self.vocab_size = int(model.lm_head.weight.shape[0])
+        self.intermediate = int(self.layers_src[0].mlp.gate_proj.weight.shape[0])
+        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._sources: list[torch.Tensor] = []
+
+        def own(src: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+            dst = torch.empty(src.shape, dtype=dt, device=src.device)
+            self._pairs.append((src, dst))
+            return dst
+
+        def fused(srcs: list[torch.Tensor | None], rows: list[int], dt: torch.dtype,
+                  cols: int | None) -> torch.Tensor:
+            shape = (sum(rows),) if cols is None else (sum(rows), cols)
+            dst = torch.zeros(shape, dtype=dt, device=self.device)
+            start = 0
+            for src, n in zip(srcs, rows, strict=True):
+                if src is not None:
+                    self._pairs.append((src, dst[start:start + n]))
+                start += n
+            return dst
+
+        self.embed = own(embed, self.resid_dtype)
+        self.head = own(model.lm_head.weight, dtype)
+        head_bias = model.lm_head.bias
+        self.head_bias = own(head_bias, dtype) if head_bias is not None else None
+        self.norm = own(base.norm.weight, self.resid_dtype)
+        self.w_qkv: list[torch.Tensor] = []
+        self.b_qkv: list[torch.Tensor | None] = []
+        self.w_o: list[torch.Tensor] = []
+        self.b_o: list[torch.Tensor | None] = []
+        self.w_gu: list[torch.Tensor] = []
+        self.w_down: list[torch.Tensor] = []
+        self.ln1: list[torch.Tensor] = []
+        self.ln2: list[torch.Tensor] = []
+        self.q_norm: list[torch.Tensor] = []
+        self.k_norm: list[torch.Tensor] = []
+        D = int(embed.shape[1])
+        for layer in self.layers_src:
+            a, m = layer.self_attn, layer.mlp
+            projs = [a.q_proj, a.k_proj, a.v_proj]
+            rows = [int(p.weight.shape[0]) for p in projs]
+            self.w_qkv.append(fused([p.weight for p in projs], rows, dtype, D))
+            biases = [p.bias for p in projs]
+            self.b_qkv.append(None if all(b is None for b in biases)
+                              else fused(biases, rows, dtype, None))
+            self.w_o.append(own(a.o_proj.weight, dtype))
+            self.b_o.append(own(a.o_proj.bias, dtype) if a.o_proj.bias is not None else None)
+            self.w_gu.append(fused([m.gate_proj.weight, m.up_proj.weight],
+                                   [self.intermediate, self.intermediate], dtype, D))
+            self.w_down.append(own(m.down_proj.weight, dtype))
+            self.ln1.append(own(layer.input_layernorm.weight, self.resid_dtype))
+            self.ln2.append(own(layer.post_attention_layernorm.weight, self.resid_dtype))
+            if self.qk_norm:
+                self.q_norm.append(own(a.q_norm.weight, self.resid_dtype))
+                self.k_norm.append(own(a.k_norm.weight, self.resid_dtype))
+        self._stamp: tuple[int, ...] | None = None
+        _STEPS.hook()
+
+    def stamp(self) -> tuple[int, ...]:
+        """The process's optimizer-step count (`weights_changed` adds to it), and the version
+        counters and addresses of the source parameters: read on the host, no device sync."""
+        return (_STEPS.count,
+                *(x for src, _ in self._pairs for x in (src._version, src.data_ptr())))
+
+    def refresh(self) -> bool:
+        """Copy the model's parameters in place if they changed since the last refresh; adds
+        the time taken to `take_weight_sync_seconds`. Returns whether it copied."""
+        stamp = self.stamp()
+        if stamp == self._stamp:
+            return False
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)  # time the copy alone, not pending work
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for src, dst in self._pairs:
+                dst.copy_(src)
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        _CLOCK.seconds += time.perf_counter() - t0
+        self._stamp = stamp
+        return True
+
+    # ------------------------------------------------------------------ the model
+
+    def _rope(self, x_NTD: torch.Tensor, pos_NT: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin')`` ``[N, T, 1, Dh]`` from the model's own ``rotary_emb``, once per
+        forward (shared by every layer); ``sin'`` has its first half negated so that
+        ``rotate_half(x) * sin == x.roll(Dh / 2) * sin'`` (one roll instead of neg + cat)."""
+        cos_NTD, sin_NTD = self.rotary(x_NTD, pos_NT)
+        half = self.head_dim // 2
+        signed_NTD = torch.cat((-sin_NTD[..., :half], sin_NTD[..., half:]), -1)
+        return cos_NTD[:, :, None], signed_NTD[:, :, None]
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`_rms_norm`, fused into one kernel where input and weight share a dtype (the same
+        arithmetic: float32 statistics, then times weight)."""
+        if x.dtype == weight.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
+        return _rms_norm(x, weight, self.eps)
+
+    def _qkv(self, i: int, x_NTD: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s rotated queries ``[N, T, H, Dh]``, keys and values ``[N, T, K, Dh]``
+        (sampling dtype) for the residual stream ``x_NTD``."""
+        N, T, _ = x_NTD.shape
+        H, K, Dh = self.n_heads, self.n_kv, self.head_dim
+        h_NTD = self._norm(x_NTD, self.ln1[i]).to(self.dtype)
+        qkv = F.linear(h_NTD, self.w_qkv[i], self.b_qkv[i])
+        qk_NTJD = qkv[..., :(H + K) * Dh].view(N, T, H + K, Dh)  # J = H + K heads, rotated
+        v_NTKD = qkv[..., (H + K) * Dh:].view(N, T, K, Dh)
+        if self.qk_norm:
+            qk_NTJD = torch.cat((_rms_norm(qk_NTJD[:, :, :H], self.q_norm[i], self.eps),
+                                 _rms_norm(qk_NTJD[:, :, H:], self.k_norm[i], self.eps)), 2)
+        cos, sin_signed = rope
+        qk_NTJD = torch.addcmul(qk_NTJD * cos, qk_NTJD.roll(Dh // 2, -1), sin_signed) \
+            .to(self.dtype)
+        return qk_NTJD[:, :, :H], qk_NTJD[:, :, H:], v_NTKD
+
+    def _finish_layer(self, i: int, x_NTD: torch.Tensor, attn_NTE: torch.Tensor
+                      ) -> torch.Tensor:
+        """Residual + output projection, then the gated MLP block."""
+        x_NTD = x_NTD + F.linear(attn_NTE, self.w_o[i], self.b_o[i])
+        h_NTD = self._norm(x_NTD, self.ln2[i]).to(self.dtype)
+        gate_NTI, up_NTI = F.linear(h_NTD, self.w_gu[i]).split(self.intermediate, -1)
+        return x_NTD + F.linear(F.silu(gate_NTI).mul_(up_NTI), self.w_down[i])
+
+    def _logits(self, x_ND: torch.Tensor) -> torch.Tensor:
+        h_ND = self._norm(x_ND, self.norm).to(self.dtype)
+        return F.linear(h_ND, self.head, self.head_bias).float()
+
+    def prefill(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor, row_group_B: torch.Tensor,
+                k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]) -> torch.Tensor:
+        """Run ``G`` left-padded prompts (``mask_GP`` bool, True on real tokens); write each
+        layer's keys and values to the cache rows of their group (``row_group_B``: the prompt
+        of every cache row) in columns ``[0, P)``; return the next-token ``logits_GV``."""
+        G, P = tokens_GP.shape
+        pos_GP = position_ids_from_mask(mask_GP)
+        causal_PP = torch.ones(P, P, dtype=torch.bool, device=tokens_GP.device).tril()
+        # causal and not padding; every query also sees itself, so a padding query's row is
+        # never empty (its output is unused but stays finite)
+        allowed_G1PP = (causal_PP & mask_GP[:, None, None, :]) | \
+            torch.eye(P, dtype=torch.bool, device=tokens_GP.device)
+        x_GPD = self.embed[tokens_GP]
+        rope = self._rope(x_GPD, pos_GP)
+        for i in range(len(self.w_qkv)):
+            q_GPHD, k_GPKD, v_GPKD = self._qkv(i, x_GPD, rope)
+            k_GKPD, v_GKPD = k_GPKD.transpose(1, 2), v_GPKD.transpose(1, 2)
+            k_cache[i][:, :, :P].copy_(k_GKPD.index_select(0, row_group_B))
+            v_cache[i][:, :, :P].copy_(v_GKPD.index_select(0, row_group_B))
+            o_GHPD = F.scaled_dot_product_attention(q_GPHD.transpose(1, 2), k_GKPD, v_GKPD,
+                                                    attn_mask=allowed_G1PP, scale=self.scale,
+                                                    enable_gqa=True)
+            x_GPD = self._finish_layer(i, x_GPD, o_GHPD.transpose(1, 2).reshape(G, P, -1))
+        return self._logits(x_GPD[:, -1])
+
+    def decode(self, token_B: torch.Tensor, pos_B: torch.Tensor, col_1: torch.Tensor,
+               bias_BKL: torch.Tensor, k_cache: list[torch.Tensor],
+               v_cache: list[torch.Tensor]) -> torch.Tensor:
+        """One position per row, graph-safe: ``token_B`` at position ``pos_B`` is written to
+        cache column ``col_1`` (a ``[1]`` device tensor), unmasked there in the additive key
+        mask ``bias_BKL`` (0 where attended, -inf elsewhere), and attends over the whole cache;
+        returns the next ``logits_BV``."""
+        B = token_B.shape[0]
+        K, Dh = self.n_kv, self.head_dim
+        G = self.n_heads // K
+        L = bias_BKL.shape[-1]
+        bias_BKL.index_fill_(2, col_1, 0.0)
+        bias_BK1L = bias_BKL.view(B, K, 1, L)
+        x_B1D = self.embed.index_select(0, token_B)[:, None]
+        rope = self._rope(x_B1D, pos_B[:, None])
+        for i in range(len(self.w_qkv)):
+            q_B1HD, k_B1KD, v_B1KD = self._qkv(i, x_B1D, rope)
+            k_cache[i].index_copy_(2, col_1, k_B1KD.transpose(1, 2))
+            v_cache[i].index_copy_(2, col_1, v_B1KD.transpose(1, 2))
+            # GQA without repeated keys: the G query heads of a kv head are G query rows of
+            # one attention head over its keys (one fused kernel, no causal mask needed)
+            q_BKGD = q_B1HD[:, 0].view(B, K, G, Dh)
+            o_BKGD = F.scaled_dot_product_attention(q_BKGD, k_cache[i], v_cache[i],
+                                                    attn_mask=bias_BK1L, scale=self.scale)
+            x_B1D = self._finish_layer(i, x_B1D, o_BKGD.reshape(B, 1, K * G * Dh))
+        return self._logits(x_B1D[:, 0])
+
+
+@dataclass
+class _Bucket:
+    """Static buffers (and on CUDA the decode-step graph) for one shape of batch."""
+
+    weights: HFStaticWeights
+    rows: int
+    prompt_len: int
+    new_tokens: int
+    cfg: SamplingConfig
+    pad_token_id: int
+    with_entropy: bool
+    with_sum_p2: bool
+    k_cache: list[torch.Tensor] = field(default_factory=list)
+    v_cache: list[torch.Tensor] = field(default_factory=list)
+    out: dict[str, torch.Tensor] = field(default_factory=dict)
+    graph: Any = None
+
+    def __post_init__(self) -> None:
+        w, B, device = self.weights, self.rows, self.weights.device
+        # a multiple of 16 keys: fused attention kernels want an aligned mask row
+        L = self.prompt_len + bucket_prompt_len(self.new_tokens)
+        for _ in range(len(w.w_qkv)):
+            self.k_cache.append(torch.zeros(B, w.n_kv, L, w.head_dim, dtype=w.dtype,
+                                            device=device))
+            self.v_cache.append(torch.zeros_like(self.k_cache[-1]))
+        self.bias_BKL = torch.full((B, w.n_kv, L), float("-inf"), dtype=w.dtype,
+                                   device=device)
+        """Additive key mask per (row, kv head): 0 on real prompt tokens and written
+        positions, -inf on padding and columns not yet written."""
+        self.pos_B = torch.zeros(B, dtype=torch.long, device=device)
+        self.col_1 = torch.zeros(1, dtype=torch.long, device=device)
+        self.step = torch.zeros((), dtype=torch.long, device=device)
+        self.token_B = torch.zeros(B, dtype=torch.long, device=device)
+        self.alive_B = torch.ones(B, dtype=torch.bool, device=device)
+        self.seeds_B = torch.zeros(B, dtype=torch.long, device=device)
+        self.stops = torch.tensor(self.cfg.stop_token_ids, dtype=torch.long, device=device)
+        self.column_keys_V = column_keys(w.vocab_size, device)
+        self.noise: Callable[..., torch.Tensor] = _compiled_noise() \
+            if device.type == "cuda" and COMPILE_NOISE else gumbel_offsets_at
+        self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
+            if self.cfg.compile_sampler and compiles(device) else self.decode_step
+        """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""
+
+    def gumbel(self, V: int) -> torch.Tensor:
+        """This step's `gumbel_offsets` ``[B, V]``, on CUDA from one compiled kernel (the
+        same integer hash; a GPU test checks the bits equal the eager function's, which makes
+        ~20 passes over a ``[B, V]`` int64 tensor, milliseconds per position at a 152k
+        vocabulary). Falls back to the eager
+        function for good if compiling fails (this first happens at the prefill's draw,
+        outside any capture)."""
+        keys_V = self.column_keys_V[:V]
+        if self.noise is not gumbel_offsets_at:
+            try:
+                return self.noise(self.seeds_B, self.step, keys_V)
+            except Exception:  # no Triton / compiler: any failure means "run it eagerly"
+                if torch.cuda.is_current_stream_capturing():
+                    raise
+                self.noise = gumbel_offsets_at
+        return gumbel_offsets_at(self.seeds_B, self.step, keys_V)
+
+    def draw_step(self, logits_BV: torch.Tensor) -> None:
+        """Draw this step's token from ``logits_BV`` and record it (graph-safe)."""
+        stops = bool(self.stops.numel())
+        gumbel_BV = None if self.cfg.temperature == 0 else self.gumbel(logits_BV.shape[-1])
+        d = draw(logits_BV, self.alive_B if stops else None, gumbel_BV, self.cfg,
+                 self.pad_token_id, self.with_entropy, self.with_sum_p2)
+        record_draw(self.out, self.new_tokens, self.step.view(1), d,
+                    self.alive_B if stops else None)
+        if stops:
+            # = torch.isin, whose sorting path (long stop lists) cannot be captured
+            self.alive_B &= ~(d.token_B[:, None] == self.stops).any(-1)
+        self.token_B.copy_(d.token_B)
+
+    def decode_step(self) -> None:
+        """Feed the last token, advance the counters, draw the next token (graph-safe)."""
+        logits_BV = self.weights.decode(self.token_B, self.pos_B, self.col_1, self.bias_BKL,
+                                        self.k_cache, self.v_cache)
+        self.col_1 += 1
+        self.pos_B += 1
+        self.step += 1
+        self.draw_step(logits_BV)
+
+    def capture(self) -> None:
+        """Record `decode_step` as a CUDA graph (the warm-up's effects are reset by the next
+        prefill)."""
+        with torch.autocast(self.weights.device.type, enabled=False):
+            self.graph = capture(self.step_fn)
+
+
+COMPILE_NOISE = True
+"""Compile `gumbel_offsets` into one kernel on CUDA (`_Bucket.gumbel`)."""
+_NOISE: list[Callable[..., torch.Tensor]] = []
+
+
+def _compiled_noise() -> Callable[..., torch.Tensor]:
+    """`gumbel_offsets_at` through ``torch.compile`` (built once per process)."""
+    if not _NOISE:
+        _NOISE.append(torch.compile(gumbel_offsets_at, dynamic=False))
+    return _NOISE[0]
+
+
+# policy -> (sampling dtype, weights, {bucket key: bucket})
+_DECODERS: weakref.WeakKeyDictionary[Any, tuple[torch.dtype, HFStaticWeights, dict]] = \
+    weakref.WeakKeyDictionary()
+
+
+def compiles(device: torch.device) -> bool:
+    """Whether ``compile_sampler`` compiles on ``device`` (CUDA only)."""
+    return device.type == "cuda"
+
+
+def compile_step(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` through ``torch.compile`` (static shapes: one compile per bucket)."""
+    return torch.compile(step, dynamic=False)
+
+
+def can_capture(device: torch.device) -> bool:
+    """Whether the decode step is recorded as a CUDA graph on ``device`` (CUDA, not already
+    inside a capture)."""
+    return device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
+def sampling_dtype(policy: Policy, device: torch.device) -> torch.dtype:
+    """bf16/fp16 when the policy autocasts on CUDA, else the parameters' dtype."""
+    autocast = getattr(policy, "autocast_dtype", None)
+    if autocast is not None and device.type == "cuda":
+        return autocast
+    return next(iter(policy.parameters())).dtype
+
+
+def bucket_rows(rows: int) -> int:
+    """Rows rounded up to a power of two, at least `MIN_ROWS`."""
+    return max(MIN_ROWS, 1 << (rows - 1).bit_length())
+
+
+def bucket_prompt_len(prompt_len: int) -> int:
+    """Prompt length rounded up to a multiple of `PROMPT_MULTIPLE`."""
+    return -(-prompt_len // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
+
+
+def _prefill_groups(tokens_BP: torch.Tensor, mask_BP: torch.Tensor,
+                    group_id_B: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first_G, row_group_B)``: one representative row per group and each row's group.
+    Rows of a group must share the prompt; when they do not, every row is its own group."""
+    B = tokens_BP.shape[0]
+    rows_B = torch.arange(B, device=tokens_BP.device)
+    if group_id_B is None:
+        return rows_B, rows_B
+    _, row_group_B = torch.unique(group_id_B, return_inverse=True)
+    G = int(row_group_B.max()) + 1
+    first_G = torch.full((G,), B, dtype=torch.long, device=tokens_BP.device) \
+        .scatter_reduce(0, row_group_B, rows_B, "amin")
+    rep_B = first_G[row_group_B]
+    if G == B or not bool(((tokens_BP[rep_B] == tokens_BP) & (mask_BP[rep_B] == mask_BP)).all()):
+        return rows_B, rows_B
+    return first_G, row_group_B
+
+
+class HFStaticBackend:
+    """`GenerationBackend` of the static decoder (see the module docstring)."""
+
+    name = "static"
+
+    def supports(self, policy: Policy, device: torch.device) -> bool:
+        """Whether the static decoder implements ``policy``'s model."""
+        return unsupported_reason(policy) is None
+
+    def unsupported_reason(self, policy: Policy, device: torch.device) -> str | None:
+        """Why it does not (None when it does)."""
+        return unsupported_reason(policy)
+
+    def decoder(self, policy: Policy, device: torch.device) -> HFStaticWeights:
+        """The policy's cached sampler weights, refreshed from its parameters if they moved."""
+        dtype = sampling_dtype(policy, device)
+        cached = _DECODERS.get(policy)
+        if cached is None or cached[0] != dtype or cached[1].device != device:
+            cached = _DECODERS[policy] = (
+                dtype, HFStaticWeights(policy.unwrap(), dtype), {})  # type: ignore[attr-defined]
+        cached[1].refresh()
+        return cached[1]
+
+    @torch.no_grad()
+    def generate(self, policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
+                 row_seeds_B: torch.Tensor, max_new_tokens: int, pad_token_id: int = 0,
+                 group_id_B: torch.Tensor | None = None, with_entropy: bool = False,
+                 with_sum_p2: bool = False) -> RolloutBatch:
+        """`rlscope.sampling.sampler.generate` through the static decoder (check `supports`)."""
+        reason = unsupported_reason(policy)
+        if reason is not None:
+            raise ValueError(f"the static sampler cannot run this policy: {reason}")
+        B, P = prompts.tokens_BP.shape
+        window = sliding_window(policy)
+        if window is not None and P + max_new_tokens > window:
+            if cfg.backend == "auto":  # the eager path has the model's own sliding window
+                return generate_eager(policy, prompts, cfg, row_seeds_B, max_new_tokens,
+                                      pad_token_id, group_id_B, with_entropy, with_sum_p2)
+            raise ValueError(f"the static sampler has no sliding-window attention: prompt + "
+                             f"completion ({P + max_new_tokens}) exceeds the model's "
+                             f"sliding_window={window}; use --backend eager")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        max_len = getattr(policy, "max_len", None)
+        if max_len is not None and P + max_new_tokens > max_len:  # as HFPolicy.init_cache
+            raise ValueError(f"cache of {P + max_new_tokens} positions exceeds "
+                             f"max_position_embeddings={max_len}")
+        device = prompts.tokens_BP.device
+        weights = self.decoder(policy, device)
+        Bb, Pb = bucket_rows(B), bucket_prompt_len(P)
+        # what the captured step depends on (not the backend's name or the stop-check period)
+        step_cfg = dataclasses.replace(cfg, backend="static", stop_check_every=1,
+                                       max_new_tokens=0)
+        key = (Bb, Pb, max_new_tokens, step_cfg, pad_token_id, with_entropy, with_sum_p2)
+        buckets = _DECODERS[policy][2]
+        bucket = buckets.get(key)
+        if bucket is None:
+            while len(buckets) >= MAX_BUCKETS:
+                del buckets[next(iter(buckets))]
+            bucket = buckets[key] = _Bucket(weights, Bb, Pb, max_new_tokens, step_cfg,
+                                            pad_token_id, with_entropy, with_sum_p2)
+        with torch.autocast(device.type, enabled=False):
+            self._prefill(bucket, prompts, row_seeds_B, group_id_B)
+        if bucket.graph is None and cfg.decode_graphs and max_new_tokens > 1 \
+                and can_capture(device):
+            bucket.capture()
+            with torch.autocast(device.type, enabled=False):  # the warm-up moved the state
+                self._prefill(bucket, prompts, row_seeds_B, group_id_B)
+        stops = bool(bucket.stops.numel())
+        n = 1
+        with torch.autocast(device.type, enabled=False):
+            while n < max_new_tokens:
+                if stops and n % cfg.stop_check_every == 0 and not bool(bucket.alive_B.any()):
+                    break
+                if bucket.graph is not None:
+                    bucket.graph.replay()
+                else:
+                    bucket.step_fn()
+                n += 1
+        out = {name: buf[:B] for name, buf in bucket.out.items()}
+        if stops:
+            n = int(out["alive"][:, :n].any(0).sum())  # the last position any row was alive
+        out = {name: buf[:, :n] for name, buf in out.items()}
+        keep = out.get("keep")
+        return assemble(prompts,
+                        tokens_BT=out["token"].clone(),
+                        alive_BT=out["alive"] if stops else
+                        torch.ones(B, n, dtype=torch.bool, device=device),
+                        logp_sampler_BT=out["logp_sampler"],
+                        logp_raw_BT=out.get("logp_raw", out["logp_sampler"]),
+                        keep_BTV=keep.clone() if keep is not None else None,
+                        entropy_BT=out.get("entropy"),
+                        finished_by_stop_B=~bucket.alive_B[:B] if stops else
+                        torch.zeros(B, dtype=torch.bool, device=device),
+                        group_id_B=group_id_B, sum_p2_BT=out.get("sum_p2"))
+
+    @staticmethod
+    def _prefill(bucket: _Bucket, prompts: PromptBatch, row_seeds_B: torch.Tensor,
+                 group_id_B: torch.Tensor | None) -> None:
+        """Reset the bucket's state, prefill the prompts (once per group) and draw token 0."""
+        tokens_BP = prompts.tokens_BP
+        B, P = tokens_BP.shape
+        Bb, Pb = bucket.rows, bucket.prompt_len
+        device = tokens_BP.device
+        mask_BP = prompts.attention_mask_BP.bool() if prompts.attention_mask_BP is not None \
+            else torch.ones(B, P, dtype=torch.bool, device=device)
+        first_G, row_group_B = _prefill_groups(tokens_BP, mask_BP, group_id_B)
+        # bucket padding: extra left columns (masked) and extra rows (copies of row 0)
+        tokens_GP = F.pad(tokens_BP[first_G], (Pb - P, 0))
+        mask_GP = F.pad(mask_BP[first_G], (Pb - P, 0))
+        row_group_Bb = torch.cat([row_group_B, row_group_B[:1].expand(Bb - B)])
+        mask_BbPb = mask_GP[row_group_Bb]
+        bucket.bias_BKL.fill_(float("-inf"))
+        bucket.bias_BKL[:, :, :Pb].masked_fill_(mask_BbPb[:, None, :], 0.0)
+        bucket.pos_B.copy_(mask_BbPb.sum(-1))
+        bucket.col_1.fill_(Pb)
+        bucket.step.zero_()
+        bucket.alive_B.zero_()
+        bucket.alive_B[:B] = True
+        bucket.seeds_B.zero_()
+        bucket.seeds_B[:B].copy_(row_seeds_B)
+        logits_GV = bucket.weights.prefill(tokens_GP, mask_GP, row_group_Bb, bucket.k_cache,
+                                           bucket.v_cache)
+        bucket.draw_step(logits_GV[row_group_Bb])

@@ -1,0 +1,343 @@
+"""Generation backends: the static-cache decoder over Hugging Face weights equals the eager
+dynamic-cache path (CPU, fp32), shares a group's prefill, refreshes its weights after an
+optimizer step, and falls back / fails clearly on models it does not implement."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.policy.hf import HFPolicy, tiny_hf_model
+from rlscope.policy.tiny import TinyConfig, TinyTransformer
+from rlscope.sampling import SamplingConfig, generate
+from rlscope.sampling.backends import BACKENDS, check_backend, hf_static, resolve
+from rlscope.sampling.backends.hf_static import take_weight_sync_seconds, unsupported_reason
+
+VOCAB = 40
+STOPS = (3, 5, 7, 11)
+CPU = torch.device("cpu")
+
+
+def _config_model(arch: str, **extra: object) -> torch.nn.Module:
+    """A tiny Qwen3 or Mistral model (GQA 4/2 heads, untied head) built from its config."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config_cls = {"qwen3": "Qwen3Config", "mistral": "MistralConfig"}[arch]
+    config = getattr(transformers, config_cls)(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        **({"head_dim": 16} if arch == "qwen3" else {}), **extra)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    return model.float().eval()
+
+
+def _policy(arch: str) -> HFPolicy:
+    if arch in ("qwen3", "mistral"):
+        import transformers
+
+        if not hasattr(transformers, {"qwen3": "Qwen3Config",
+                                      "mistral": "MistralConfig"}[arch]):
+            pytest.skip(f"this transformers has no {arch}")
+        return HFPolicy(_config_model(arch))
+    return HFPolicy(tiny_hf_model(arch, VOCAB, seed=0))
+
+
+def _prompts(groups: int = 3, group_size: int = 2) -> tuple[PromptBatch, torch.Tensor,
+                                                             torch.Tensor]:
+    """Ragged left-padded prompts (3, 6, 9 tokens ...) repeated ``group_size`` times; distinct
+    seeds per row and the group ids."""
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(12, VOCAB, (3 + 3 * i,), generator=g) for i in range(groups)]
+    prompts = PromptBatch.left_padded(rows).repeat_interleave(group_size)
+    seeds_B = torch.randint(0, 2**62, (prompts.batch_size,), generator=g)
+    group_B = torch.arange(groups).repeat_interleave(group_size)
+    return prompts, seeds_B, group_B
+
+
+def _assert_same(a: RolloutBatch, b: RolloutBatch, atol: float = 1e-5) -> None:
+    assert torch.equal(a.completion_tokens_BT, b.completion_tokens_BT)
+    assert torch.equal(a.completion_mask_BT, b.completion_mask_BT)
+    assert torch.equal(a.finished_by_stop_B, b.finished_by_stop_B)
+    torch.testing.assert_close(a.logp_sampler_BT, b.logp_sampler_BT, atol=atol, rtol=0)
+    torch.testing.assert_close(a.logp_raw_BT, b.logp_raw_BT, atol=atol, rtol=0)
+    for name in ("entropy_BT", "sum_p2_sampler_BT", "keep_mask_BTV"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            torch.testing.assert_close(x, y, atol=atol, rtol=0)
+
+
+def _both(policy: HFPolicy, cfg: SamplingConfig, new_tokens: int = 12,
+          **kw: object) -> tuple[RolloutBatch, RolloutBatch]:
+    prompts, seeds_B, group_B = _prompts()
+    out = []
+    for backend in ("eager", "static"):
+        out.append(generate(policy, prompts, dataclasses.replace(cfg, backend=backend),
+                            seeds_B, new_tokens, group_id_B=group_B, with_entropy=True,
+                            with_sum_p2=True, **kw))  # type: ignore[arg-type]
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("cfg", [
+    SamplingConfig(stop_token_ids=STOPS),
+    SamplingConfig(temperature=0, stop_token_ids=STOPS),
+    SamplingConfig(temperature=0.7, top_k=10, top_p=0.9, stop_token_ids=STOPS),
+    SamplingConfig(temperature=1.3),
+], ids=["t1-stops", "greedy", "topk-topp", "no-stops"])
+def test_static_equals_eager_dynamic_cache(arch: str, cfg: SamplingConfig) -> None:
+    policy = _policy(arch)
+    eager, static = _both(policy, cfg)
+    _assert_same(eager, static)
+    if cfg.stop_token_ids and cfg.temperature > 0:
+        # the case is meaningful: some rows stopped, and the rollout is the eager length
+        assert bool(eager.finished_by_stop_B.any())
+    if not cfg.stop_token_ids:
+        assert static.completion_tokens_BT.shape[1] == 12
+
+
+def test_static_trims_to_the_last_alive_position() -> None:
+    """Every row stops early: the static path runs on past the last stop (k = 8) and trims
+    back to the eager length."""
+    policy = _policy("llama")
+    cfg = SamplingConfig(temperature=0, stop_token_ids=tuple(range(VOCAB)))
+    eager, static = _both(policy, cfg, new_tokens=20)
+    assert eager.completion_tokens_BT.shape[1] == 1
+    _assert_same(eager, static)
+
+
+def test_group_prefill_equals_per_row_prefill() -> None:
+    policy = _policy("qwen2")
+    prompts, seeds_B, group_B = _prompts(groups=3, group_size=3)
+    cfg = SamplingConfig(backend="static", stop_token_ids=STOPS)
+    first_G, row_group_B = hf_static._prefill_groups(
+        prompts.tokens_BP, prompts.attention_mask_BP.bool(), group_B)  # type: ignore[union-attr]
+    assert first_G.tolist() == [0, 3, 6]  # shared: one prefill row per group
+    assert row_group_B.tolist() == group_B.tolist()
+    shared = generate(policy, prompts, cfg, seeds_B, 10, group_id_B=group_B)
+    per_row = generate(policy, prompts, cfg, seeds_B, 10, group_id_B=None)
+    _assert_same(shared, per_row, atol=1e-6)
+    assert torch.equal(shared.group_id_B, group_B)
+
+
+def test_group_ids_over_different_prompts_prefill_per_row() -> None:
+    prompts, _, _ = _prompts(groups=2, group_size=2)
+    wrong_B = torch.zeros(4, dtype=torch.long)  # claims one group, but prompts differ
+    first_G, row_group_B = hf_static._prefill_groups(
+        prompts.tokens_BP, prompts.attention_mask_BP.bool(), wrong_B)  # type: ignore[union-attr]
+    assert first_G.tolist() == [0, 1, 2, 3] and row_group_B.tolist() == [0, 1, 2, 3]
+
+
+def test_stop_check_every_k_equals_every_position() -> None:
+    policy = _policy("llama")
+    prompts, seeds_B, group_B = _prompts()
+    out = [generate(policy, prompts, SamplingConfig(backend="static", stop_token_ids=STOPS,
+                                                    stop_check_every=k),
+                    seeds_B, 16, group_id_B=group_B) for k in (1, 8)]
+    _assert_same(out[0], out[1], atol=0)
+
+
+def test_buckets_are_reused_across_batch_sizes() -> None:
+    policy = _policy("llama")
+    prompts, seeds_B, _ = _prompts(groups=3, group_size=2)
+    cfg = SamplingConfig(backend="static")
+    hf_static._DECODERS.pop(policy, None)
+    small = generate(policy, prompts.select(torch.arange(3)), cfg, seeds_B[:3], 5)
+    generate(policy, prompts, cfg, seeds_B, 5)
+    BACKENDS["static"].generate(policy, prompts,
+                                SamplingConfig(backend="auto", stop_check_every=3), seeds_B, 5)
+    # 3 and 6 rows, prompts <= 16, backend names and stop-check periods: one bucket
+    assert len(hf_static._DECODERS[policy][2]) == 1
+    # a row's result does not depend on the batch it was drawn in (bucket padding is neutral)
+    full = generate(policy, prompts, cfg, seeds_B, 5)
+    assert torch.equal(small.completion_tokens_BT, full.completion_tokens_BT[:3])
+    torch.testing.assert_close(small.logp_raw_BT, full.logp_raw_BT[:3], atol=1e-5, rtol=0)
+
+
+def test_weight_refresh_sees_an_optimizer_step() -> None:
+    policy = _policy("qwen2")
+    prompts, seeds_B, group_B = _prompts()
+    cfg = SamplingConfig(backend="static")
+    take_weight_sync_seconds()
+    before = generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
+    assert take_weight_sync_seconds() > 0  # the first call copied the weights
+    generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
+    assert take_weight_sync_seconds() == 0  # unchanged weights are not copied again
+    # fused AdamW (the loop's optimizer) does not bump version counters: the step hook sees it
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2, fused=True)
+    logits_BTV, _ = policy(prompts.tokens_BP, prompts.attention_mask_BP)
+    logits_BTV.logsumexp(-1).mean().backward()
+    versions = [p._version for p in policy.parameters()]
+    optimizer.step()
+    assert [p._version for p in policy.parameters()] == versions
+    after = generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
+    assert take_weight_sync_seconds() > 0
+    assert not torch.allclose(before.logp_raw_BT, after.logp_raw_BT)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.data.mul_(1.01)  # invisible to version counters and optimizer hooks
+    hf_static.weights_changed()
+    after = generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
+    hf_static._DECODERS.pop(policy)
+    fresh = generate(policy, prompts, cfg, seeds_B, 8, group_id_B=group_B)
+    _assert_same(after, fresh, atol=0)
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 8,
+                     group_id_B=group_B)
+    _assert_same(after, eager)
+
+
+def test_unsupported_model_falls_back_with_auto_and_fails_with_static() -> None:
+    tiny = TinyTransformer(TinyConfig(vocab_size=VOCAB, max_len=32)).eval()
+    assert resolve("auto", tiny, CPU) is BACKENDS["eager"]
+    reason = unsupported_reason(tiny)
+    assert reason is not None and "not a Hugging Face policy" in reason
+    with pytest.raises(ValueError, match=r"sampling.backend=.static. cannot sample.*Hugging"):
+        check_backend(SamplingConfig(backend="static"), tiny, CPU)
+    prompts, seeds_B, _ = _prompts()
+    with pytest.raises(ValueError, match="cannot sample"):
+        generate(tiny, prompts, SamplingConfig(backend="static"), seeds_B, 4)
+    rollout = generate(tiny, prompts, SamplingConfig(backend="auto"), seeds_B, 4)
+    assert rollout.completion_tokens_BT.shape == (6, 4)
+
+
+def test_auto_picks_static_only_on_cuda_for_supported_models() -> None:
+    policy = _policy("llama")
+    assert BACKENDS["static"].supports(policy, CPU)
+    assert resolve("auto", policy, CPU) is BACKENDS["eager"]
+    assert resolve("auto", policy, torch.device("cuda")) is BACKENDS["static"]
+    assert resolve("static", policy, CPU) is BACKENDS["static"]
+
+
+def test_short_sliding_window_is_refused() -> None:
+    policy = HFPolicy(_config_model("mistral", sliding_window=8))
+    prompts, seeds_B, _ = _prompts()
+    with pytest.raises(ValueError, match="sliding_window=8"):
+        generate(policy, prompts, SamplingConfig(backend="static"), seeds_B, 4)
+    # auto on CUDA would pick static for this model; a too-short window falls back to eager
+    auto = BACKENDS["static"].generate(policy, prompts, SamplingConfig(backend="auto"),
+                                       seeds_B, 4)
+    eager = generate(policy, prompts, SamplingConfig(backend="eager"), seeds_B, 4)
+    assert torch.equal(auto.completion_tokens_BT, eager.completion_tokens_BT)
+    assert torch.equal(auto.logp_raw_BT, eager.logp_raw_BT)  # the same (eager) computation
+
+
+def test_lora_model_is_unsupported() -> None:
+    pytest.importorskip("peft")
+    from rlscope.policy import ModelConfig, add_lora
+
+    policy = add_lora(_policy("llama"), ModelConfig(arch="llama", lora_rank=2))
+    reason = unsupported_reason(policy)
+    assert reason is not None and "LoRA" in reason
+
+
+def test_sampling_config_validates_backend_and_stop_check() -> None:
+    errors = SamplingConfig(backend="vllm", stop_check_every=0).validate()
+    assert any("sampling.backend='vllm'" in e for e in errors)
+    assert any("stop_check_every=0" in e for e in errors)
+    assert SamplingConfig(backend="static").validate() == []
+
+
+def test_config_names_match_the_registry() -> None:
+    from rlscope.sampling.backends import BACKEND_CHOICES
+    from rlscope.sampling.draw import BACKEND_NAMES
+
+    assert BACKEND_CHOICES == BACKEND_NAMES
+
+
+def test_train_with_the_static_backend(tmp_path) -> None:
+    """The loop samples through the static backend: on-policy first pass, the weight sync
+    logged every step (the optimizer moved the weights), and a tiny transformer with
+    --backend static refused before the first step."""
+    from rlscope.config import RunConfig, TrainConfig
+    from rlscope.policy import ModelConfig
+    from rlscope.tasks import TaskConfig
+    from rlscope.train import train
+
+    def cfg(arch: str, name: str) -> TrainConfig:
+        return TrainConfig(
+            method="grpo", sampling=SamplingConfig(backend="static"),
+            model=ModelConfig(arch=arch, d_model=32, n_heads=2, n_layers=1),
+            task_options=TaskConfig(seq_len=4, eval_batches=1, eval_batch_size=8),
+            run=RunConfig(num_steps=3, batch_size=8, eval_every=0, device="cpu",
+                          progress=False, doctor_every=0, runs_dir=str(tmp_path), name=name))
+
+    result = train(cfg("qwen2", "static"))
+    assert result.run_dir == tmp_path / "static"
+    first = result.metrics[0]
+    assert abs(first["policy/ratio_mean_first"] - 1.0) < 1e-5
+    assert first["sampler/logp_diff_max"] < 1e-4
+    assert all(row["time/sampler_weight_sync"] > 0 for row in result.metrics)
+    with pytest.raises(ValueError, match="not a Hugging Face policy"):
+        train(cfg("tiny", "tiny"))
+    assert not (tmp_path / "tiny").exists()
+
+
+class _ReplayedCall:
+    """Stands in for a CUDA graph on CPU: `capture` runs the step once (its warm-up, as the
+    real one does) and every replay runs it again."""
+
+    def __init__(self, fn: object) -> None:
+        self.fn = fn
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.fn()  # type: ignore[operator]
+
+
+def test_capture_flow_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graphed flow (prefill, capture with its warm-up step, prefill again, replays) gives
+    the eager path's rollout: the warm-up's state changes are all reset."""
+    graphs: list[_ReplayedCall] = []
+
+    def fake_capture(fn: object) -> _ReplayedCall:
+        fn()  # type: ignore[operator]
+        graphs.append(_ReplayedCall(fn))
+        return graphs[-1]
+
+    monkeypatch.setattr(hf_static, "can_capture", lambda device: True)
+    monkeypatch.setattr(hf_static, "capture", fake_capture)
+    policy = _policy("qwen2")
+    cfg = SamplingConfig(temperature=0.8, top_k=12, stop_token_ids=STOPS)
+    eager, static = _both(policy, cfg, new_tokens=14)
+    assert len(graphs) == 1 and graphs[0].replays > 0
+    _assert_same(eager, static)
+    again = _both(policy, cfg, new_tokens=14)[1]  # the same bucket: replayed, not recaptured
+    assert len(graphs) == 1
+    _assert_same(static, again, atol=0)
+
+
+def test_static_refuses_sequences_past_the_model_length_as_eager_does() -> None:
+    policy = _policy("llama")  # max_position_embeddings=128
+    prompts, seeds_B, _ = _prompts()
+    for backend in ("eager", "static"):
+        with pytest.raises(ValueError, match="exceeds max_position_embeddings=128"):
+            generate(policy, prompts, SamplingConfig(backend=backend), seeds_B, 125)
+
+
+def test_compiled_decode_step_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile_sampler``: the whole decode step traces as one graph (no graph break; CPU
+    runs it through ``aot_eager``) and gives the eager path's rollout."""
+    compiled: list[object] = []
+
+    def compile_step(step: object) -> object:
+        compiled.append(torch.compile(step, backend="aot_eager", fullgraph=True))
+        return compiled[-1]
+
+    monkeypatch.setattr(hf_static, "compiles", lambda device: True)
+    monkeypatch.setattr(hf_static, "compile_step", compile_step)
+    policy = _policy("qwen3")
+    cfg = SamplingConfig(temperature=0.9, top_p=0.8, stop_token_ids=STOPS,
+                         compile_sampler=True)
+    eager, static = _both(policy, cfg, new_tokens=10)
+    assert len(compiled) == 1
+    _assert_same(eager, static)
