@@ -223,7 +223,11 @@ def rlscope_backends() -> list[str]:
         registry = getattr(backends, "BACKENDS", None)
     except ImportError:
         registry = None
-    return [b for b in ("eager", "static") if registry is None or b in registry]
+    found = [b for b in ("eager", "static") if registry is None or b in registry]
+    if "static" in found and "compile_sampler" in {f.name for f in dataclasses.fields(
+            SamplingConfig)}:
+        found.append("static+compile")  # the static decode step compiled, then captured
+    return found
 
 
 def sampler_paths(requested: list[str]) -> list[str]:
@@ -261,7 +265,9 @@ def rlscope_sampler(model: Any, backend: str, autocast: str, group: int) -> Call
     policy.autocast_dtype = torch.bfloat16 if autocast == "bf16" else None
     policy.eval()
     cfg = SamplingConfig(temperature=1.0, stop_token_ids=())
-    if backend != "default":
+    if backend == "static+compile":
+        cfg = dataclasses.replace(cfg, backend="static", compile_sampler=True)  # type: ignore[call-arg]
+    elif backend != "default":
         cfg = dataclasses.replace(cfg, backend=backend)  # type: ignore[call-arg]
 
     def run(prompts: PromptBatch, new_tokens: int) -> int:
@@ -338,8 +344,11 @@ def sampler_section(args: argparse.Namespace, shape: str, device: torch.device
                 with cell_guard(cell, device):
                     graphs_before = compiled_graphs()
                     # compiled paths compile on the first call and capture CUDA graphs later
+                    start = time.perf_counter()
                     for _ in range(max(args.warmup, 2) if path == "hf:static" else args.warmup):
                         sample(prompts, new_tokens)
+                    sync(device)
+                    cell["warmup_s"] = time.perf_counter() - start  # compilation and capture
                     cell["compiled_graphs"] = compiled_graphs() - graphs_before
                     reset_peak(device)
                     times, tokens = [], 0
@@ -532,9 +541,12 @@ def grpo_section(args: argparse.Namespace, model_dir: Path, device: torch.device
     ns = argparse.Namespace(
         length_limit=args.grpo_new_tokens, batch_size=args.grpo_prompts * args.grpo_group,
         group_size=args.grpo_group, lr=1e-5, steps=args.grpo_steps, warmup=args.grpo_warmup,
-        device=str(device), autocast=args.autocast, micro_batch_size=args.grpo_micro_batch)
+        device=str(device), autocast=args.autocast, micro_batch_size=args.grpo_micro_batch,
+        compile_sampler=args.grpo_compile_sampler, compile_blocks=args.grpo_compile_blocks)
     out: dict[str, Any] = {"batch_size": ns.batch_size, "new_tokens": ns.length_limit,
-                           "micro_batch_size": ns.micro_batch_size}
+                           "micro_batch_size": ns.micro_batch_size,
+                           "rlscope_compile_sampler": ns.compile_sampler,
+                           "rlscope_compile_blocks": ns.compile_blocks}
     log("grpo: rlscope")
     reset_peak(device)
     ours: dict[str, Any] = {}
@@ -667,6 +679,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--grpo_steps", type=int, default=6, help="steps per tool")
     r.add_argument("--grpo_warmup", type=int, default=2, help="steps left out of the median")
     r.add_argument("--skip_trl", action="store_true", help="time rlscope only")
+    r.add_argument("--grpo_compile_sampler", action="store_true",
+                   help="rlscope with --compile_sampler (the static decode step compiled)")
+    r.add_argument("--grpo_compile_blocks", action="store_true",
+                   help="rlscope with --compile_blocks (the learner's blocks compiled)")
     return p
 
 

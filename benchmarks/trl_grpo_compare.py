@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -34,10 +35,11 @@ from typing import Any
 
 import torch
 
-from rlscope.config import OptimConfig, RunConfig, TrainConfig
+from rlscope.config import LearnerConfig, OptimConfig, RunConfig, TrainConfig
 from rlscope.methods import MethodConfig
 from rlscope.policy import ModelConfig
 from rlscope.policy.hf import tiny_hf_model
+from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TaskConfig
 from rlscope.tasks.length_target import INSTRUCTIONS, length_reward
 from rlscope.train import train
@@ -84,6 +86,17 @@ def micro_batch(args: argparse.Namespace) -> int:
     return micro
 
 
+def rlscope_speedups(args: argparse.Namespace) -> dict[str, Any]:
+    """The optional fast paths asked for (``compile_sampler``, ``compile_blocks``), as
+    `TrainConfig` fields where this rlscope has them."""
+    out: dict[str, Any] = {}
+    if getattr(args, "compile_sampler", False):
+        out["sampling"] = dataclasses.replace(SamplingConfig(), compile_sampler=True)  # type: ignore[call-arg]
+    if getattr(args, "compile_blocks", False):
+        out["learner"] = LearnerConfig(compile_blocks=True)
+    return out
+
+
 def run_rlscope(args: argparse.Namespace, model_dir: Path, runs_dir: str) -> dict[str, float]:
     cfg = TrainConfig(
         method="grpo", task="length_target",
@@ -96,7 +109,8 @@ def run_rlscope(args: argparse.Namespace, model_dir: Path, runs_dir: str) -> dic
                       group_size=args.group_size, micro_batch_size=micro_batch(args),
                       eval_every=0, device=args.device,
                       progress=False, runs_dir=runs_dir, log_samples=0, doctor_every=0,
-                      name="rlscope"))
+                      name="rlscope"),
+        **rlscope_speedups(args))
     steps = train(cfg).metrics[args.warmup:]
     step_s = statistics.median(m["time/step"] for m in steps)
     tokens = statistics.median(m["length/mean"] for m in steps) * args.batch_size
