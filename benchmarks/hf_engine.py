@@ -536,7 +536,8 @@ def learner_section(args: argparse.Namespace, shape: str, model_dir: Path, param
 
 
 def grpo_section(args: argparse.Namespace, model_dir: Path, device: torch.device,
-                 tmp: str) -> dict[str, Any]:
+                 tmp: str, checkpoint: Callable[[dict[str, Any]], object] = lambda part: None
+                 ) -> dict[str, Any]:
     """rlscope `train` against TRL's `GRPOTrainer` (via `trl_grpo_compare`)."""
     ns = argparse.Namespace(
         length_limit=args.grpo_new_tokens, batch_size=args.grpo_prompts * args.grpo_group,
@@ -554,6 +555,8 @@ def grpo_section(args: argparse.Namespace, model_dir: Path, device: torch.device
         ours.update(run_rlscope(ns, model_dir, tmp))
         ours["peak_memory_mb"] = peak_mb(device)
     out["rlscope"] = ours
+    log(f"grpo: rlscope {json.dumps(ours, default=str)}")
+    checkpoint(out)  # rlscope's numbers survive a cut-off TRL run
     if args.skip_trl:
         return out
     log("grpo: TRL")
@@ -741,21 +744,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             params = save_model(shape, model_dir)
             log(f"{shape}: {params:,} parameters")
             res: dict[str, Any] = {"params": params, "shape": SHAPES[shape]}
+            out["models"][shape] = res
             if "sampler" in args.sections:
                 torch.manual_seed(args.seed)
                 res["sampler"] = sampler_section(args, shape, device)
+                write_partial(out, args.output)
             if "learner" in args.sections:
                 torch.manual_seed(args.seed)
                 res["learner"] = learner_section(args, shape, model_dir, params, device, tmp)
+                write_partial(out, args.output)
             if "grpo" in args.sections:
                 torch.manual_seed(args.seed)
                 runs = Path(tmp) / f"{shape}_grpo"
                 runs.mkdir()
-                res["grpo"] = grpo_section(args, model_dir, device, str(runs))
+                res["grpo"] = grpo_section(
+                    args, model_dir, device, str(runs),
+                    lambda part, res=res: (res.update(grpo=part),
+                                           write_partial(out, args.output)))
             res["targets"] = target_check(shape, res)
-            out["models"][shape] = res
     out["environment"] = environment_info(device)
     return out
+
+
+def write_partial(out: dict[str, Any], path: str) -> None:
+    """Write what has been measured so far to ``--output`` (a run cut off by a time limit
+    keeps its finished sections; the final write replaces it)."""
+    if path:
+        Path(path).write_text(json.dumps(out, indent=2, default=str))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
