@@ -61,6 +61,10 @@ def cmd_train(args: list[str]) -> int:
     if cfg.run.nproc < 1:
         _print_error(f"run.nproc={cfg.run.nproc}: give 1 or more processes")
         return 2
+    if (cfg.run.nproc > 1 or distributed.launched()) and cfg.run.jobs > 1:
+        _print_error(f"run.jobs={cfg.run.jobs}: data parallel runs one seed at a time over its "
+                     "ranks: drop --jobs (or --nproc)")
+        return 2
     if cfg.run.nproc > 1 and not distributed.launched():  # relaunch through torchrun
         import subprocess
 
