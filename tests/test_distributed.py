@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from rlscope.cli import _without_option, main
 from rlscope.config import ConfigError
 from rlscope.distributed import DataParallel, check_layout, split
 
@@ -183,3 +184,16 @@ def test_uneven_groups_are_refused_before_training(tmp_path: Path,
         run_job([*COMMON, "--method", "grpo", "--batch_size", "12", "--group_size", "4",
                  "--num_steps", "1", "--runs_dir", str(tmp_path)])
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_nproc_is_checked_before_launching_and_not_passed_to_torchrun(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _without_option(["--nproc", "2", "--seed", "1", "--nproc=3"], "--nproc") == [
+        "--seed", "1"]
+    assert main(["train", *COMMON, "--method", "grpo", "--batch_size", "12", "--group_size",
+                 "4", "--nproc", "2", "--runs_dir", str(tmp_path)]) == 2
+    assert "make batch_size / group_size a multiple of 2" in capsys.readouterr().err
+    assert main(["train", *COMMON, "--method", "grpo", "--batch_size", "16", "--nproc", "2",
+                 "--jobs", "2", "--runs_dir", str(tmp_path)]) == 2
+    assert "drop --jobs" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -65,6 +65,10 @@ def cmd_train(args: list[str]) -> int:
         _print_error(f"run.jobs={cfg.run.jobs}: data parallel runs one seed at a time over its "
                      "ranks: drop --jobs (or --nproc)")
         return 2
+    layout = distributed.check_layout(validate(cfg)[2].num_prompts, cfg.run.nproc)
+    if layout and not distributed.launched():  # refused before any process starts
+        _print_error(layout[0])
+        return 2
     if cfg.run.nproc > 1 and not distributed.launched():  # relaunch through torchrun
         import subprocess
 
