@@ -1,6 +1,7 @@
 """Data-parallel training (rlscope.distributed) on CPU with gloo: two ranks × B/2 give the
 update of one process × B in float64 (loss, gradients, parameters after 3 steps, every
-metric), and a 2-rank checkpoint resumes exactly on 1 and on 2 ranks."""
+metric) for grpo, ppo and dg and for methods that read batch statistics and select rows, and
+a 2-rank checkpoint resumes exactly on 1 and on 2 ranks."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ METHODS = {
     "ppo": ["--method", "ppo", "--batch_size", "16", "--num_minibatches", "2",
             "--inner_epochs", "2", "--micro_batch_size", "3"],
     "dg": ["--method", "dg", "--batch_size", "16", "--micro_batch_size", "4"],
+    # batch statistics and selection: DAPO's mixed-group filter refilled by --fill_batch, its
+    # overlong penalty and token-mean aggregation, top-p (the kept sets gathered);
+    # REINFORCE++'s advantages whitened over the whole batch; kondo's batch-wide selection
+    "dapo": ["--method", "dapo", "--batch_size", "16", "--group_size", "4", "--fill_batch",
+             "--top_p", "0.9", "--micro_batch_size", "4"],
+    "reinforce_pp": ["--method", "reinforce_pp", "--batch_size", "16", "--group_size", "4",
+                     "--num_minibatches", "2"],
+    "kondo": ["--method", "kondo", "--batch_size", "16"],
 }
 
 
