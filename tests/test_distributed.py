@@ -28,6 +28,7 @@ sys.path.insert(0, str(TESTS))
 from dp_worker import run_job  # noqa: E402
 
 TOL = 1e-10
+F32, F64 = torch.float32, torch.float64
 TIMING = ("time/", "throughput/", "perf/")
 COMMON = ["--seq_len", "4", "--eval_batches", "1", "--eval_batch_size", "8", "--threads", "1",
           "--device", "cpu", "--no-progress", "--d_model", "16", "--n_layers", "1",
@@ -206,3 +207,16 @@ def test_nproc_is_checked_before_launching_and_not_passed_to_torchrun(
                  "--jobs", "2", "--runs_dir", str(tmp_path)]) == 2
     assert "drop --jobs" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_gradient_buckets_keep_order_dtype_and_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlscope import distributed
+
+    monkeypatch.setattr(distributed, "BUCKET_NUMEL", 10)
+    params = [torch.zeros(4, dtype=F64), torch.zeros(4, dtype=F64), torch.zeros(4, dtype=F64),
+              torch.zeros(3, dtype=F32),
+              torch.zeros(20, dtype=F32), torch.zeros(2, dtype=F32)]
+    buckets = distributed._buckets(params)
+    assert [[id(p) for p in b] for b in buckets] == [
+        [id(params[0]), id(params[1])], [id(params[2])], [id(params[3])], [id(params[4])],
+        [id(params[5])]]

@@ -46,6 +46,8 @@ PAD_VALUES = {"completion_tokens_BT": 0, "completion_mask_BT": 0, "logp_sampler_
 """The rollout fields whose width is the decoded length T, and what the sampler writes after a
 row's stop (`rlscope.sampling.draw`): a shard that stopped early is padded with these."""
 
+BUCKET_NUMEL = 2**25
+"""Numbers per gradient all-reduce (bounds the flat copy's memory)."""
 TIMED = "time/"
 SLOWEST = ("throughput/",)
 """Rates computed from a rank's own timings: the slowest rank's (the minimum) is logged."""
@@ -123,23 +125,25 @@ class DataParallel:
         return [_map_result(r, lambda t: t.to(device)) for _, r in gathered]
 
     def sum_grads(self, params: list[torch.Tensor]) -> None:
-        """Sum the gradients of ``params`` over the ranks (one all-reduce). A tensor no rank
-        gave a gradient keeps none (the optimizer then skips it, as in one process)."""
+        """Sum the gradients of ``params`` over the ranks (all-reduces of flat buckets of one
+        dtype, at most `BUCKET_NUMEL` numbers each). A tensor no rank gave a gradient keeps
+        none (the optimizer then skips it, as in one process)."""
         if not params:
             return
-        device = params[0].device
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in params] + [torch.tensor(
-                              [float(p.grad is not None) for p in params],
-                              dtype=params[0].dtype, device=device)])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
-            offset += n
-        present = flat[offset:]
-        for p, has in zip(params, present.tolist(), strict=True):
+        present = torch.tensor([float(p.grad is not None) for p in params],
+                               dtype=torch.float64, device=params[0].device)
+        dist.all_reduce(present, op=dist.ReduceOp.SUM)
+        had = present.tolist()
+        for bucket in _buckets(params):
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                              for p in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            offset = 0
+            for p in bucket:
+                n = p.numel()
+                p.grad = flat[offset:offset + n].view_as(p).clone()
+                offset += n
+        for p, has in zip(params, had, strict=True):
             if not has:
                 p.grad = None
 
@@ -203,6 +207,22 @@ def check_layout(num_prompts: int, ranks: int) -> list[str]:
                 f"group_size) do not split evenly over {ranks} ranks: make batch_size / "
                 f"group_size a multiple of {ranks}, or use another --nproc"]
     return []
+
+
+def _buckets(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``params`` in order, cut into runs of one dtype and device of at most `BUCKET_NUMEL`
+    numbers (a larger tensor alone); the same cut on every rank."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for p in params:
+        last = out[-1][-1] if out else None
+        if last is None or (last.dtype, last.device) != (p.dtype, p.device) \
+                or size + p.numel() > BUCKET_NUMEL:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += p.numel()
+    return out
 
 
 def _pad_width(x: torch.Tensor, width: int, value: float | bool) -> torch.Tensor:
