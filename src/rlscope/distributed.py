@@ -28,17 +28,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from rlscope.batch import RolloutBatch
 
-if TYPE_CHECKING:
-    from rlscope.learner import MicroResult
-
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 PAD_VALUES = {"completion_tokens_BT": 0, "completion_mask_BT": 0, "logp_sampler_BT": 0,
               "logp_raw_BT": 0, "keep_mask_BTV": True, "entropy_BT": 0,
@@ -114,10 +112,10 @@ class DataParallel:
             changes[f.name] = torch.cat(values)
         return dataclasses.replace(rollout, **changes).to(device)
 
-    def gather_results(self, pieces: list[tuple[int, MicroResult]], device: torch.device
-                       ) -> list[MicroResult]:
-        """Every rank's micro-batch results of one pass (each with its first row), in row
-        order: the pass over the whole batch as one process would have computed it."""
+    def gather_results(self, pieces: list[tuple[int, _R]], device: torch.device) -> list[_R]:
+        """Every rank's micro-batch results of one pass (`rlscope.learner.MicroResult`s, each
+        with its first row), in row order: the pass over the whole batch as one process would
+        have computed it."""
         local = [(row, _map_result(r, lambda t: t.cpu())) for row, r in pieces]
         gathered = [p for rank_pieces in _all_gather(local, self.world_size)
                     for p in rank_pieces]
@@ -232,11 +230,13 @@ def _pad_width(x: torch.Tensor, width: int, value: float | bool) -> torch.Tensor
     return torch.cat([x, torch.full(shape, value, dtype=x.dtype)], 1)
 
 
-def _map_result(r: MicroResult, fn: Any) -> MicroResult:
-    return dataclasses.replace(r, loss=fn(r.loss), logp_BT=fn(r.logp_BT),
-                               entropy_BT=fn(r.entropy_BT),
-                               stats={k: fn(v) for k, v in r.stats.items()},
-                               parts={k: fn(v) for k, v in r.parts.items()})
+def _map_result(r: _R, fn: Any) -> _R:
+    """A `rlscope.learner.MicroResult` with ``fn`` applied to each of its tensors."""
+    m: Any = r
+    return dataclasses.replace(m, loss=fn(m.loss), logp_BT=fn(m.logp_BT),
+                               entropy_BT=fn(m.entropy_BT),
+                               stats={k: fn(v) for k, v in m.stats.items()},
+                               parts={k: fn(v) for k, v in m.parts.items()})
 
 
 def _all_gather(obj: _T, world_size: int) -> list[_T]:
