@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "config.py": 7, "replay.py": 7, "checkpoint.py": 7, "evaluation.py": 7,
     # 8 the update
     "learner.py": 8, "learner_graphs.py": 8, "learner_packed.py": 8, "diagnostics.py": 8,
+    "distributed.py": 8,  # data parallel: the learner's rank rows and gradient sums
     # 9 the loops
     "train.py": 9, "supervised/": 9,
     # 10 applications over the loops

@@ -140,6 +140,7 @@ def healthy_series(seed: int = 100) -> dict[str, np.ndarray]:
         "value/explained_var": 0.6 + nz(0.05),
         "replay/age_mean": 2.0 + nz(0.2),
         "time/step": 10.0 + nz(0.3),
+        "time/step_mean": 9.6 + nz(0.3),  # a data-parallel run with balanced ranks
         "time/sample": 7.0 + nz(0.2),
     }
 
@@ -159,7 +160,7 @@ def test_registry_lists_every_documented_rule():
         "kl_runaway", "kl_too_small", "value_instability", "no_signal", "length_hacking",
         "truncation", "sampler_mismatch", "nonfinite_gradients", "grad_clip_saturation",
         "reward_peak_fall", "reward_plateau", "oscillation", "stale_replay",
-        "throughput_regression", "learning_verdict"]
+        "throughput_regression", "rank_imbalance", "learning_verdict"]
 
 
 @pytest.mark.parametrize("rule_id", list(RULES))
@@ -1484,3 +1485,30 @@ def test_verdict_on_training_reward_is_stalling_when_it_peaked_and_fell():
     assert verdict.evidence["basis"].startswith("training reward")
     assert any("peaked at step" in s for s in verdict.evidence["stalled_by"])
     assert not any(a.startswith("keep training") for a in verdict.actions)
+
+
+# ---------------------------------------------------------------- rank_imbalance
+
+def test_rank_imbalance_fires_on_a_slow_rank_and_names_the_phase():
+    # the slowest rank samples 60% longer than the mean; learning is balanced
+    t = table({"time/step": 10.0 + noise(31, 0.1), "time/step_mean": 7.0 + noise(32, 0.1),
+               "time/sample": 8.0 + noise(33, 0.1), "time/sample_mean": 5.0 + noise(34, 0.1),
+               "time/learn": 2.0 + noise(35, 0.01), "time/learn_mean": 2.0 + noise(36, 0.01)})
+    f = fired(RULES["rank_imbalance"](t, DEFAULT), "rank_imbalance")
+    assert f.evidence["worst_phase"] == "time/sample"
+    assert 0.35 < f.evidence["median_gap"] < 0.5
+    assert f.step == STEPS[0]
+
+
+def test_rank_imbalance_stays_quiet_on_balanced_ranks():
+    t = table({"time/step": 10.0 + noise(37, 0.1), "time/step_mean": 9.5 + noise(38, 0.1)})
+    quiet(RULES["rank_imbalance"](t, DEFAULT))
+    quiet(RULES["rank_imbalance"](table({"time/step": 10.0 + noise(39, 0.1),
+                                         "time/step_mean": 6.0 + noise(40, 0.1)}),
+                                  replace(DEFAULT, rank_imbalance=1.0)))
+
+
+def test_rank_imbalance_does_not_apply_to_single_process_runs():
+    quiet(RULES["rank_imbalance"](table({"time/step": 7.0 + noise(41, 0.1)}), DEFAULT))
+    assert RULES["rank_imbalance"](table({"time/step_mean": 7.0 + noise(42, 0.1)}),
+                                   DEFAULT) == Unavailable(("time/step",))

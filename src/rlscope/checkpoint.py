@@ -205,6 +205,8 @@ RESUME_MAY_CHANGE: dict[str, str] = {
     "run.name": "names a new run's directory; --resume names the directory instead",
     "run.runs_dir": "the parent of a new run's directory; --resume names the directory instead",
     "run.jobs": "worker processes for several seeds; a resumed run is one seed",
+    "run.nproc": "data-parallel ranks: every rank count gives the same update (the weights are "
+                 "replicated; docs/scaling.md)",
     "run.threads": "CPU threads: how the same computation is scheduled (PyTorch's CPU "
                    "reductions may round differently in the last bits, as in sweeps)",
     "run.progress": "the console progress bar only",

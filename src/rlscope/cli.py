@@ -6,6 +6,7 @@ Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers a
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -55,6 +56,25 @@ def cmd_train(args: list[str]) -> int:
     except ConfigError as e:
         _print_error(str(e))
         return 2
+    from rlscope import distributed
+
+    if cfg.run.nproc < 1:
+        _print_error(f"run.nproc={cfg.run.nproc}: give 1 or more processes")
+        return 2
+    if (cfg.run.nproc > 1 or distributed.launched()) and cfg.run.jobs > 1:
+        _print_error(f"run.jobs={cfg.run.jobs}: data parallel runs one seed at a time over its "
+                     "ranks: drop --jobs (or --nproc)")
+        return 2
+    layout = distributed.check_layout(validate(cfg)[2].num_prompts, cfg.run.nproc)
+    if layout and not distributed.launched():  # refused before any process starts
+        _print_error(layout[0])
+        return 2
+    if cfg.run.nproc > 1 and not distributed.launched():  # relaunch through torchrun
+        import subprocess
+
+        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                "--nproc_per_node", str(cfg.run.nproc), "-m", "rlscope.cli",
+                                "train", *_without_option(args, "--nproc")])
     table = Table(title=f"{cfg.method} on {cfg.task}")
     for col in ("seed", "status", "test_error", "entropy", "wall s", "run dir"):
         table.add_column(col)
@@ -65,6 +85,10 @@ def cmd_train(args: list[str]) -> int:
     except (ConfigError, CheckpointError) as e:  # found by train: --resume, --init checks
         _print_error(str(e))
         return 2
+    if distributed.launched():
+        distributed.shutdown()
+        if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports the run
+            return 0
     for result in results:
         if result.reason:
             Console(stderr=True, highlight=False, soft_wrap=True).print(
@@ -76,6 +100,21 @@ def cmd_train(args: list[str]) -> int:
                       f"{result.wall_time_s:.1f}", str(result.run_dir))
     Console().print(table)
     return 0
+
+
+def _without_option(args: list[str], name: str) -> list[str]:
+    """``args`` without ``name VALUE`` / ``name=VALUE`` (torchrun's parser would take
+    ``--nproc`` for its own ``--nproc-per-node``; under torchrun its count is used)."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(f"{name}="):
+            out.append(arg)
+    return out
 
 
 def cmd_sft(args: list[str]) -> int:

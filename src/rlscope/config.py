@@ -188,6 +188,10 @@ class RunConfig:
     login). metrics.jsonl is always written. Needs rlscope[logging]."""
     progress: bool = True
     """Show the live progress bar and metrics line."""
+    nproc: int = 1
+    """Data-parallel ranks on this node: above 1, `rlscope train` relaunches itself through
+    torchrun (torch.distributed.run) with this many processes (one per GPU on CUDA, gloo on
+    CPU); under torchrun the launcher's count is used. docs/scaling.md."""
     cuda_graphs: bool = True
     """On CUDA with the tiny transformer, replay the sampler's decode step and the learner's
     optimizer step from CUDA graphs (same results up to float rounding, several times faster

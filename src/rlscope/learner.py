@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +37,9 @@ from rlscope.metrics.estimators import masked_mean, value_metrics
 from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
 from rlscope.sampling.processors import SampledDistribution
+
+if TYPE_CHECKING:
+    from rlscope.distributed import DataParallel
 
 
 def wants_expected_reward(spec: MethodSpec, top_k: int, top_p: float) -> bool:
@@ -390,6 +394,9 @@ class UpdatePlan:
     token_budget: int = 0
     """Micro-batches of whole rows within this many packed tokens (0 = ``micro_batch_size``
     rows)."""
+    parallel: DataParallel | None = None
+    """Data-parallel ranks (`rlscope.distributed`): each takes its rows of every minibatch
+    and the gradients are summed over ranks before clipping; None = one process."""
 
 
 @dataclass(frozen=True)
@@ -437,24 +444,31 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
         unit = plan.group_size if plan.spec.needs_whole_groups else 1
         shared_group = plan.group_size if unit == plan.group_size and \
             mb_rows % plan.group_size == 0 else 1
-    first: list[MicroResult] = []
+    first: list[tuple[int, MicroResult]] = []
     grad_norms: list[torch.Tensor] = []
+    dp = plan.parallel
     for epoch in range(plan.inner_epochs):
-        last: list[MicroResult] = []
+        last: list[tuple[int, MicroResult]] = []  # (first row, result)
         for start in range(0, n_rows, mb_rows):
             stop = min(start + mb_rows, n_rows)
+            # Denominators of the whole minibatch, also when this rank computes a part of it
             den = Denominators(n_tokens=inputs.mask_BT[start:stop].sum(),
                                n_seqs=float(stop - start), max_len=plan.max_len)
+            lo, hi = (start, stop) if dp is None else dp.rank_rows(start, stop, plan.group_size)
+            group = shared_group if lo % plan.group_size == 0 \
+                and (hi - lo) % plan.group_size == 0 else 1
             optimizer.zero_grad(set_to_none=True)
             for rows in (
-                    [slice(s, min(s + micro, stop)) for s in range(start, stop, micro)]
+                    [slice(s, min(s + micro, hi)) for s in range(lo, hi, micro)]
                     if counts_B is None else
-                    token_budget_slices(counts_B, start, stop, plan.token_budget, unit)):
+                    token_budget_slices(counts_B, lo, hi, plan.token_budget, unit)):
                 res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
                                        inputs.select(rows), den, beta, plan.dist,
-                                       shared_group, entropy_coef, plan.packed)
+                                       group, entropy_coef, plan.packed)
                 res.loss.backward()
-                last.append(res)
+                last.append((rows.start, res))
+            if dp is not None:  # each rank holds its share of the global gradient: sum them
+                dp.sum_grads(params)
             norm = torch.nn.utils.clip_grad_norm_(
                 params, plan.grad_clip if plan.grad_clip > 0 else float("inf"))
             grad_norms.append(norm)
@@ -467,5 +481,11 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
                 optimizer.zero_grad(set_to_none=True)
         if epoch == 0:
             first = last
-    return UpdateResult(first=concat_results(first), last=concat_results(last),
+    if dp is not None:  # every rank's rows: the whole batch's pass, as in one process
+        device = inputs.adv_BT.device
+        return UpdateResult(first=concat_results(dp.gather_results(first, device)),
+                            last=concat_results(dp.gather_results(last, device)),
+                            grad_norms_S=torch.stack(grad_norms))
+    return UpdateResult(first=concat_results([r for _, r in first]),
+                        last=concat_results([r for _, r in last]),
                         grad_norms_S=torch.stack(grad_norms))

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from rlscope import checkpoint
+from rlscope import checkpoint, distributed
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.config import (
     ConfigError,
@@ -164,18 +164,34 @@ def _floats(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
 
 def sample_rollouts(policy: Policy, task: Task, cfg: TrainConfig, generator: torch.Generator,
                     device: torch.device, num_prompts: int, group_size: int,
-                    max_new_tokens: int, with_sum_p2: bool = False) -> RolloutBatch:
+                    max_new_tokens: int, with_sum_p2: bool = False,
+                    parallel: distributed.DataParallel | None = None) -> RolloutBatch:
     """Sample ``num_prompts × group_size`` rollouts (rows of a group are contiguous);
-    ``with_sum_p2`` also records the behaviour distribution's Σ_v μ(v)² per token."""
+    ``with_sum_p2`` also records the behaviour distribution's Σ_v μ(v)² per token. With
+    ``parallel`` each rank decodes its shard of whole groups and gets the gathered batch."""
     prompts = task.sample_prompts(generator, num_prompts).repeat_interleave(group_size)
     seeds_B = torch.randint(0, 2**62, (prompts.batch_size,), generator=generator)
     group_B = torch.arange(num_prompts).repeat_interleave(group_size)
+    if parallel is not None:  # the whole batch's prompts and seeds were drawn: streams agree
+        rows = parallel.sample_rows(prompts.batch_size, group_size)
+        prompts = _prompt_rows(prompts, rows)
+        seeds_B, group_B = seeds_B[rows], group_B[rows]
     prompts, seeds_B, group_B = prompts.to(device), seeds_B.to(device), group_B.to(device)
     policy.eval()
     sampling = dataclasses.replace(
         cfg.sampling, decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
-    return generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B,
-                    with_sum_p2=with_sum_p2)
+    rollout = generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B,
+                       with_sum_p2=with_sum_p2)
+    return rollout if parallel is None else parallel.gather_rollouts(rollout)
+
+
+def _prompt_rows(prompts: PromptBatch, rows: slice) -> PromptBatch:
+    return PromptBatch(
+        tokens_BP=prompts.tokens_BP[rows],
+        attention_mask_BP=None if prompts.attention_mask_BP is None
+        else prompts.attention_mask_BP[rows],
+        targets_BT=None if prompts.targets_BT is None else prompts.targets_BT[rows],
+        score_mask_BT=None if prompts.score_mask_BT is None else prompts.score_mask_BT[rows])
 
 
 def score_rollouts(rollout: RolloutBatch, policy: Policy, task: Task, cfg: TrainConfig,
@@ -269,6 +285,14 @@ class RunParts:
     record_sum_p2: bool
     """The sampler records the behaviour's Σ_v μ(v)² per token: kondo's baseline, and the
     replay priorities that read the push-time advantage (replay.ADVANTAGE_PRIORITIES)."""
+    parallel: distributed.DataParallel | None = None
+    """This process's rank in a data-parallel run (`rlscope.distributed`); None = one
+    process."""
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process writes the run's files (rank 0, or the only process)."""
+        return self.parallel is None or self.parallel.is_main
 
 
 def setup(cfg: TrainConfig) -> RunParts:
@@ -276,9 +300,17 @@ def setup(cfg: TrainConfig) -> RunParts:
     spec, task, d = validate(cfg)
     cfg = effective_config(cfg, d)  # the task's stop tokens where none are given
     r = cfg.run
+    world_size = distributed.world_size()
+    if world_size > 1:  # before anything is built or written
+        errors = distributed.check_layout(d.num_prompts, world_size)
+        if errors:
+            raise ConfigError("; ".join(errors))
     if r.resume:  # before anything is built or written
         check_resume_config(cfg)
     device = resolve_device(r.device)
+    dp = distributed.init(device.type)
+    if dp is not None and device.type == "cuda":
+        device = torch.device("cuda", dp.local_rank)
     if r.threads:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
@@ -292,7 +324,8 @@ def setup(cfg: TrainConfig) -> RunParts:
     # Frozen weights (a LoRA policy's base) stay out of the optimizer.
     params = [p for m in (policy, value_head) if m is not None for p in m.parameters()
               if p.requires_grad]
-    use_graphs = r.cuda_graphs and graphs.supported(policy, device)
+    # The CUDA-graph learner does not sum gradients over ranks: data parallel runs eager.
+    use_graphs = r.cuda_graphs and graphs.supported(policy, device) and dp is None
     # CUDA graphs need capturable AdamW; elsewhere the fused kernel (4x the default on CPU).
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
@@ -309,7 +342,7 @@ def setup(cfg: TrainConfig) -> RunParts:
                                                cfg.sampling.replay_sampling_mask
                                                and not spec.needs_labels),
                       packed=packed,
-                      token_budget=cfg.learner.token_budget)
+                      token_budget=cfg.learner.token_budget, parallel=dp)
     learn = GraphedUpdate(plan, policy, value_head, optimizer, r.batch_size) if use_graphs \
         else functools.partial(update, plan, policy, value_head, optimizer)
     return RunParts(
@@ -320,7 +353,8 @@ def setup(cfg: TrainConfig) -> RunParts:
         want_expected=wants_expected_reward(spec, cfg.sampling.top_k, cfg.sampling.top_p),
         record_sum_p2=spec.needs_behaviour_sum_p2 or (
             cfg.replay.replay_capacity > 0
-            and cfg.replay.replay_priority in ADVANTAGE_PRIORITIES))
+            and cfg.replay.replay_priority in ADVANTAGE_PRIORITIES),
+        parallel=dp)
 
 
 def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy:
@@ -345,8 +379,11 @@ def open_run(parts: RunParts, state: LoopState) -> tuple[Path, LoopState, list[s
     """The run directory (new, or the one resumed with its checkpoint loaded into the parts and
     ``state``, and its logs cut back to the checkpoint's step) with ``config.json`` written;
     returns it, the loop state and the notices of the resume."""
-    cfg, r = parts.cfg, parts.cfg.run
-    run_dir = Path(r.resume) if r.resume else checkpoint.new_run_dir(cfg, r.runs_dir)
+    cfg, r, dp = parts.cfg, parts.cfg.run, parts.parallel
+    run_dir = Path(r.resume) if r.resume else (
+        checkpoint.new_run_dir(cfg, r.runs_dir) if parts.is_main else Path())
+    if dp is not None:  # rank 0 names the directory
+        run_dir = dp.broadcast(run_dir)
     notices: list[str] = []
     if r.resume:
         state, notices = checkpoint.load(run_dir, parts.policy, parts.value_head, parts.ref,
@@ -354,6 +391,11 @@ def open_run(parts: RunParts, state: LoopState) -> tuple[Path, LoopState, list[s
         if r.num_steps < state.step:
             raise ConfigError(f"run.num_steps={r.num_steps} is below the step of the checkpoint "
                               f"resumed ({state.step}): set --num_steps {state.step} or more")
+    if dp is not None:  # every rank has read the checkpoint before rank 0 writes
+        dp.barrier()
+    if not parts.is_main:
+        return run_dir, state, notices
+    if r.resume:
         checkpoint.adopt(run_dir, state.step)
         # records logged after the checkpoint are written again by the resumed run
         for name in LOGS:
@@ -447,6 +489,43 @@ class RunLog:
                          reason=diverged.get("reason", ""))
 
 
+class _Quiet:
+    """The live display of a rank that does not print."""
+
+    def alert(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RankLog(RunLog):
+    """A data-parallel rank other than 0: keeps its records for `RunResult`, writes and
+    prints nothing and does not evaluate (rank 0 logs the run)."""
+
+    def __init__(self, parts: RunParts, run_dir: Path) -> None:
+        self.parts, self.run_dir = parts, run_dir
+        self.history, self.evals = [], []
+        self.display = _Quiet()  # type: ignore[assignment]
+        self.t_run = time.perf_counter()
+
+    def evaluate(self, step: int) -> None:
+        pass
+
+    def step(self, step: int, values: dict[str, float], batch: RolloutBatch,
+             adv_BT: torch.Tensor) -> None:
+        self.history.append({"step": step, **values})
+
+    def close(self) -> None:
+        pass
+
+    def result(self, state: LoopState, status: str, diverged: dict[str, Any]) -> RunResult:
+        return RunResult(run_dir=self.run_dir, seed=self.parts.cfg.run.seed, status=status,
+                         metrics=self.history, evals=self.evals,
+                         wall_time_s=time.perf_counter() - self.t_run,
+                         reason=diverged.get("reason", ""))
+
+
 def shape_rewards(batch: RolloutBatch, parts: RunParts, step: int) -> RolloutBatch:
     """The reward-shaping stage on a scored batch: the method's overlong penalty where active,
     and ReMax's greedy baseline where the advantage reads it."""
@@ -479,7 +558,8 @@ class Collector:
     def _sample(self) -> RolloutBatch:
         p = self.parts
         return sample_rollouts(p.policy, p.task, p.cfg, p.generator, p.device, p.d.num_prompts,
-                               p.d.group_size, p.d.max_new_tokens, p.record_sum_p2)
+                               p.d.group_size, p.d.max_new_tokens, p.record_sum_p2,
+                               p.parallel)
 
     def _scored(self, rollout: RolloutBatch, step: int) -> RolloutBatch:
         p = self.parts
@@ -588,6 +668,8 @@ def step_values(parts: RunParts, m: dict[str, torch.Tensor], batch: RolloutBatch
     values |= source.stats()
     if p.device.type == "cuda":
         values["perf/peak_memory_mb"] = torch.cuda.max_memory_allocated(p.device) / 2**20
+    if p.parallel is not None:  # the only values that differ across ranks
+        values = p.parallel.reduce_timings(values)
     return values, bad_params
 
 
@@ -597,7 +679,10 @@ def eval_due(step: int, r: RunConfig) -> bool:
 
 
 def save_checkpoint(parts: RunParts, run_dir: Path, state: LoopState) -> None:
+    """Rank 0's checkpoint (the weights are replicated: it resumes on any number of ranks)."""
     p = parts
+    if not p.is_main:
+        return
     checkpoint.save(run_dir, p.policy, p.value_head, p.ref, p.optimizer, p.generator, state)
 
 
@@ -609,7 +694,7 @@ def finish(parts: RunParts, log: RunLog, state: LoopState, status: str) -> None:
     if status == "diverged":
         return
     save_checkpoint(parts, log.run_dir, state)
-    if parts.cfg.model.lora_rank > 0:
+    if parts.cfg.model.lora_rank > 0 and parts.is_main:
         from rlscope.policy.hf import HFPolicy
 
         assert isinstance(parts.policy, HFPolicy)
@@ -626,7 +711,8 @@ def train(cfg: TrainConfig) -> RunResult:
     source = batch_source(parts.cfg.replay, r.delay, r.overfit_batch, collect, parts.generator)
     state = LoopState(beta=spec.kl.coef, entropy_coef=spec.entropy_coef, source=source)
     run_dir, state, notices = open_run(parts, state)
-    log = RunLog(parts, run_dir, state.step, notices)
+    log = RunLog(parts, run_dir, state.step, notices) if parts.is_main \
+        else RankLog(parts, run_dir)
     for warning in correction_warnings(parts.cfg, spec):
         log.display.alert(f"warning: {warning}")
     status, diverged = "completed", {}
@@ -664,9 +750,12 @@ def train(cfg: TrainConfig) -> RunResult:
             if r.checkpoint_every and state.step % r.checkpoint_every == 0:
                 save_checkpoint(parts, run_dir, state)
         finish(parts, log, state, status)
+        if parts.parallel is not None:  # rank 0's files are written when any rank returns
+            parts.parallel.barrier()
     except BaseException as error:
-        checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
-            {"status": "failed", "steps": state.step, "error": repr(error)}))
+        if parts.is_main:
+            checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
+                {"status": "failed", "steps": state.step, "error": repr(error)}))
         raise
     finally:
         torch.set_num_threads(threads_before)

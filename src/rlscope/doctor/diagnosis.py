@@ -28,6 +28,9 @@ KEY_METRICS = ("reward/mean", "policy/entropy", "policy/entropy_sampled", "lengt
                "time/step")
 TIME_PREFIXES = ("time/", "timing_s/", "timing/")
 TOTAL_TIME = ("time/step", "timing_s/step")
+RANK_MEAN = "_mean"
+"""A data-parallel run's ``time/<phase>_mean`` (the mean over ranks; ``time/<phase>`` is the
+slowest rank's): no phase of its own, the rank_imbalance rule reads it."""
 
 
 @dataclass
@@ -81,7 +84,8 @@ def phase_table(t: MetricTable) -> dict[str, tuple[float, float]]:
     phase outside the step (evaluation) can exceed 100%."""
     total_name = t.first(*TOTAL_TIME)
     phases = [n for n in t.names() if n.startswith(TIME_PREFIXES) and n != total_name
-              and is_seconds(n)]  # a token count or a count under timing_s/ is no phase
+              and is_seconds(n)  # a token count or a count under timing_s/ is no phase
+              and not n.endswith(RANK_MEAN)]
     if not phases:
         return {}
     total = float(t.values(total_name).sum()) if total_name else sum(

@@ -125,5 +125,8 @@ class DoctorConfig:
     """reward_plateau: the flat stretch must cover at least this fraction of the steps."""
     throughput_drop: float = 0.2
     """throughput_regression: throughput down by this fraction (or step time up by it)."""
+    rank_imbalance: float = 0.2
+    """rank_imbalance: the slowest rank's step time above the mean over ranks by this
+    fraction in the median step."""
     clip_ratio_rising: float = 0.02
     """truncation: a truncated fraction rising beyond noise is reported from this level."""

@@ -49,7 +49,7 @@ from rlscope.doctor.rules.reward import (
     sigma_amplification,
     truncation,
 )
-from rlscope.doctor.rules.throughput import throughput_regression
+from rlscope.doctor.rules.throughput import rank_imbalance, throughput_regression
 from rlscope.doctor.rules.verdict import (
     EVAL_PREFIXES,
     LOWER_IS_BETTER,
@@ -94,6 +94,7 @@ RULES: dict[str, Callable[[MetricTable, DoctorConfig], RuleOut]] = {
     "oscillation": oscillation,
     "stale_replay": stale_replay,
     "throughput_regression": throughput_regression,
+    "rank_imbalance": rank_imbalance,
     "learning_verdict": learning_verdict,
 }
 

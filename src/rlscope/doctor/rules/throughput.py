@@ -1,13 +1,17 @@
-"""Timing rules: a throughput that regresses over the run.
+"""Timing rules: a throughput that regresses over the run; data-parallel ranks whose step
+times diverge.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from rlscope.doctor.findings import DoctorConfig, Finding
 from rlscope.doctor.rules.common import (
     RuleOut,
+    _need_all,
     _r,
     _why,
 )
@@ -85,3 +89,50 @@ def throughput_regression(t: MetricTable, c: DoctorConfig) -> RuleOut:
         "generation or training phase (longer tails, memory pressure, preemption).",
         ("a length limit ({max_length})", "balance long samples across workers"),
         0.6, step=step)]
+
+
+RANK_PHASES = ("time/step", "time/sample", "time/score", "time/ref", "time/learn")
+"""The timings a data-parallel run logs per step as the slowest rank's, each beside its mean
+over ranks ``<name>_mean`` (rlscope.distributed)."""
+
+
+def rank_imbalance(t: MetricTable, c: DoctorConfig) -> RuleOut:
+    """Data-parallel ranks out of step: the slowest rank's step time (``time/step``) above
+    the mean over ranks (``time/step_mean``) by more than rank_imbalance in the median step
+    (at least min_steps steps), the phase with the largest median gap named (sampling: long
+    completions on one rank; learning: uneven rows after selection) and the first step above
+    the threshold. Every rank waits for the slowest at each collective, so the gap is time
+    the other ranks idle. A single-process run logs ``time/step`` and no ``*_mean``: no
+    finding (nothing to compare)."""
+    if t.has("time/step") and t.first("time/step_mean", "time/sample_mean",
+                                      "time/learn_mean") is None:
+        return []  # one process: nothing to compare
+    missing = _need_all(t, ("time/step", "time/step_mean"), c.min_steps)
+    if missing is not None:
+        return missing
+    gaps: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for phase in RANK_PHASES:
+        if t.has(phase, c.min_steps) and t.has(f"{phase}_mean", c.min_steps):
+            steps, slowest, mean = aligned(t.series(phase), t.series(f"{phase}_mean"))
+            gaps[phase] = steps, slowest / np.maximum(mean, 1e-12) - 1.0
+    steps, gap = gaps["time/step"]
+    median = float(np.median(gap))
+    if median <= c.rank_imbalance:
+        return []
+    worst = max((p for p in gaps if p != "time/step"), default="time/step",
+                key=lambda p: float(np.median(gaps[p][1])))
+    first = float(steps[np.argmax(gap > c.rank_imbalance)])
+    evidence: dict[str, Any] = {
+        "median_gap": _r(median), "max_gap": _r(float(gap.max())),
+        "worst_phase": worst, "worst_phase_median_gap": _r(float(np.median(gaps[worst][1]))),
+        "steps_above": _r(float((gap > c.rank_imbalance).mean()))}
+    return [Finding(
+        "rank_imbalance", "warning",
+        f"data-parallel ranks out of step: the slowest rank's step is {median:.0%} above the "
+        f"mean in the median step, most in {worst}", evidence,
+        "Every rank waits for the slowest one at each gradient sum and gather, so the gap is "
+        "time the other ranks idle. Uneven sampling (one rank's completions run long), "
+        "uneven learner rows after selection, or a slower or shared device cause it.",
+        ("balance long samples across ranks (a length limit ({max_length}))",
+         "give each rank a dedicated device and CPU cores"),
+        0.6, step=first)]

@@ -1,0 +1,222 @@
+"""Data-parallel training (rlscope.distributed) on CPU with gloo: two ranks × B/2 give the
+update of one process × B in float64 (loss, gradients, parameters after 3 steps, every
+metric) for grpo, ppo and dg and for methods that read batch statistics and select rows, and
+a 2-rank checkpoint resumes exactly on 1 and on 2 ranks."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlscope.cli import _without_option, main
+from rlscope.config import ConfigError
+from rlscope.distributed import DataParallel, check_layout, split
+
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
+sys.path.insert(0, str(TESTS))
+from dp_worker import run_job  # noqa: E402
+
+TOL = 1e-10
+F32, F64 = torch.float32, torch.float64
+TIMING = ("time/", "throughput/", "perf/")
+COMMON = ["--seq_len", "4", "--eval_batches", "1", "--eval_batch_size", "8", "--threads", "1",
+          "--device", "cpu", "--no-progress", "--d_model", "16", "--n_layers", "1",
+          "--doctor_every", "0", "--dtype", "float64", "--eval_every", "2",
+          "--log_samples", "2", "--samples_every", "1"]
+METHODS = {
+    # two minibatches of 2 groups each: every optimizer step is split over the ranks
+    "grpo": ["--method", "grpo", "--batch_size", "16", "--group_size", "4",
+             "--num_minibatches", "2", "--micro_batch_size", "4"],
+    # a critic (GAE, value loss) and two inner epochs
+    "ppo": ["--method", "ppo", "--batch_size", "16", "--num_minibatches", "2",
+            "--inner_epochs", "2", "--micro_batch_size", "3"],
+    "dg": ["--method", "dg", "--batch_size", "16", "--micro_batch_size", "4"],
+    # batch statistics and selection: DAPO's mixed-group filter refilled by --fill_batch, its
+    # overlong penalty and token-mean aggregation, top-p (the kept sets gathered);
+    # REINFORCE++'s advantages whitened over the whole batch; kondo's batch-wide selection
+    "dapo": ["--method", "dapo", "--batch_size", "16", "--group_size", "4", "--fill_batch",
+             "--top_p", "0.9", "--micro_batch_size", "4"],
+    "reinforce_pp": ["--method", "reinforce_pp", "--batch_size", "16", "--group_size", "4",
+                     "--num_minibatches", "2"],
+    "kondo": ["--method", "kondo", "--batch_size", "16"],
+}
+
+
+def _torchrun(jobs: list[dict[str, Any]], out: Path, nproc: int = 2) -> None:
+    jobs_file = out / "jobs.json"
+    jobs_file.write_text(json.dumps(jobs))
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+         str(nproc), str(TESTS / "dp_worker.py"), str(jobs_file), str(out)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def _load(out: Path, name: str, rank: int) -> dict[str, Any]:
+    return torch.load(out / f"{name}.rank{rank}.pt", weights_only=False)
+
+
+def _assert_rows_close(a: list[dict[str, float]], b: list[dict[str, float]], what: str
+                       ) -> None:
+    assert len(a) == len(b) > 0, what
+    for ra, rb in zip(a, b, strict=True):
+        untimed = {k for k in ra if not k.startswith(TIMING)}
+        assert untimed == {k for k in rb if not k.startswith(TIMING)}, what
+        for k in untimed:
+            assert math.isclose(ra[k], rb[k], rel_tol=0, abs_tol=TOL) or (
+                math.isnan(ra[k]) and math.isnan(rb[k])), (what, ra["step"], k, ra[k], rb[k])
+
+
+def _assert_tensors_close(a: list[torch.Tensor | None], b: list[torch.Tensor | None],
+                          what: str) -> None:
+    assert len(a) == len(b) > 0, what
+    for x, y in zip(a, b, strict=True):
+        assert (x is None) == (y is None), what
+        if x is not None and y is not None:
+            assert x.dtype == torch.float64
+            torch.testing.assert_close(x, y, rtol=0, atol=TOL, msg=what)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One torchrun launch on 2 ranks: each method for 3 steps, and a grpo run stopped at a
+    checkpoint after 2 steps (resumed by the tests)."""
+    out = tmp_path_factory.mktemp("dp")
+    jobs = [{"name": m, "args": [*COMMON, *args, "--num_steps", "3", "--runs_dir",
+                                 str(out / "runs2"), "--name", m]}
+            for m, args in METHODS.items()]
+    jobs.append({"name": "half", "args": [*COMMON, *METHODS["grpo"], "--num_steps", "2",
+                                          "--runs_dir", str(out / "runs2"), "--name", "half"]})
+    _torchrun(jobs, out)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(METHODS))
+def test_two_ranks_equal_one_process(runs: Path, tmp_path: Path, method: str) -> None:
+    one = run_job([*COMMON, *METHODS[method], "--num_steps", "3", "--runs_dir",
+                   str(tmp_path), "--name", method])
+    ranks = [_load(runs, method, r) for r in (0, 1)]
+    assert one["status"] == ranks[0]["status"] == "completed"
+    # the ranks' learners split the rows (a minibatch of an odd number of whole groups, left
+    # by selection, splits unevenly)
+    assert ranks[0]["rows"] + ranks[1]["rows"] == one["rows"]
+    assert min(ranks[0]["rows"], ranks[1]["rows"]) >= one["rows"] // 4 > 0
+    for rank in ranks:  # every rank holds the same metrics, equal to one process's
+        _assert_rows_close(one["metrics"], rank["metrics"], f"{method} metrics")
+        assert len(rank["steps"]) == len(one["steps"]) == 3
+        for s_one, s_dp in zip(one["steps"], rank["steps"], strict=True):
+            _assert_tensors_close(s_one["grads"], s_dp["grads"], f"{method} gradients")
+            _assert_tensors_close(s_one["params"], s_dp["params"], f"{method} parameters")
+    assert {"loss/total", "optim/grad_norm"} <= set(one["metrics"][-1])
+    # rank 0 evaluates and writes the run's files; the other rank writes nothing
+    _assert_rows_close(one["evals"], ranks[0]["evals"], f"{method} evals")
+    assert ranks[1]["evals"] == []
+    written = Path(ranks[0]["run_dir"])
+    logged = [json.loads(line) for line in (written / "metrics.jsonl").read_text().splitlines()]
+    _assert_rows_close(one["metrics"], logged, f"{method} metrics.jsonl")
+    samples = [json.loads(line) for line in (written / "samples.jsonl").read_text().splitlines()]
+    expected = [json.loads(line)
+                for line in (Path(one["run_dir"]) / "samples.jsonl").read_text().splitlines()]
+    assert [(r["prompt"], r["completion"]) for r in samples] == [
+        (r["prompt"], r["completion"]) for r in expected]  # the same tokens sampled
+    for got, want in zip(samples, expected, strict=True):
+        assert math.isclose(got["advantage"], want["advantage"], abs_tol=TOL)
+        assert got["reward"] == want["reward"]
+    # timings reduced over ranks: the slowest rank and the mean
+    for row in logged:
+        assert row["time/step"] >= row["time/step_mean"] > 0
+
+
+@pytest.mark.slow
+def test_resume_two_rank_checkpoint_on_one_and_two_ranks(runs: Path, tmp_path: Path) -> None:
+    whole = run_job([*COMMON, *METHODS["grpo"], "--num_steps", "4", "--runs_dir",
+                     str(tmp_path / "whole"), "--name", "whole"])
+    half = Path(_load(runs, "half", 0)["run_dir"])
+    assert (half / "checkpoints" / "step_2.pt").exists()
+    on_one, on_two = tmp_path / "on_one", tmp_path / "on_two"
+    shutil.copytree(half, on_one)
+    shutil.copytree(half, on_two)
+    resume = [*COMMON, *METHODS["grpo"], "--num_steps", "4"]
+    one = run_job([*resume, "--resume", str(on_one)])
+    _torchrun([{"name": "resumed", "args": [*resume, "--resume", str(on_two)]}], tmp_path)
+    two = _load(tmp_path, "resumed", 0)
+    for run, what in ((one, "resumed on 1 rank"), (two, "resumed on 2 ranks")):
+        assert [r["step"] for r in run["metrics"]] == [2, 3]
+        _assert_rows_close(whole["metrics"][2:], run["metrics"], what)
+        _assert_tensors_close(whole["steps"][-1]["params"], run["steps"][-1]["params"], what)
+    for directory in (on_one, on_two):  # the logs read as one uninterrupted run's
+        logged = [json.loads(line)
+                  for line in (directory / "metrics.jsonl").read_text().splitlines()]
+        _assert_rows_close(whole["metrics"], logged, f"{directory.name} metrics.jsonl")
+
+
+def test_split_covers_every_item_once() -> None:
+    for n in range(0, 9):
+        for parts in (1, 2, 3, 4):
+            bounds = [split(n, parts, i) for i in range(parts)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == n
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+            sizes = [hi - lo for lo, hi in bounds]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_rank_rows_keep_groups_whole() -> None:
+    ranks = [DataParallel(rank=r, world_size=2, local_rank=r) for r in (0, 1)]
+    assert [dp.sample_rows(16, 4) for dp in ranks] == [slice(0, 8), slice(8, 16)]
+    # a minibatch of three groups: 2 groups on rank 0, 1 on rank 1
+    assert [dp.rank_rows(12, 24, 4) for dp in ranks] == [(12, 20), (20, 24)]
+    # one group: rank 1 computes nothing for this minibatch
+    assert [dp.rank_rows(0, 4, 4) for dp in ranks] == [(0, 4), (4, 4)]
+    # not whole groups: single rows
+    assert [dp.rank_rows(0, 5, 4) for dp in ranks] == [(0, 3), (3, 5)]
+
+
+def test_uneven_groups_are_refused_before_training(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    assert check_layout(4, 2) == []
+    assert "multiple of 2" in check_layout(3, 2)[0]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="do not split evenly over 2 ranks"):
+        run_job([*COMMON, "--method", "grpo", "--batch_size", "12", "--group_size", "4",
+                 "--num_steps", "1", "--runs_dir", str(tmp_path)])
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_nproc_is_checked_before_launching_and_not_passed_to_torchrun(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _without_option(["--nproc", "2", "--seed", "1", "--nproc=3"], "--nproc") == [
+        "--seed", "1"]
+    assert main(["train", *COMMON, "--method", "grpo", "--batch_size", "12", "--group_size",
+                 "4", "--nproc", "2", "--runs_dir", str(tmp_path)]) == 2
+    assert "make batch_size / group_size a multiple of 2" in capsys.readouterr().err
+    assert main(["train", *COMMON, "--method", "grpo", "--batch_size", "16", "--nproc", "2",
+                 "--jobs", "2", "--runs_dir", str(tmp_path)]) == 2
+    assert "drop --jobs" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_gradient_buckets_keep_order_dtype_and_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlscope import distributed
+
+    monkeypatch.setattr(distributed, "BUCKET_NUMEL", 10)
+    params = [torch.zeros(4, dtype=F64), torch.zeros(4, dtype=F64), torch.zeros(4, dtype=F64),
+              torch.zeros(3, dtype=F32),
+              torch.zeros(20, dtype=F32), torch.zeros(2, dtype=F32)]
+    buckets = distributed._buckets(params)
+    assert [[id(p) for p in b] for b in buckets] == [
+        [id(params[0]), id(params[1])], [id(params[2])], [id(params[3])], [id(params[4])],
+        [id(params[5])]]
