@@ -6,6 +6,7 @@ every expected weight is written from ρ.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from rlscope.methods.corrections import (
     correction_metrics,
     weight_ess,
 )
+from rlscope.policy import ModelConfig
 from rlscope.replay import ReplayConfig
 from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TaskConfig
@@ -291,6 +293,23 @@ def test_presets_validate_and_warn_when_the_learner_samples() -> None:
         replayed = _cfg(name, sampling=SamplingConfig(top_k=2))
         assert len(correction_warnings(replayed, spec)) == 1
     assert correction_warnings(_cfg("grpo"), METHODS["grpo"]) == []
+
+
+def test_no_correction_warning_when_the_static_sampler_decodes() -> None:
+    """The static sampler decodes from its own weight copy with its own kernels (bf16 under
+    --autocast on CUDA): ℓ_s differs from ℓ_o and the correction acts, so no warning for a
+    Hugging Face model with --backend static, or auto off the CPU; the eager backend on the
+    same model, or auto on the CPU, samples with the learner's weights and still warns."""
+    spec = METHODS["icepop"]
+    hf = ModelConfig(arch="qwen2")
+
+    def warns(backend: str, device: str) -> bool:
+        cfg = _cfg("icepop", model=hf, sampling=SamplingConfig(backend=backend))
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device))
+        return bool(correction_warnings(cfg, spec))
+
+    assert not warns("static", "cpu") and not warns("auto", "cuda")
+    assert warns("eager", "cuda") and warns("auto", "cpu")
 
 
 @pytest.mark.parametrize("name", sorted(CORRECTIONS))

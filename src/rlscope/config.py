@@ -485,13 +485,18 @@ def overlong_errors(cfg: TrainConfig, spec: MethodSpec, d: Derived) -> list[str]
 
 def correction_warnings(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     """Why the configured sampler-vs-learner correction cannot act (METHODS_2026.md §4: warn,
-    do not reject): the learner samples with the same weights, on-policy (no --delay, no replay
-    buffer, no --overfit_batch), and either replays the top-k/top-p kept set or filters
-    nothing, so ℓ_s = ℓ_o up to rounding and every weight is 1."""
+    do not reject): the learner samples with the same weights and kernels (the tiny
+    transformer, or a Hugging Face model sampled by the eager backend or on CPU), on-policy (no
+    --delay, no replay buffer, no --overfit_batch), and either replays the top-k/top-p kept set
+    or filters nothing, so ℓ_s = ℓ_o up to rounding and every weight is 1."""
     s, r = cfg.sampling, cfg.run
     filtered = s.top_k > 0 or s.top_p < 1
+    # the static sampler decodes from its own weight copy (bf16 under --autocast on CUDA) with
+    # its own kernels: ℓ_s differs from ℓ_o and the correction acts
+    own_sampler = s.backend == "static" or (
+        s.backend == "auto" and cfg.model.arch != "tiny" and r.device != "cpu")
     if not spec.corrected or r.delay or cfg.replay.replay_capacity or r.overfit_batch \
-            or (filtered and not s.replay_sampling_mask):
+            or (filtered and not s.replay_sampling_mask) or own_sampler:
         return []
     return [f"method {cfg.method!r}: the sampler-vs-learner correction "
             f"is_correction={spec.correction.name!r} does nothing here: the learner is the "
