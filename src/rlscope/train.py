@@ -51,6 +51,7 @@ from rlscope.config import (
 from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snapshot
 from rlscope.doctor.live import LiveDoctor, alert_line
 from rlscope.doctor.render import findings_json
+from rlscope.env_workers import close_env_workers, env_metrics, with_env_workers
 from rlscope.evaluation import evaluate, heldout_batch
 from rlscope.learner import (
     LearnerInputs,
@@ -496,6 +497,7 @@ class Collector:
             self.metrics["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=p.device)
         _sync(p.device)
         self.t_scored = time.perf_counter()
+        self.metrics |= env_metrics(p.task, p.device)
         return fresh
 
     def timings(self) -> tuple[float, float, float]:
@@ -617,6 +619,7 @@ def train(cfg: TrainConfig) -> RunResult:
     log → checkpoint per step."""
     threads_before = torch.get_num_threads()
     parts = setup(cfg)
+    parts = dataclasses.replace(parts, task=with_env_workers(parts.task, parts.cfg))
     r, spec = parts.cfg.run, parts.spec
     collect = Collector(parts)
     source = batch_source(parts.cfg.replay, r.delay, r.overfit_batch, collect, parts.generator)
@@ -667,6 +670,7 @@ def train(cfg: TrainConfig) -> RunResult:
     finally:
         torch.set_num_threads(threads_before)
         log.close()
+        close_env_workers(parts.task)
     return log.result(state, status, diverged)
 
 
