@@ -351,9 +351,10 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
     errors += requirement_errors(cfg, spec, task)
-    from rlscope.env_workers import env_worker_errors
+    from rlscope.env_workers import PoolOptions, env_worker_errors
 
-    errors += env_worker_errors(cfg, task)
+    errors += env_worker_errors(PoolOptions(r.env_workers, r.env_timeout_s, r.env_retries,
+                                            r.env_chunk_size), cfg.task, task)
     errors += environment_errors(cfg, errors)
     if not errors:
         errors += memory_errors(step_memory(cfg, task, d), _memory_device(r.device))

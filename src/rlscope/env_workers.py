@@ -33,15 +33,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 
 from rlscope.batch import RolloutBatch
-from rlscope.tasks.base import Scores, Task, WatchesPolicy
-
-if TYPE_CHECKING:
-    from rlscope.config import TrainConfig
+from rlscope.tasks.base import Scores, Task, TaskConfig, WatchesPolicy
 
 STARTUP_S = 180.0
 """How long a new actor may take to start (import torch, build its task) before the pool
@@ -63,19 +60,18 @@ class PoolOptions:
     """Rows per call; 0 = the batch split evenly, one chunk per worker."""
 
 
-def env_worker_errors(cfg: TrainConfig, task: Task) -> list[str]:
-    """Why ``cfg``'s ``--env_*`` options cannot run (empty when they can, or are off)."""
-    r = cfg.run
-    if not r.env_workers:
+def env_worker_errors(options: PoolOptions, task_name: str, task: Task) -> list[str]:
+    """Why the ``--env_*`` options cannot run with ``task`` (empty when they can, or are off)."""
+    if not options.workers:
         return []
     from rlscope.ray_cluster import ray_missing
 
     errors = [m for m in [ray_missing("run.env_workers")] if m]
     if isinstance(task, WatchesPolicy):
-        errors.append(f"run.env_workers: task {cfg.task!r} scores with the trained policy, "
+        errors.append(f"run.env_workers: task {task_name!r} scores with the trained policy, "
                       "which the workers do not have: drop --env_workers")
-    if not r.env_timeout_s > 0:
-        errors.append(f"run.env_timeout_s={r.env_timeout_s} must be > 0 (--env_timeout_s)")
+    if not options.timeout_s > 0:
+        errors.append(f"run.env_timeout_s={options.timeout_s} must be > 0 (--env_timeout_s)")
     return errors
 
 
@@ -267,17 +263,15 @@ class RemoteScoredTask:
         return errors
 
 
-def with_env_workers(task: Task, cfg: TrainConfig) -> Task:
-    """``task`` itself, or with ``--env_workers`` its `RemoteScoredTask` (actors start at the
-    first scored batch)."""
-    r = cfg.run
-    if not r.env_workers:
+def with_env_workers(task: Task, task_name: str, task_options: TaskConfig,
+                     options: PoolOptions) -> Task:
+    """``task`` itself, or with ``options.workers`` its `RemoteScoredTask`, whose workers build
+    ``make_task(task_name, task_options)`` (they start at the first scored batch)."""
+    if not options.workers:
         return task
     from rlscope.tasks import make_task
 
-    pool = ScoringPool(functools.partial(make_task, cfg.task, cfg.task_options),
-                       PoolOptions(r.env_workers, r.env_timeout_s, r.env_retries,
-                                   r.env_chunk_size),
+    pool = ScoringPool(functools.partial(make_task, task_name, task_options), options,
                        float(getattr(task, "failure_reward", 0.0)))
     return cast(Task, RemoteScoredTask(task, pool))
 

@@ -49,22 +49,17 @@ def resources(spec: RunSpec, cluster_gpus: float) -> dict[str, float]:
     return {"num_cpus": float(max(r.threads, 1)), "num_gpus": gpus}
 
 
-def _execute(spec: RunSpec) -> Any:
-    """The Ray task: `rlscope.sweep.runner.execute` on one run (imported on the worker)."""
-    from rlscope.sweep.runner import execute
-
-    return execute(spec)
-
-
 def run_ray(tasks: Sequence[tuple[int, RunSpec]], address: str,
-            failed: Callable[[str, float], Any]) -> Generator[tuple[int, Any], None, None]:
-    """Run every ``(key, spec)`` as a Ray task on the cluster at ``address`` (a local one when
-    empty); yield ``(key, outcome)`` as each ends. A task whose worker dies gives
+            execute: Callable[[RunSpec], Any], failed: Callable[[str, float], Any]
+            ) -> Generator[tuple[int, Any], None, None]:
+    """Run ``execute(spec)`` (a module-level function, which Ray's workers import) for every
+    ``(key, spec)`` as a Ray task on the cluster at ``address`` (a local one when empty); yield
+    ``(key, outcome)`` as each ends. A task whose worker dies gives
     ``failed(why, seconds)``. However the iteration ends, every task still out is cancelled and a
     local cluster is shut down."""
     with ray_cluster(address) as ray, stop_on_signals():  # ray.init replaces SIGTERM's handler
         gpus = float(ray.cluster_resources().get("GPU", 0.0))
-        remote = ray.remote(max_retries=0)(_execute)
+        remote = ray.remote(max_retries=0)(execute)
         specs = dict(tasks)
         started = time.perf_counter()
         refs = {remote.options(**resources(spec, gpus)).remote(spec): key

@@ -328,7 +328,7 @@ def _run_locked(manifest: Manifest, options: SweepOptions, report: Callable[[str
         if options.backend == "ray":
             from rlscope.sweep.ray_backend import run_ray
 
-            on_ray = run_ray(todo, options.address,
+            on_ray = run_ray(todo, options.address, execute,
                              lambda how, seconds: Outcome("failed", seconds, {}, how))
             try:
                 for k, (i, outcome) in enumerate(on_ray, 1):
