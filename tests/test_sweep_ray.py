@@ -143,3 +143,43 @@ def test_a_failing_run_on_ray_is_reported_and_the_others_finish(
     assert index["broken_s0"]["status"] == "failed"
     assert "Traceback" in index["broken_s0"]["traceback"]
     assert "Traceback" in (out / "logs" / "broken_s0.log").read_text()
+
+
+@pytest.mark.slow
+def test_sigterm_cancels_the_ray_tasks_and_records_the_runs_interrupted(tmp_path: Path) -> None:
+    """SIGTERM mid-sweep: exit status 128 + 15, the unfinished runs are recorded interrupted,
+    no Ray worker is left running, and the next invocation finishes them (resumed or run)."""
+    pytest.importorskip("ray")
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import rlscope
+
+    src = str(Path(rlscope.__file__).resolve().parents[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200",
+           "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(FOUR.replace("num_steps = 4", "num_steps = 400"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "rlscope.cli", "sweep", str(manifest),
+                             "--output", str(out), "--backend", "ray", "--no_report"],
+                            stdout=(tmp_path / "sweep.out").open("wb"),
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(
+            p.stat().st_size for p in out.glob("runs/*/metrics.jsonl")):
+        time.sleep(0.2)
+    assert proc.poll() is None, (tmp_path / "sweep.out").read_text()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM, (tmp_path / "sweep.out").read_text()
+    runs = json.loads((out / "sweep.json").read_text())["runs"]
+    assert {r["status"] for r in runs} == {"interrupted"}
+    # the local cluster went down with the sweep: none of its processes is left
+    time.sleep(2)
+    left = subprocess.run(["ps", "-o", "pid=,args=", "-s", str(proc.pid)],
+                          capture_output=True, text=True).stdout.strip()
+    assert left == "", left
+    after = run_sweep(parse_manifest(FOUR, output=out), SweepOptions(backend="ray"))
+    assert {r.status for r in after.records} == {"completed"}

@@ -20,13 +20,17 @@ interrupted and resume on the next invocation.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from rlscope.ray_cluster import ray_cluster
 from rlscope.sweep.manifest import RunSpec
-from rlscope.sweep.processes import stop_on_signals
+from rlscope.sweep.processes import SweepInterrupted
 
 WAIT_S = 0.2
 """How long the sweep blocks in ``ray.wait`` before it looks at signals again."""
@@ -49,6 +53,30 @@ def resources(spec: RunSpec, cluster_gpus: float) -> dict[str, float]:
     return {"num_cpus": float(max(r.threads, 1)), "num_gpus": gpus}
 
 
+@contextmanager
+def _signals() -> Iterator[list[int]]:
+    """`rlscope.sweep.processes.stop_on_signals` that also records the signal: Ray turns an
+    exception raised by a signal handler during ``ray.wait`` into a plain KeyboardInterrupt,
+    which `run_ray` turns back into `SweepInterrupted` with the signal received."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not received:
+            received.append(signum)
+            raise SweepInterrupted(signum)
+
+    wanted = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield received
+    finally:
+        for s, old in before.items():
+            signal.signal(s, old)
+
+
 def run_ray(tasks: Sequence[tuple[int, RunSpec]], address: str,
             execute: Callable[[RunSpec], Any], failed: Callable[[str, float], Any]
             ) -> Generator[tuple[int, Any], None, None]:
@@ -57,7 +85,7 @@ def run_ray(tasks: Sequence[tuple[int, RunSpec]], address: str,
     ``(key, outcome)`` as each ends. A task whose worker dies gives
     ``failed(why, seconds)``. However the iteration ends, every task still out is cancelled and a
     local cluster is shut down."""
-    with ray_cluster(address) as ray, stop_on_signals():  # ray.init replaces SIGTERM's handler
+    with ray_cluster(address) as ray, _signals() as received:  # after ray.init's handlers
         gpus = float(ray.cluster_resources().get("GPU", 0.0))
         remote = ray.remote(max_retries=0)(execute)
         specs = dict(tasks)
@@ -76,6 +104,10 @@ def run_ray(tasks: Sequence[tuple[int, RunSpec]], address: str,
                                          f"{type(e).__name__}: {e}".splitlines()[0],
                                          time.perf_counter() - started)
                     yield key, outcome
+        except KeyboardInterrupt as e:
+            if isinstance(e, SweepInterrupted):
+                raise
+            raise SweepInterrupted(received[0] if received else signal.SIGINT) from None
         finally:
             for ref in refs:
                 ray.cancel(ref, force=True)
