@@ -197,7 +197,8 @@ class ScoringPool:
             for slot in self.slots:
                 if slot.ref is None and queue:
                     k = queue.popleft()
-                    slot.ref = slot.actor.score.remote(cpu.select(slices[k]))
+                    rows = torch.arange(slices[k].start, slices[k].stop)  # a copy, not a
+                    slot.ref = slot.actor.score.remote(cpu.select(rows))  # view of the batch
                     slot.chunk, slot.deadline = k, time.monotonic() + o.timeout_s
             pending = {s.ref: s for s in self.slots if s.ref is not None}
             wait = max(0.0, min(s.deadline for s in pending.values()) - time.monotonic())
