@@ -183,3 +183,36 @@ def test_sigterm_cancels_the_ray_tasks_and_records_the_runs_interrupted(tmp_path
     assert left == "", left
     after = run_sweep(parse_manifest(FOUR, output=out), SweepOptions(backend="ray"))
     assert {r.status for r in after.records} == {"completed"}
+
+
+@pytest.mark.slow
+def test_address_joins_a_running_cluster_and_leaves_it_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster started by another process (without token authentication, which a join by
+    address does not turn on): the sweep runs its run there and leaves the cluster up for its
+    owner."""
+    pytest.importorskip("ray")
+    import os
+    import subprocess
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import ray, sys\n"
+         "ray.init(num_cpus=2, include_dashboard=False, logging_level='ERROR')\n"
+         "print(ray.get_runtime_context().gcs_address, flush=True)\n"
+         "sys.stdin.read()\nprint(len(ray.nodes()), flush=True)\nray.shutdown()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    assert owner.stdin is not None and owner.stdout is not None
+    try:
+        address = owner.stdout.readline().strip()
+        text = FOUR.replace("seeds = [0, 1]", "seeds = [0]").split("[runs.dg]")[0]
+        result = run_sweep(parse_manifest(text, output=tmp_path / "out"),
+                           SweepOptions(backend="ray", address=address))
+        assert [(r.run, r.status) for r in result.records] == [("grpo_s0", "completed")]
+        owner.stdin.close()  # the owner's cluster is still up: it counts its node
+        assert owner.stdout.readline().strip() == "1"
+        assert owner.wait(timeout=60) == 0
+    finally:
+        if owner.poll() is None:
+            owner.kill()
