@@ -1,10 +1,10 @@
 """Joining or starting a Ray cluster for rlscope (the optional ``ray`` extra).
 
-`ray_cluster` is a context: it joins the cluster at ``address`` (left running afterwards), or
-reuses the one this process is already connected to (a run inside a Ray sweep task), or starts
-a local one that it shuts down on exit. A local cluster's workers import the rlscope this
-process runs (its ``src`` folder goes first on their ``PYTHONPATH``), as the process backend's
-workers do.
+`ray_cluster` is a context: it reuses the cluster this process is already connected to (a run
+inside a Ray sweep task), or joins the one at ``address`` or ``RAY_ADDRESS`` (left running
+afterwards), or starts a local one that it shuts down on exit. A local cluster's workers
+import the rlscope this process runs (its ``src`` folder goes first on their ``PYTHONPATH``),
+as the process backend's workers do.
 """
 
 from __future__ import annotations
@@ -39,14 +39,16 @@ def ray_missing(what: str) -> str:
 
 @contextmanager
 def ray_cluster(address: str = "", num_cpus: int | None = None) -> Iterator[ModuleType]:
-    """Connect to Ray for the duration of the block and yield the module: ``address`` joins an
-    existing cluster (``auto``, ``ray://host:10001`` or ``host:6379``), not shut down after; an
-    already initialised connection is used as it is; otherwise a local cluster with
+    """Connect to Ray for the duration of the block and yield the module: an already
+    initialised connection is used as it is; ``address`` (else ``RAY_ADDRESS``) joins an
+    existing cluster (``auto``, ``ray://host:10001`` or ``host:6379``), not shut down after;
+    otherwise a local cluster with
     ``num_cpus`` (default: all cores) starts and is shut down at the end."""
     ray = import_ray("--backend ray and --env_workers")
     if ray.is_initialized():
         yield ray
         return
+    address = address or os.environ.get("RAY_ADDRESS", "")
     if address:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         try:
