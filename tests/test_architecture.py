@@ -28,7 +28,7 @@ DOC = ROOT / "docs" / "architecture.md"
 LAYERS: dict[str, int] = {
     # 0 utilities: nothing of rlscope below them
     "__init__.py": 0, "utils.py": 0, "files.py": 0, "paths.py": 0, "checks.py": 0,
-    "tokenizer.py": 0, "data/": 0, "sandbox/": 0,
+    "tokenizer.py": 0, "data/": 0, "sandbox/": 0, "ray_cluster.py": 0,
     # 1 records: batch contracts, metric estimators / schema / sinks, tidy results
     "batch.py": 1, "metrics/": 1, "results.py": 1,
     # 2 the doctor: torch-free, so the training loop may run its rules live
@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "methods/": 6,
     # 7 a run's parts: configuration, queues, checkpoints, evaluation (never the learner)
     "config.py": 7, "replay.py": 7, "checkpoint.py": 7, "evaluation.py": 7,
+    "env_workers.py": 7,
     # 8 the update
     "learner.py": 8, "learner_graphs.py": 8, "learner_packed.py": 8, "diagnostics.py": 8,
     "distributed.py": 8,  # data parallel: the learner's rank rows and gradient sums

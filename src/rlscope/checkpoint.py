@@ -215,6 +215,7 @@ RESUME_MAY_CHANGE: dict[str, str] = {
     "run.checkpoint_every": "when checkpoints are written; saving draws no random numbers",
     "run.log_samples": "rows written to samples.jsonl; writing them changes no state",
     "run.samples_every": "steps whose samples are written; writing them changes no state",
+    "run.env_workers": "where rewards are scored: the same scores in a pool of Ray actors",
 }
 """The only settings a ``--resume`` may change (dotted `TrainConfig` paths), each with why it
 cannot change what the run computes. Everything else (method, lr, task, model, seed, device,

@@ -196,6 +196,19 @@ class RunConfig:
     """On CUDA with the tiny transformer, replay the sampler's decode step and the learner's
     optimizer step from CUDA graphs (same results up to float rounding, several times faster
     at sandbox sizes). False turns both off (and overrides sampling.decode_graphs)."""
+    env_workers: int = 0
+    """Score the task's rewards in this many Ray actors (rlscope.env_workers; the code task's
+    sandbox, any slow or unsafe reward), in parallel chunks, a failing, dying or hanging worker
+    retried and counted in env/errors; 0 = in this process. Needs pip install -e '.[ray]'."""
+    env_timeout_s: float = 120.0
+    """With --env_workers: seconds one chunk's scoring may take before its worker is killed and
+    the chunk retried."""
+    env_retries: int = 2
+    """With --env_workers: retries of a chunk whose scoring failed (raised, worker died or timed
+    out); then its rows get the task's failure reward (0 for the code task)."""
+    env_chunk_size: int = 0
+    """With --env_workers: rows per scoring call (0 = the batch split evenly over the workers;
+    1 = a failure costs only its own sample's reward)."""
 
 
 @dataclass(frozen=True)
@@ -342,6 +355,10 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
     errors += requirement_errors(cfg, spec, task)
+    from rlscope.env_workers import PoolOptions, env_worker_errors
+
+    errors += env_worker_errors(PoolOptions(r.env_workers, r.env_timeout_s, r.env_retries,
+                                            r.env_chunk_size), cfg.task, task)
     errors += environment_errors(cfg, errors)
     if not errors:
         errors += memory_errors(step_memory(cfg, task, d), _memory_device(r.device))

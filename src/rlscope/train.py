@@ -51,6 +51,7 @@ from rlscope.config import (
 from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snapshot
 from rlscope.doctor.live import LiveDoctor, alert_line
 from rlscope.doctor.render import findings_json
+from rlscope.env_workers import PoolOptions, close_env_workers, env_metrics, with_env_workers
 from rlscope.evaluation import evaluate, heldout_batch
 from rlscope.learner import (
     LearnerInputs,
@@ -579,6 +580,7 @@ class Collector:
             self.metrics["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=p.device)
         _sync(p.device)
         self.t_scored = time.perf_counter()
+        self.metrics |= env_metrics(p.task, p.device)
         return fresh
 
     def timings(self) -> tuple[float, float, float]:
@@ -707,6 +709,9 @@ def train(cfg: TrainConfig) -> RunResult:
     threads_before = torch.get_num_threads()
     parts = setup(cfg)
     r, spec = parts.cfg.run, parts.spec
+    parts = dataclasses.replace(parts, task=with_env_workers(  # --env_workers: scoring in Ray
+        parts.task, parts.cfg.task, parts.cfg.task_options,
+        PoolOptions(r.env_workers, r.env_timeout_s, r.env_retries, r.env_chunk_size)))
     collect = Collector(parts)
     source = batch_source(parts.cfg.replay, r.delay, r.overfit_batch, collect, parts.generator)
     state = LoopState(beta=spec.kl.coef, entropy_coef=spec.entropy_coef, source=source)
@@ -760,6 +765,7 @@ def train(cfg: TrainConfig) -> RunResult:
     finally:
         torch.set_num_threads(threads_before)
         log.close()
+        close_env_workers(parts.task)
     return log.result(state, status, diverged)
 
 

@@ -185,6 +185,9 @@ METRICS: tuple[MetricDef, ...] = (
        "rows ended by a stop token (finish reason stop)"),
     _m("length/clip_ratio", "sequences", "frac", "rollout",
        "rows ended by max_new_tokens (finish reason length)"),
+    _m("env/errors", "steps", "sum", "rollout",
+       "--env_workers: scoring calls that raised, lost their worker or timed out while this "
+       "step's batch was scored (each retried; rows still failing get the failure reward)"),
     _m("time/sample", "steps", "value", "step", "seconds sampling"),
     _m("time/score", "steps", "value", "step", "seconds scoring"),
     _m("time/ref", "steps", "value", "step",

@@ -6,7 +6,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import tyro
 from rich.console import Console
@@ -15,7 +15,13 @@ from rich.markup import escape
 from rlscope.sweep.manifest import Manifest, ManifestError, load_manifest, name_problem
 from rlscope.sweep.plan import safe_plan
 from rlscope.sweep.processes import OutputLock, SweepInterrupted, SweepLocked
-from rlscope.sweep.runner import SweepOptions, SweepResult, run_sweep, with_threads
+from rlscope.sweep.runner import (
+    SweepOptions,
+    SweepResult,
+    backend_problem,
+    run_sweep,
+    with_threads,
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,15 @@ class SweepCommand:
     """A manifest that ships with rlscope instead of a file: evidence (the sandbox's standard
     experiment matrix, docs/evidence/README.md)."""
     jobs: int = 1
-    """Worker processes running runs in parallel."""
+    """Worker processes running runs in parallel (--backend process; with ray it only sets the
+    default --threads, cores / jobs)."""
+    backend: Literal["process", "ray"] = "process"
+    """Where runs execute: process (this process, or --jobs worker processes) or ray (each run
+    a Ray task asking for --threads CPUs and, on device cuda, one GPU; needs
+    pip install -e '.[ray]'; docs/scaling.md)."""
+    address: str = ""
+    """With --backend ray: the Ray cluster to join (auto, host:6379 or ray://host:10001); it is
+    left running. Empty: start a local cluster for the sweep and shut it down after."""
     threads: int = 0
     """CPU threads for torch per run; 0 = the manifest's threads if set, else cores / jobs."""
     dry_run: bool = False
@@ -94,7 +108,11 @@ def run(cmd: SweepCommand) -> int:
     except ManifestError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}")
         return 2
-    options = SweepOptions(jobs=cmd.jobs, threads=cmd.threads)
+    options = SweepOptions(jobs=cmd.jobs, threads=cmd.threads, backend=cmd.backend,
+                           address=cmd.address)
+    if problem := backend_problem(manifest, options):
+        err.print(f"[red]error:[/red] {escape(problem)}")
+        return 2
     if cmd.dry_run:
         sys.stdout.write(dry_run(manifest, options))
         return 0
@@ -106,8 +124,9 @@ def run(cmd: SweepCommand) -> int:
     except (SweepLocked, ValueError) as e:
         err.print(f"[red]error:[/red] {escape(str(e))}")
         return 2
-    out.print(f"sweep {manifest.name}: {len(manifest.runs)} runs, {cmd.jobs} job(s) → "
-              f"{manifest.output}")
+    how = f"{cmd.jobs} job(s)" if cmd.backend == "process" else \
+        f"on Ray ({cmd.address or 'local cluster'})"
+    out.print(f"sweep {manifest.name}: {len(manifest.runs)} runs, {how} → {manifest.output}")
     try:
         result = run_sweep(manifest, options, lambda line: out.print(escape(line)), lock)
         return summarize(cmd, manifest, result, out, time.perf_counter() - t0)

@@ -37,7 +37,8 @@ from rlscope.sweep.manifest import RunSpec
 Plan = Literal["run", "skip", "resume", "restart", "fail"]
 FINAL = ("completed", "out_of_regime", "diverged")
 """Statuses of a run that ended by itself; running it again would end the same way."""
-NOT_COMPARED = ("resume", "progress", "threads", "jobs", "num_seeds", "runs_dir", "name")
+NOT_COMPARED = ("resume", "progress", "threads", "jobs", "num_seeds", "runs_dir", "name",
+                "env_workers")
 """``run.*`` fields left out when a run directory's config is compared with the manifest's:
 where the directory lies and how the run executes, not what it computes (threads can change
 float rounding, see docs/training.md, "Several seeds", but not what the run means), so that

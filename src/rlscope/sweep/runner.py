@@ -52,6 +52,11 @@ class SweepOptions:
     threads: int = 0
     """CPU threads for torch in each run; 0 = the manifest's ``threads`` if it sets one, else
     the available cores divided by jobs."""
+    backend: str = "process"
+    """Where runs execute: ``process`` (this process or ``jobs`` worker processes) or ``ray``
+    (one Ray task per run, `rlscope.sweep.ray_backend`)."""
+    address: str = ""
+    """With ``backend = "ray"``: the cluster to join (empty: start a local one)."""
 
 
 @dataclass
@@ -209,6 +214,7 @@ def write_index(manifest: Manifest, options: SweepOptions, records: Sequence[Run
         "name": manifest.name, "description": manifest.description,
         "manifest": manifest.source, "output": str(manifest.output),
         "seeds": list(manifest.seeds), "jobs": options.jobs, "threads": options.threads,
+        "backend": options.backend,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "wall_time_s": time.time() - started, "machine": machine,
         "runs": [dataclasses.asdict(r) for r in records]}, indent=2, default=str),
@@ -229,6 +235,8 @@ def run_sweep(manifest: Manifest, options: SweepOptions = SweepOptions(),
     records them as interrupted."""
     if options.jobs < 1 or options.threads < 0:
         raise ValueError("jobs must be >= 1 and threads >= 0")
+    if problem := backend_problem(manifest, options):
+        raise ValueError(problem)
     if lock is not None:
         if lock.fd is None or lock.path.parent != manifest.output:
             raise ValueError(f"the lock given is not held on {manifest.output}")
@@ -236,6 +244,22 @@ def run_sweep(manifest: Manifest, options: SweepOptions = SweepOptions(),
             return _run_locked(manifest, options, report, lock)
     with OutputLock(manifest.output) as own, stop_on_signals():
         return _run_locked(manifest, options, report, own)
+
+
+def backend_problem(manifest: Manifest, options: SweepOptions) -> str:
+    """Why the sweep cannot run on ``options.backend`` ("" if it can): an unknown backend,
+    ``--address`` without Ray, Ray not installed, or a run whose device Ray cannot assign."""
+    if options.backend not in ("process", "ray"):
+        return f"--backend {options.backend!r} is unknown: use process or ray"
+    if options.backend != "ray":
+        return "--address joins a Ray cluster: add --backend ray" if options.address else ""
+    from rlscope.ray_cluster import ray_missing
+
+    if missing := ray_missing("--backend ray"):
+        return missing
+    from rlscope.sweep.ray_backend import device_problem
+
+    return next((p for spec in manifest.runs if (p := device_problem(spec))), "")
 
 
 def _plan_all(specs: Sequence[RunSpec], report: Callable[[str], None]
@@ -301,7 +325,17 @@ def _run_locked(manifest: Manifest, options: SweepOptions, report: Callable[[str
         report(f"[{k}/{len(todo)}] {progress_line(r)}")
 
     try:
-        if options.jobs == 1 or len(todo) <= 1:
+        if options.backend == "ray":
+            from rlscope.sweep.ray_backend import run_ray
+
+            on_ray = run_ray(todo, options.address, execute,
+                             lambda how, seconds: Outcome("failed", seconds, {}, how))
+            try:
+                for k, (i, outcome) in enumerate(on_ray, 1):
+                    finished(i, outcome, k)
+            finally:
+                on_ray.close()  # cancels the tasks still out, whatever happened
+        elif options.jobs == 1 or len(todo) <= 1:
             for k, (i, spec) in enumerate(todo, 1):
                 finished(i, execute(spec), k)
         else:
