@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
+from rlscope.config import ConfigError, DiagnosticsConfig, RunConfig, TrainConfig, validate
 from rlscope.methods import MethodConfig
 from rlscope.methods.aggregation import aggregate
 from rlscope.methods.batch_stats import (
@@ -398,3 +398,16 @@ def test_presets_run_twenty_steps_with_finite_metrics(tmp_path: Path, method: st
     if METHODS[method].needs_batch_statistic:
         prefix = "gate/" if method == "dapo_forking" else "cov/"
         assert any(k.startswith(prefix) for k in metrics[-1])
+
+
+def test_gradient_diagnostics_use_the_batch_selection(tmp_path: Path) -> None:
+    """--grad_diagnostics computes the method's gradient with the first optimizer step's
+    selection (the objective would otherwise have no select_BT)."""
+    result = train(TrainConfig(
+        method="kl_cov", model=ModelConfig(dtype="float64"),
+        task_options=TaskConfig(vocab=4, seq_len=4, eval_batches=1, eval_batch_size=4),
+        diagnostics=DiagnosticsConfig(grad_diagnostics=True),
+        run=RunConfig(num_steps=2, batch_size=8, group_size=4, eval_every=1, name="diag",
+                      progress=False, device="cpu", runs_dir=str(tmp_path))))
+    norms = [row["diag/grad_norm"] for row in result.metrics if "diag/grad_norm" in row]
+    assert norms and all(math.isfinite(n) and n > 0 for n in norms)

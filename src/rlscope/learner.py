@@ -437,8 +437,9 @@ def micro_group_size(micro: int, mb_rows: int, group_size: int) -> int:
 
 
 @torch.no_grad()
-def batch_statistic(plan: UpdatePlan, policy: Policy, batch: RolloutBatch,
-                    inputs: LearnerInputs, rows: slice, optimizer_step: int
+def batch_statistic(spec: MethodSpec, policy: Policy, batch: RolloutBatch,
+                    inputs: LearnerInputs, rows: slice, dist: SampledDistribution,
+                    group_size: int = 1, optimizer_step: int = 0
                     ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
     """``inputs`` with the method's batch-statistic selection of the optimizer step over
     ``rows`` (METHODS_2026.md §1), and its metrics.
@@ -449,13 +450,13 @@ def batch_statistic(plan: UpdatePlan, policy: Policy, batch: RolloutBatch,
     so the micro-batches slice one selection. Random draws are seeded from
     ``inputs.draw_seed`` and the optimizer step.
     """
-    component = plan.spec.batch_statistic_component
+    component = spec.batch_statistic_component
     assert component is not None and component.batch_statistic is not None
     sub = inputs.select(rows)
     n = sub.batch_size
-    group = plan.group_size if n % plan.group_size == 0 else 1
-    fwd = forward_completion(policy, batch.select(rows), sub.tokens_BT, plan.dist, group)
-    cfg = plan.spec.gate if component is plan.spec.gate_component else plan.spec.objective
+    group = group_size if n % group_size == 0 else 1
+    fwd = forward_completion(policy, batch.select(rows), sub.tokens_BT, dist, group)
+    cfg = spec.gate if component is spec.gate_component else spec.objective
     seed = 0 if inputs.draw_seed is None else int(inputs.draw_seed)
     generator = torch.Generator().manual_seed((seed * 1_000_003 + optimizer_step) % 2**32)
     select_BT, metrics = component.batch_statistic(BatchStatInputs(
@@ -501,8 +502,9 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
                 and (hi - lo) % plan.group_size == 0 else 1
             step_inputs = inputs
             if plan.spec.needs_batch_statistic:
-                step_inputs, m = batch_statistic(plan, policy, batch, inputs,
-                                                 slice(start, stop), len(grad_norms))
+                step_inputs, m = batch_statistic(plan.spec, policy, batch, inputs,
+                                                 slice(start, stop), plan.dist,
+                                                 plan.group_size, len(grad_norms))
                 stat_metrics = stat_metrics or m
             optimizer.zero_grad(set_to_none=True)
             for rows in (
