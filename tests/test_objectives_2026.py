@@ -411,3 +411,18 @@ def test_gradient_diagnostics_use_the_batch_selection(tmp_path: Path) -> None:
                       progress=False, device="cpu", runs_dir=str(tmp_path))))
     norms = [row["diag/grad_norm"] for row in result.metrics if "diag/grad_norm" in row]
     assert norms and all(math.isfinite(n) and n > 0 for n in norms)
+
+
+def test_clip_cov_draw_follows_its_seed() -> None:
+    """Among many candidates, the same seed draws the same token and other seeds others."""
+    adv = torch.tensor([[3.0] * 20 + [-3.0] * 20], dtype=D)
+    logp = torch.tensor([[-0.1] * 20 + [-2.0] * 20], dtype=D)
+    cfg = dataclasses.replace(METHODS["clip_cov"].objective, clip_cov_ratio=0.01)
+
+    def draw(seed: int) -> torch.Tensor:
+        x = dataclasses.replace(_stat_inputs(adv, logp),
+                                generator=torch.Generator().manual_seed(seed))
+        return clip_cov_select(x, cfg)[0]
+
+    assert torch.equal(draw(3), draw(3)) and draw(3).sum().item() == 1
+    assert len({int(draw(s).argmax()) for s in range(8)}) > 1
