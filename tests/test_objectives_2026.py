@@ -426,3 +426,13 @@ def test_clip_cov_draw_follows_its_seed() -> None:
 
     assert torch.equal(draw(3), draw(3)) and draw(3).sum().item() == 1
     assert len({int(draw(s).argmax()) for s in range(8)}) > 1
+
+
+def test_dapo_forking_with_rho_one_is_dapo_through_the_loop(tmp_path: Path) -> None:
+    """ρ_H = 1 keeps every token: the same losses and final weights as `dapo`."""
+    m_dapo, p_dapo = _train(tmp_path, "dapo", "dapo", 2)
+    m_fork, p_fork = _train(tmp_path, "dapo_forking", "fork", 2, entropy_top_frac=1.0)
+    assert [r["loss/total"] for r in m_fork] == [r["loss/total"] for r in m_dapo]
+    assert all(r["gate/kept_frac"] == 1.0 for r in m_fork)
+    for k, v in p_dapo.items():
+        assert torch.equal(p_fork[k], v), k
