@@ -134,7 +134,9 @@ OUT_OF_REGIME = {"replay_dg": {}, "fresh_dg": {}, "dg_token": {"task_options": N
                  "maxrl": {}, "log_growth": {}, "dapo": {"components": MethodConfig(kl_coef=0.1)},
                  "tpo_full_action": {}, "tpo_token": {"task_options": NOISY},
                  "grpo_token": {"delay": 2}, "self_distill_dg": {"task": "digits_bandit"},
-                 "scope_lite": {"task": "digits_bandit"}}
+                 "scope_lite": {"task": "digits_bandit"},
+                 **{m: {"components": MethodConfig(kl_coef=0.1)}
+                    for m in ("clip_cov", "kl_cov", "dapo_forking")}}
 REASONS = "(needs|weighs|is defined|is for|takes one|trains on|has no KL)"
 
 

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from rlscope.batch import RolloutBatch
-from rlscope.learner import Denominators, LearnerInputs, forward_completion, micro_batch_loss
+from rlscope.learner import (
+    Denominators,
+    LearnerInputs,
+    batch_statistic,
+    forward_completion,
+    micro_batch_loss,
+)
 from rlscope.methods.regularizers import entropy_from_logp
 from rlscope.methods.spec import MethodSpec
 from rlscope.metrics.estimators import masked_mean
@@ -93,6 +99,9 @@ def gradient_diagnostics(spec: MethodSpec, policy: Policy, value_head: ValueHead
     and the method gradient's norm before and after clipping. Needs the task's targets.
     ``entropy_coef``: the entropy bonus in force (None = the spec's fixed coefficient)."""
     params = [p for p in policy.parameters() if p.requires_grad]
+    if spec.needs_batch_statistic:  # the selection of the update's first optimizer step
+        inputs, _ = batch_statistic(spec, policy, batch, inputs, slice(0, batch.batch_size),
+                                    dist)
     den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(batch.batch_size),
                        max_len=inputs.tokens_BT.shape[1])
     loss = micro_batch_loss(spec, policy, value_head, batch, inputs, den, beta, dist,

@@ -28,6 +28,7 @@ from rlscope.learner_packed import (
 )
 from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
 from rlscope.methods.aggregation import TOKEN_MEAN, aggregate
+from rlscope.methods.batch_stats import BatchStatInputs
 from rlscope.methods.corrections import correction_metrics
 from rlscope.methods.gates import GateInputs, probs_mean_BT, reward_uncertainty_B
 from rlscope.methods.objectives import PolicyTerms
@@ -90,6 +91,12 @@ class LearnerInputs:
     """The task's labels at the actor's positions and ``label_mask_BT`` its scored positions
     (``self_distill``, ``scope_lite``)."""
     label_mask_BT: torch.Tensor | None = None
+    select_BT: torch.Tensor | None = None
+    """The batch statistic's token selection for the rows of the current optimizer step
+    (set by `update`, `rlscope.methods.batch_stats`)."""
+    draw_seed: torch.Tensor | None = None
+    """Seed of the batch statistic's random draws (Clip-Cov), a 0-d CPU integer tensor from
+    the run seed and step (None = 0)."""
 
     @property
     def batch_size(self) -> int:
@@ -304,7 +311,8 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     logp_d_BT = logp_BT.detach()
     gate_in = GateInputs(inputs.adv_BT, logp_d_BT, inputs.uncertainty_B,
                          probs_mean_BT(logp_d_BT, policy.vocab_size if logp_BTV is None
-                                       else logp_BTV.shape[-1]), inputs.age_B)
+                                       else logp_BTV.shape[-1]), inputs.age_B,
+                         inputs.select_BT)
     weight_BT, stats = spec.gate_component(gate_in, spec.gate)
     terms = PolicyTerms(logp_BT, inputs.logp_old_BT, weight_BT, mask_BT,
                         success_B=None if inputs.rewards_B is None else inputs.rewards_B >= 1.0,
@@ -314,7 +322,7 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
                         cand_logp_old_BTK=inputs.cand_logp_old_BTK,
                         cand_rewards_BTK=inputs.cand_rewards_BTK, tokens_BT=inputs.tokens_BT,
                         targets_BT=inputs.labels_BT, label_mask_BT=inputs.label_mask_BT,
-                        gate_BT=stats.get("gate_mean"))
+                        gate_BT=stats.get("gate_mean"), select_BT=inputs.select_BT)
     obj_BT, obj_stats = spec.objective_component(terms, spec.objective)
     if inputs.is_weight_BT is not None:
         obj_BT = obj_BT * inputs.is_weight_BT
@@ -408,6 +416,8 @@ class UpdateResult:
     first: MicroResult
     last: MicroResult
     grad_norms_S: torch.Tensor
+    stat_metrics: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """The batch statistic's metrics at the first optimizer step (`batch_statistic`)."""
 
 
 def minibatch_rows(n_rows: int, num_minibatches: int, group_size: int) -> int:
@@ -424,6 +434,38 @@ def micro_group_size(micro: int, mb_rows: int, group_size: int) -> int:
     """The group size a micro-batch may promise `micro_batch_loss`: ``group_size`` when both
     slice widths are multiples of it (every micro-batch then holds whole groups), else 1."""
     return group_size if micro % group_size == 0 and mb_rows % group_size == 0 else 1
+
+
+@torch.no_grad()
+def batch_statistic(spec: MethodSpec, policy: Policy, batch: RolloutBatch,
+                    inputs: LearnerInputs, rows: slice, dist: SampledDistribution,
+                    group_size: int = 1, optimizer_step: int = 0
+                    ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
+    """``inputs`` with the method's batch-statistic selection of the optimizer step over
+    ``rows`` (METHODS_2026.md §1), and its metrics.
+
+    One no-grad forward over every row of the minibatch gives the current ℓ and H (at the
+    first optimizer step of a rollout step, ℓ_o and the step-start logits); the component's
+    selection function (`rlscope.methods.batch_stats`) then chooses tokens over all of them,
+    so the micro-batches slice one selection. Random draws are seeded from
+    ``inputs.draw_seed`` and the optimizer step.
+    """
+    component = spec.batch_statistic_component
+    assert component is not None and component.batch_statistic is not None
+    sub = inputs.select(rows)
+    n = sub.batch_size
+    group = group_size if n % group_size == 0 else 1
+    fwd = forward_completion(policy, batch.select(rows), sub.tokens_BT, dist, group)
+    cfg = spec.gate if component is spec.gate_component else spec.objective
+    seed = 0 if inputs.draw_seed is None else int(inputs.draw_seed)
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + optimizer_step) % 2**32)
+    select_BT, metrics = component.batch_statistic(BatchStatInputs(
+        adv_BT=sub.adv_BT, logp_BT=fwd.logp_BT, logp_old_BT=sub.logp_old_BT,
+        entropy_BT=entropy_from_logp(fwd.logp_BTV), mask_BT=sub.mask_BT,
+        generator=generator), cfg)
+    full_BT = torch.zeros_like(inputs.adv_BT)
+    full_BT[rows] = select_BT.to(full_BT.dtype)
+    return dataclasses.replace(inputs, select_BT=full_BT), metrics
 
 
 def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
@@ -446,6 +488,7 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
             mb_rows % plan.group_size == 0 else 1
     first: list[tuple[int, MicroResult]] = []
     grad_norms: list[torch.Tensor] = []
+    stat_metrics: dict[str, torch.Tensor] = {}
     dp = plan.parallel
     for epoch in range(plan.inner_epochs):
         last: list[tuple[int, MicroResult]] = []  # (first row, result)
@@ -457,13 +500,19 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
             lo, hi = (start, stop) if dp is None else dp.rank_rows(start, stop, plan.group_size)
             group = shared_group if lo % plan.group_size == 0 \
                 and (hi - lo) % plan.group_size == 0 else 1
+            step_inputs = inputs
+            if plan.spec.needs_batch_statistic:
+                step_inputs, m = batch_statistic(plan.spec, policy, batch, inputs,
+                                                 slice(start, stop), plan.dist,
+                                                 plan.group_size, len(grad_norms))
+                stat_metrics = stat_metrics or m
             optimizer.zero_grad(set_to_none=True)
             for rows in (
                     [slice(s, min(s + micro, hi)) for s in range(lo, hi, micro)]
                     if counts_B is None else
                     token_budget_slices(counts_B, lo, hi, plan.token_budget, unit)):
                 res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
-                                       inputs.select(rows), den, beta, plan.dist,
+                                       step_inputs.select(rows), den, beta, plan.dist,
                                        group, entropy_coef, plan.packed)
                 res.loss.backward()
                 last.append((rows.start, res))
@@ -485,7 +534,7 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
         device = inputs.adv_BT.device
         return UpdateResult(first=concat_results(dp.gather_results(first, device)),
                             last=concat_results(dp.gather_results(last, device)),
-                            grad_norms_S=torch.stack(grad_norms))
+                            grad_norms_S=torch.stack(grad_norms), stat_metrics=stat_metrics)
     return UpdateResult(first=concat_results([r for _, r in first]),
                         last=concat_results([r for _, r in last]),
-                        grad_norms_S=torch.stack(grad_norms))
+                        grad_norms_S=torch.stack(grad_norms), stat_metrics=stat_metrics)

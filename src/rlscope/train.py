@@ -326,7 +326,8 @@ def setup(cfg: TrainConfig) -> RunParts:
     params = [p for m in (policy, value_head) if m is not None for p in m.parameters()
               if p.requires_grad]
     # The CUDA-graph learner does not sum gradients over ranks: data parallel runs eager.
-    use_graphs = r.cuda_graphs and graphs.supported(policy, device) and dp is None
+    use_graphs = r.cuda_graphs and graphs.supported(policy, device) and dp is None \
+        and not spec.needs_batch_statistic  # its per-step selection runs eager
     # CUDA graphs need capturable AdamW; elsewhere the fused kernel (4x the default on CPU).
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
@@ -635,6 +636,9 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
     entropy = diagnose and diag.entropy_diagnostics
     before = snapshot(p.policy, batch, inputs, plan.dist) \
         if entropy else None
+    if p.spec.needs_batch_statistic:  # Clip-Cov's draws: from the run seed and the step
+        inputs = dataclasses.replace(inputs, draw_seed=torch.tensor(
+            (p.cfg.run.seed * 1_000_003 + state.step) % 2**62))
     updated = p.learn(batch, inputs, state.beta, state.entropy_coef)
     if before is not None:
         after = snapshot(p.policy, batch, inputs, plan.dist)
@@ -876,6 +880,7 @@ def update_metrics(updated: UpdateResult, batch: RolloutBatch, inputs: LearnerIn
         m |= est.sampler_metrics(first.logp_BT, batch.logp_sampler_BT, mask_BT)
     m["policy/entropy"] = est.masked_mean(first.entropy_BT, mask_BT)
     m |= {k: v / n_minibatches for k, v in last.parts.items()}
+    m |= updated.stat_metrics
     m["loss/total"] = last.loss / n_minibatches
     norms_S = updated.grad_norms_S
     m["optim/nonfinite_steps"] = (~torch.isfinite(norms_S)).sum().float()

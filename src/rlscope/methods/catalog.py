@@ -33,6 +33,10 @@ def kl_summary(spec: MethodSpec) -> str:
 
 def objective_summary(spec: MethodSpec) -> str:
     o, reads = spec.objective, spec.objective_component.settings
+    if "dppo_delta_low" in reads:
+        return f"{o.name} δ {o.dppo_delta_low:g}/{o.dppo_delta_high:g}"
+    if "kl_cov_ratio" in reads:
+        return f"{o.name} k_r {o.kl_cov_ratio:g} β {o.kl_cov_coef:g}"
     if "clip_low" in reads:
         return f"{o.name} ε {o.clip_low:g}/{o.clip_high:g}"
     if "cap" in reads:

@@ -65,6 +65,10 @@ class Component(Generic[P, R]):
     (``--fill_batch``)."""
     identity: bool = False
     """Changes nothing (the axis's ``none``): the loop may skip the work it would cost."""
+    batch_statistic: Callable[..., Any] | None = None
+    """Selects tokens over the whole optimizer minibatch before its update
+    (`rlscope.methods.batch_stats`): `rlscope.learner.update` calls it once per optimizer
+    step and passes its selection to ``fn`` as ``select_BT``."""
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)

@@ -58,6 +58,9 @@ class GateConfig:
     gate_age_decay: float = 0.02
     """λ_age of ``freshness``: weights × exp(−λ_age · batch age). `rlscope.config.validate`
     sets it from ``--replay_age_decay`` (METHODS.md's single λ_age)."""
+    entropy_top_frac: float = 0.2
+    """ρ_H of ``entropy_top``: the fraction of highest-entropy tokens of the optimizer batch
+    that keep their advantage (1 keeps every token)."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -66,6 +69,8 @@ class GateConfig:
         if self.s < 0 or self.tau <= 0 or not 0 <= self.guard_scale <= 1:
             errors.append("method.uncertainty_scale must be >= 0, method.filter_tau > 0 and "
                           "method.guard_scale in [0, 1]")
+        if not 0 < self.entropy_top_frac <= 1:
+            errors.append(f"method.entropy_top_frac={self.entropy_top_frac} must lie in (0, 1]")
         return errors
 
 
@@ -100,6 +105,20 @@ class ObjectiveConfig:
     """``grpo_token``: β of the k3 penalty to the behaviour log-probs of each candidate."""
     distill_alpha: float = 0.5
     """``self_distill`` / ``scope_lite``: weight α of the supervised cross-entropy term."""
+    dppo_delta_low: float = 0.15
+    """DPPO δ_low: divergence bound for tokens with A <= 0 (TV: p_μ − p; KL: binary KL)."""
+    dppo_delta_high: float = 0.15
+    """DPPO δ_high: divergence bound for tokens with A > 0."""
+    clip_cov_ratio: float = 2e-4
+    """Clip-Cov r: k = max(1, ⌊r·N⌋) tokens of the batch lose their gradient."""
+    clip_cov_low: float = 1.0
+    """Clip-Cov ω_low: candidates have covariance C_t > ω_low."""
+    clip_cov_high: float = 5.0
+    """Clip-Cov ω_high: candidates have covariance C_t < ω_high."""
+    kl_cov_ratio: float = 2e-3
+    """KL-Cov k_r: the k = max(1, ⌊k_r·N⌋) largest-covariance tokens get the |d| penalty."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov β: weight of β|ℓ − ℓ_μ| on the selected tokens."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -122,6 +141,36 @@ class ObjectiveConfig:
         if self.sapo_tau_pos <= 0 or self.sapo_tau_neg <= 0 or self.pmd_tau <= 0:
             errors.append("method.sapo_tau_pos, method.sapo_tau_neg and method.pmd_tau must "
                           "be > 0")
+        return errors + self._validate_2026()
+
+    def _validate_2026(self) -> list[str]:
+        """METHODS_2026.md §4 ranges of the 2026 objectives' settings."""
+        errors: list[str] = []
+        if self.name == "gmpo" and (self.clip_low <= 0 or self.clip_high <= 0):
+            errors.append(f"method.clip_low={self.clip_low} and method.clip_high="
+                          f"{self.clip_high} are gmpo's log-space bounds ε_log: both must be > 0")
+        if self.name == "dppo_tv" and not (0 < self.dppo_delta_low < 1
+                                           and 0 < self.dppo_delta_high < 1):
+            errors.append(f"method.dppo_delta_low={self.dppo_delta_low} and "
+                          f"method.dppo_delta_high={self.dppo_delta_high} bound a total "
+                          "variation: both must lie in (0, 1)")
+        if self.name == "dppo_kl" and (self.dppo_delta_low <= 0 or self.dppo_delta_high <= 0):
+            errors.append(f"method.dppo_delta_low={self.dppo_delta_low} and "
+                          f"method.dppo_delta_high={self.dppo_delta_high} must be > 0")
+        if not 0 < self.clip_cov_ratio < 1 or not 0 < self.kl_cov_ratio < 1:
+            errors.append(f"method.clip_cov_ratio={self.clip_cov_ratio} and "
+                          f"method.kl_cov_ratio={self.kl_cov_ratio} must lie in (0, 1)")
+        if self.clip_cov_low >= self.clip_cov_high:
+            errors.append(f"method.clip_cov_low={self.clip_cov_low} must be < "
+                          f"method.clip_cov_high={self.clip_cov_high}")
+        if self.kl_cov_coef < 0:
+            errors.append(f"method.kl_cov_coef={self.kl_cov_coef} must be >= 0")
+        if self.dual_clip > 0 and self.dual_clip <= 1 + self.clip_high:
+            errors.append(f"method.dual_clip={self.dual_clip} must be > 1 + clip_high = "
+                          f"{1 + self.clip_high} (or 0 to turn it off)")
+        if self.name == "clip_cov" and self.dual_clip > 0:
+            errors.append(f"method.dual_clip={self.dual_clip}: clip_cov's base is ppo_clip "
+                          "without dual clip; set dual_clip 0")
         return errors
 
 

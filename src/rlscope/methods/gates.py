@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlscope.methods.batch_stats import entropy_top_select
 from rlscope.methods.component import Component
 from rlscope.methods.configs import GateConfig
 
@@ -33,6 +34,8 @@ class GateInputs:
       under a top-k/top-p kept set, whose dropped tokens have probability 0); `probs_mean_BT`
       builds it.
     - ``age_B``: how many optimizer steps ago each sample was drawn, read by ``freshness``.
+    - ``select_BT``: the gate's batch-statistic token selection (1.0 = kept), chosen over the
+      whole optimizer minibatch (`rlscope.methods.batch_stats`), read by ``entropy_top``.
     """
 
     adv_BT: torch.Tensor
@@ -40,6 +43,7 @@ class GateInputs:
     uncertainty_B: torch.Tensor | None = None
     probs_mean_BT: torch.Tensor | None = None
     age_B: torch.Tensor | None = None
+    select_BT: torch.Tensor | None = None
 
 
 def probs_mean_BT(logp_BT: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -167,6 +171,18 @@ def freshness(x: GateInputs, cfg: GateConfig) -> GateOut:
     return weight_BT, {"gate_mean": gate_BT, "freshness_weight": fresh_BT, "batch_age": age_BT}
 
 
+def entropy_top(x: GateInputs, cfg: GateConfig) -> GateOut:
+    """High-entropy token gate: w_t = 1[H_t ≥ τ]·A_t ("forking tokens", the 80/20 rule).
+
+    Wang et al. 2506.01939 (TRL ``top_entropy_quantile``). τ is the (1 − ρ_H)-quantile of the
+    entropies of the whole optimizer minibatch (a batch statistic,
+    `rlscope.methods.batch_stats.entropy_top_select`, read as ``select_BT``; TRL takes it per
+    micro-batch). Dropped tokens keep their place in the denominators. ρ_H = 1 is no gate.
+    """
+    keep_BT = _require(x.select_BT, "select_BT", "entropy_top")
+    return keep_BT * x.adv_BT, {}
+
+
 Gate = Component[[GateInputs, GateConfig], GateOut]
 
 _DG = ("eta",)
@@ -178,4 +194,6 @@ GATES: dict[str, Gate] = {
     "uncertainty_shrink": Component(uncertainty_shrink, (*_DG, "s")),
     "entropy_guard": Component(entropy_guard, (*_DG, "guard_scale")),
     "freshness": Component(freshness, (*_DG, "gate_age_decay")),
+    "entropy_top": Component(entropy_top, ("entropy_top_frac",),
+                             batch_statistic=entropy_top_select),
 }

@@ -13,6 +13,7 @@ import torch
 from rlscope.methods.component import Component
 from rlscope.methods.configs import ObjectiveConfig
 from rlscope.methods.distill import DISTILL_OBJECTIVES
+from rlscope.methods.objectives_2026 import OBJECTIVES_2026
 from rlscope.methods.terms import (
     LOG_RATIO_CLAMP,
     Objective,
@@ -215,6 +216,7 @@ OBJECTIVES: dict[str, Objective] = {
     "ce_oracle": Component(ce_oracle, own_credit=True, teacher_forced=True),
     **TPO_OBJECTIVES,
     **DISTILL_OBJECTIVES,
+    **OBJECTIVES_2026,
 }
 
 __all__ = ["LOG_RATIO_CLAMP", "OBJECTIVES", "Objective", "ObjectiveOut", "PolicyTerms", "ratio"]

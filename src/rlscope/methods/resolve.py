@@ -141,6 +141,24 @@ class MethodConfig:
     """Clamp the group std from below before dividing (0 = off)."""
     adv_clip: float | None = None
     """Clamp |A| to this value (0 = off)."""
+    entropy_top_frac: float | None = None
+    """entropy_top gate (dapo_forking): fraction ρ_H of highest-entropy tokens of the
+    optimizer batch that keep their advantage, in (0, 1] (1 = no gate)."""
+    dppo_delta_low: float | None = None
+    """dppo_tv / dppo_kl: divergence bound δ_low for tokens with A <= 0 (TV in (0, 1);
+    KL > 0)."""
+    dppo_delta_high: float | None = None
+    """dppo_tv / dppo_kl: divergence bound δ_high for tokens with A > 0."""
+    clip_cov_ratio: float | None = None
+    """clip_cov: fraction r of the batch's tokens whose gradient is cut, in (0, 1)."""
+    clip_cov_low: float | None = None
+    """clip_cov: lower covariance bound ω_low of the candidates (< clip_cov_high)."""
+    clip_cov_high: float | None = None
+    """clip_cov: upper covariance bound ω_high of the candidates."""
+    kl_cov_ratio: float | None = None
+    """kl_cov: fraction k_r of the batch's tokens (largest covariance) penalised, in (0, 1)."""
+    kl_cov_coef: float | None = None
+    """kl_cov: weight β of the |ℓ − ℓ_μ| penalty on the selected tokens (>= 0)."""
 
 
 
@@ -197,6 +215,14 @@ FLAGS: dict[str, str] = {
     "lam": "advantage.lam",
     "adv_std_floor": "advantage.std_floor",
     "adv_clip": "advantage.clip",
+    "entropy_top_frac": "gate.entropy_top_frac",
+    "dppo_delta_low": "objective.dppo_delta_low",
+    "dppo_delta_high": "objective.dppo_delta_high",
+    "clip_cov_ratio": "objective.clip_cov_ratio",
+    "clip_cov_low": "objective.clip_cov_low",
+    "clip_cov_high": "objective.clip_cov_high",
+    "kl_cov_ratio": "objective.kl_cov_ratio",
+    "kl_cov_coef": "objective.kl_cov_coef",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""
@@ -272,6 +298,10 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
                       "use kl_place='loss' with this advantage")
     if spec.entropy_coef < 0:
         errors.append(f"method.entropy_coef={spec.entropy_coef} must be >= 0")
+    if spec.gate_component.batch_statistic is not None \
+            and spec.objective_component.batch_statistic is not None:
+        errors.append(f"method.gate={spec.gate.name!r} and method.objective="
+                      f"{spec.objective.name!r} both select tokens over the batch; keep one")
     for axis in (spec.advantage, spec.gate, spec.objective, spec.kl, spec.entropy, spec.value,
                  spec.overlong, spec.correction):
         errors += axis.validate()

@@ -163,6 +163,19 @@ class MethodSpec:
             self.kl.exact and self.kl.coef > 0 and self.kl.place == "loss")
 
     @property
+    def batch_statistic_component(self) -> Component[Any, Any] | None:
+        """The gate or objective whose token selection is a batch statistic (computed over the
+        whole optimizer minibatch before its update, `rlscope.methods.batch_stats`), or
+        None."""
+        return next((c for c in (self.gate_component, self.objective_component)
+                     if c.batch_statistic is not None), None)
+
+    @property
+    def needs_batch_statistic(self) -> bool:
+        """The update runs one no-grad forward per optimizer step for a batch statistic."""
+        return self.batch_statistic_component is not None
+
+    @property
     def needs_labels(self) -> bool:
         """The learner is teacher-forced on the task's ground truth instead of the rollout."""
         return self.objective_component.teacher_forced

@@ -35,6 +35,8 @@ class PolicyTerms:
     - ``tokens_BT`` (the generated tokens), ``targets_BT`` (the task's labels) and
       ``label_mask_BT`` (scored positions): ``self_distill`` and ``scope_lite``.
     - ``gate_BT``: the gate's factor g (detached), where the gate has one.
+    - ``select_BT``: the objective's batch-statistic token selection (1.0 = selected),
+      chosen over the whole optimizer minibatch (`rlscope.methods.batch_stats`).
     """
 
     logp_BT: torch.Tensor
@@ -53,6 +55,7 @@ class PolicyTerms:
     targets_BT: torch.Tensor | None = None
     label_mask_BT: torch.Tensor | None = None
     gate_BT: torch.Tensor | None = None
+    select_BT: torch.Tensor | None = None
 
 
 ObjectiveOut = tuple[torch.Tensor, dict[str, torch.Tensor]]

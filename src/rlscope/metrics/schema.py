@@ -34,8 +34,10 @@ _PASS_METRICS = (
     ("kl_behaviour_k1", "token_mean", "k1 estimate of KL(π‖μ) to the behaviour policy"),
     ("kl_behaviour_k2", "token_mean", "k2 estimate of KL(π‖μ)"),
     ("kl_behaviour_k3", "token_mean", "k3 estimate of KL(π‖μ) (≥ 0 per token)"),
-    ("clipfrac_low", "frac", "tokens with ρ < 1 − ε_low and A < 0 (clipped from below)"),
-    ("clipfrac_high", "frac", "tokens with ρ > 1 + ε_high and A > 0 (clipped from above)"),
+    ("clipfrac_low", "frac", "tokens with ρ < 1 − ε_low and A < 0 (clipped from below; gmpo: "
+     "log-ratio ℓ − ℓ_μ < −ε_low)"),
+    ("clipfrac_high", "frac", "tokens with ρ > 1 + ε_high and A > 0 (clipped from above; "
+     "gmpo: log-ratio ℓ − ℓ_μ > ε_high)"),
     ("clipfrac_region", "frac", "tokens clipped on either side"),
     ("clipfrac_dual", "frac", "tokens where the dual-clip cap binds"),
 )
@@ -296,6 +298,33 @@ METRICS: tuple[MetricDef, ...] = (
          f"held-out greedy error on the {word} third of windows by the initial model's loss, "
          "terciles fixed per seed (lm_bandit)")
       for i, word in ((1, "easiest"), (2, "middle"), (3, "hardest"))),
+    # METHODS_2026.md objectives and batch-wide selections (issue 19, obj19)
+    *(_m(f"policy/{n}", "tokens", red, "last_pass", d) for n, red, d in (
+        ("masked_frac_pos", "frac", "dppo_tv/dppo_kl: valid tokens with A > 0 masked for "
+         "leaving the divergence region (a fraction of all valid tokens)"),
+        ("masked_frac_neg", "frac", "dppo_tv/dppo_kl: valid tokens with A < 0 masked"),
+        ("tv_mean", "token_mean", "dppo: mean |π(a) − μ(a)| of the sampled tokens"),
+        ("binary_kl_mean", "token_mean",
+         "dppo: mean binary KL p_μ ln(p_μ/p) + (1−p_μ) ln((1−p_μ)/(1−p))"),
+        ("kl_cov_penalty", "token_mean",
+         "kl_cov: mean β|ℓ − ℓ_μ| over valid tokens (non-zero on the selected tokens only)"),
+    )),
+    _m("cov/selected_frac", "tokens", "frac", "first_pass",
+       "clip_cov/kl_cov: tokens selected by the covariance rule at the step's first optimizer "
+       "step (selection over the whole minibatch)"),
+    _m("cov/mean", "tokens", "token_mean", "first_pass",
+       "clip_cov/kl_cov: mean covariance C_t = (A_t − Ā)(ℓ_t − ℓ̄) over valid tokens"),
+    _m("cov/selected_mean", "tokens", "token_mean", "first_pass",
+       "clip_cov/kl_cov: mean C_t of the selected tokens"),
+    _m("gate/kept_frac", "tokens", "frac", "first_pass",
+       "entropy_top gate (dapo_forking): valid tokens with H_t >= τ at the first optimizer "
+       "step"),
+    _m("gate/entropy_threshold", "tokens", "value", "first_pass",
+       "entropy_top gate: τ, the (1 − ρ_H)-quantile of H over the minibatch's valid tokens"),
+    _m("policy/entropy_kept", "tokens", "token_mean", "first_pass",
+       "entropy_top gate: mean entropy of the kept (high-entropy) tokens"),
+    _m("policy/entropy_dropped", "tokens", "token_mean", "first_pass",
+       "entropy_top gate: mean entropy of the dropped tokens"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
