@@ -93,8 +93,7 @@ def gradient_diagnostics(spec: MethodSpec, policy: Policy, value_head: ValueHead
     and the method gradient's norm before and after clipping. Needs the task's targets.
     ``entropy_coef``: the entropy bonus in force (None = the spec's fixed coefficient)."""
     params = [p for p in policy.parameters() if p.requires_grad]
-    den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(batch.batch_size),
-                       max_len=inputs.tokens_BT.shape[1])
+    den = Denominators.of(inputs, 0, batch.batch_size, inputs.tokens_BT.shape[1])
     loss = micro_batch_loss(spec, policy, value_head, batch, inputs, den, beta, dist,
                             entropy_coef=entropy_coef).loss
     method_grads = torch.autograd.grad(loss, params, allow_unused=True)

@@ -141,6 +141,20 @@ class MethodConfig:
     """Clamp the group std from below before dividing (0 = off)."""
     adv_clip: float | None = None
     """Clamp |A| to this value (0 = off)."""
+    gpg_std: bool | None = None
+    """gpg advantage: divide by the group std (F = std_g + 1e-8) instead of F = 1."""
+    length_alpha: float | None = None
+    """gae_decoupled: α_L of the length-adaptive actor λ_i = clamp(1 − 1/(α_L|y_i|), 0, 1)
+    (>= 0; 0 = the fixed --lam)."""
+    lam_critic: float | None = None
+    """gae_decoupled: λ of the critic's GAE targets, in [0, 1] (1 = Monte-Carlo returns)."""
+    critic_pretrain_steps: int | None = None
+    """Value-head-only steps on samples of the frozen initial policy before training (vapo
+    needs >= 1)."""
+    pos_nll_coef: float | None = None
+    """μ of the LM loss on successful rows (vapo's positive-example NLL; >= 0, 0 = off)."""
+    fp32_head: bool | None = None
+    """LM head matmul and log-softmax in float32 under mixed precision (scalerl)."""
 
 
 
@@ -197,6 +211,12 @@ FLAGS: dict[str, str] = {
     "lam": "advantage.lam",
     "adv_std_floor": "advantage.std_floor",
     "adv_clip": "advantage.clip",
+    "gpg_std": "advantage.gpg_std",
+    "length_alpha": "advantage.length_alpha",
+    "lam_critic": "advantage.lam_critic",
+    "critic_pretrain_steps": "value.pretrain_steps",
+    "pos_nll_coef": "pos_nll_coef",
+    "fp32_head": "fp32_head",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""
@@ -272,6 +292,11 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
                       "use kl_place='loss' with this advantage")
     if spec.entropy_coef < 0:
         errors.append(f"method.entropy_coef={spec.entropy_coef} must be >= 0")
+    if spec.pos_nll_coef < 0:
+        errors.append(f"method.pos_nll_coef={spec.pos_nll_coef} must be >= 0")
+    if spec.agg == "prompt_mean" and not grouped:
+        errors.append("method.agg='prompt_mean' averages over groups: use a grouped method "
+                      "with run.group_size > 1")
     for axis in (spec.advantage, spec.gate, spec.objective, spec.kl, spec.entropy, spec.value,
                  spec.overlong, spec.correction):
         errors += axis.validate()

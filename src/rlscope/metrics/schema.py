@@ -293,6 +293,22 @@ METRICS: tuple[MetricDef, ...] = (
          f"held-out greedy error on the {word} third of windows by the initial model's loss, "
          "terciles fixed per seed (lm_bandit)")
       for i, word in ((1, "easiest"), (2, "middle"), (3, "hardest"))),
+    _m("adv/opo_baseline_gap", "groups", "seq_mean", "rollout",
+       "opo: mean_g |b_g − mean_g r|, how far the length-weighted baseline moves from GRPO's"),
+    _m("adv/gpg_alpha", "steps", "value", "rollout",
+       "gpg: α = B/(B − M), M the rows of zero-variance groups (0 when every group is flat)"),
+    _m("adv/batch_std", "sequences", "std", "rollout",
+       "group_center_batchstd (scalerl): std over the kept rows of the centred rewards"),
+    _m("adv/lambda_policy_mean", "sequences", "seq_mean", "rollout",
+       "gae_decoupled (vapo): mean actor λ_i = clamp(1 − 1/(α_L|y_i|), 0, 1)"),
+    _m("loss/pos_nll", "steps", "seq_mean", "last_pass",
+       "vapo: NLL of the successful rows' tokens (before pos_nll_coef)"),
+    _m("critic_pretrain/value_loss_first", "tokens", "token_mean", "rollout",
+       "critic pre-training (vapo): value loss of its first step (logged with step 0)"),
+    _m("critic_pretrain/value_loss_last", "tokens", "token_mean", "rollout",
+       "critic pre-training: value loss of its last step (logged with step 0)"),
+    _m("critic_pretrain/explained_var", "tokens", "value", "rollout",
+       "critic pre-training: explained variance of the λ = 1 targets at its last step"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
