@@ -691,6 +691,11 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
         after = snapshot(p.policy, batch, inputs, plan.dist)
         m |= entropy_diagnostics(before, after, inputs)
     mb_rows = minibatch_rows(batch.batch_size, plan.num_minibatches, p.d.group_size)
+    if p.spec.fp32_head and not p.spec.corrected and not p.spec.needs_labels:
+        # the head's precision shows in the sampler/learner mismatch (a correction logs its own)
+        d_BT = (updated.first.logp_BT - batch.logp_sampler_BT).clamp(
+            -est.LOG_RATIO_CLAMP, est.LOG_RATIO_CLAMP)
+        m["sampler/k3"] = est.masked_mean(torch.expm1(d_BT) - d_BT, inputs.mask_BT)
     return m | update_metrics(updated, batch, inputs, p.spec.needs_labels,
                               n_minibatches=-(-batch.batch_size // mb_rows),
                               grad_clip=plan.grad_clip)
@@ -768,6 +773,10 @@ def train(cfg: TrainConfig) -> RunResult:
         else RankLog(parts, run_dir)
     for warning in correction_warnings(parts.cfg, spec):
         log.display.alert(f"warning: {warning}")
+    if spec.fp32_head and parts.plan.packed is not None and parts.cfg.model.autocast != "none":
+        log.display.alert("warning: --fp32_head: the packed learner applies the LM head in the "
+                          "--autocast dtype (only the sampler's head runs in float32); use "
+                          "--packing off for a float32 head in the learner too")
     status, diverged = "completed", {}
     pretrain_m: dict[str, torch.Tensor] = {}
     try:

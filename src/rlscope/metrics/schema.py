@@ -153,7 +153,8 @@ METRICS: tuple[MetricDef, ...] = (
        "--is_correction: mean ρ_c² − 1, the χ² divergence of the learner from the sampler "
        "on the sampled tokens"),
     _m("sampler/k3", "tokens", "token_mean", "rollout",
-       "--is_correction: mean ρ_c − 1 − log ρ_c, k3 estimate of KL(π_sampler‖π_learner)"),
+       "--is_correction (and --fp32_head, from the first pass): mean ρ_c − 1 − log ρ_c, k3 "
+       "estimate of KL(π_sampler‖π_learner)"),
     _m("sampler/seq_log_ratio", "sequences", "seq_mean", "rollout",
        "--is_correction: mean over sequences of Σ_t (ℓ_learner − ℓ_sampler), the log of the "
        "sequence ratio"),
