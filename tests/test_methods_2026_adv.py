@@ -350,6 +350,13 @@ def test_out_of_regime_is_rejected_before_training(method: str, run: dict[str, o
         validate(_cfg(method, **run))
 
 
+def test_critic_pretraining_needs_a_value_head() -> None:
+    spec = resolve_method("grpo", MethodConfig(critic_pretrain_steps=3))
+    assert any("critic_pretrain_steps=3" in e for e in validate_method(spec, 4, 16))
+    assert validate_method(resolve_method("ppo", MethodConfig(critic_pretrain_steps=3)),
+                           1, 16) == []
+
+
 def test_prompt_mean_needs_groups() -> None:
     spec = resolve_method("reinforce", MethodConfig(agg="prompt_mean"))
     assert any("prompt_mean" in e for e in validate_method(spec, 1, 8))

@@ -294,6 +294,10 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
         errors.append(f"method.entropy_coef={spec.entropy_coef} must be >= 0")
     if spec.pos_nll_coef < 0:
         errors.append(f"method.pos_nll_coef={spec.pos_nll_coef} must be >= 0")
+    if spec.value.pretrain_steps > 0 and not spec.needs_value:
+        errors.append(f"method.critic_pretrain_steps={spec.value.pretrain_steps} pre-trains a "
+                      "value head, which this advantage does not use: use gae or gae_decoupled, "
+                      "or drop --critic_pretrain_steps")
     if spec.agg == "prompt_mean" and not grouped:
         errors.append("method.agg='prompt_mean' averages over groups: use a grouped method "
                       "with run.group_size > 1")
