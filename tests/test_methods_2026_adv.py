@@ -27,6 +27,7 @@ from rlscope.methods.advantages import (
 )
 from rlscope.methods.aggregation import aggregate, count_groups, group_token_counts
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
+from rlscope.methods.selection import top_up_mixed_groups
 from rlscope.methods.spec import AdvantageConfig, MethodSpec, ObjectiveConfig
 from rlscope.metrics.schema import unregistered
 from rlscope.policy.base import fp32_output_head
@@ -342,6 +343,7 @@ def _cfg(method: str, tmp_path: Path | None = None, steps: int = 2, **run: objec
     ("vapo", {"components": MethodConfig(length_alpha=-0.1)}, "length_alpha"),
     ("vapo", {"components": MethodConfig(lam_critic=1.5)}, "lam_critic"),
     ("vapo", {"components": MethodConfig(pos_nll_coef=-1.0)}, "pos_nll_coef"),
+    ("gpg", {"components": MethodConfig(gpg_min_valid=1.5)}, "gpg_min_valid"),
     ("scalerl", {"group_size": 1}, "group_size"),
 ])
 def test_out_of_regime_is_rejected_before_training(method: str, run: dict[str, object],
@@ -424,3 +426,46 @@ def test_fp32_head_lowers_the_sampler_learner_mismatch_under_bf16_autocast(
         rows = train(cfg).metrics
         diffs[fp32] = sum(r["sampler/logp_diff_mean"] for r in rows) / len(rows)
     assert diffs[False] > 0 and 0 <= diffs[True] < diffs[False] / 2
+
+
+def _groups_batch(rewards: list[float], seed: int) -> RolloutBatch:
+    g = torch.Generator().manual_seed(seed)
+    B = len(rewards)
+    return RolloutBatch(
+        prompt_tokens_BP=torch.randint(0, 5, (B, 2), generator=g), prompt_mask_BP=None,
+        completion_tokens_BT=torch.randint(0, 5, (B, 2), generator=g),
+        completion_mask_BT=torch.ones(B, 2), logp_sampler_BT=torch.zeros(B, 2),
+        logp_raw_BT=torch.zeros(B, 2), finished_by_stop_B=torch.zeros(B, dtype=torch.bool),
+        group_id_B=torch.arange(B) // 4, rewards_B=torch.tensor(rewards))
+
+
+def test_gpg_resampling_swaps_flat_groups_for_mixed_ones() -> None:
+    """Groups of 4: the first batch is (flat, mixed), the next round (mixed, flat). With
+    β_th = 1 the flat group gives way to the new mixed one; the kept group stays first. With
+    only flat rounds the generation cap stops it and the batch is unchanged."""
+    first = _groups_batch([0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0], 0)
+    more = _groups_batch([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 1)
+    batch, rounds = top_up_mixed_groups(first, lambda: more, 4, 1.0, 3)
+    assert rounds == 2 and batch.batch_size == 8
+    assert batch.rewards_B is not None
+    assert batch.rewards_B.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0]
+    assert torch.equal(batch.completion_tokens_BT[:4], first.completion_tokens_BT[4:])
+    assert torch.equal(batch.completion_tokens_BT[4:], more.completion_tokens_BT[:4])
+    flat = _groups_batch([1.0] * 8, 2)
+    same, rounds = top_up_mixed_groups(first, lambda: flat, 4, 1.0, 3)
+    assert rounds == 3 and same is first
+    enough, rounds = top_up_mixed_groups(first, lambda: more, 4, 0.5, 3)
+    assert rounds == 1 and enough is first  # half the rows are already in mixed groups
+
+
+def test_gpg_resampling_runs_in_the_loop(tmp_path: Path) -> None:
+    """Binary rewards on the toy task leave most groups flat: with β_th = 1 the collector
+    draws extra rounds (logged as group/fill_rounds, at most --max_fill_rounds)."""
+    cfg = _cfg("gpg", tmp_path, steps=3, components=MethodConfig(gpg_min_valid=1.0),
+               max_fill_rounds=3)
+    cfg = dataclasses.replace(cfg, task_options=dataclasses.replace(cfg.task_options,
+                                                                    binary_reward=True))
+    rows = train(cfg).metrics
+    assert all(1 <= row["group/fill_rounds"] <= 3 for row in rows)
+    assert max(row["group/fill_rounds"] for row in rows) > 1
+    assert all(math.isfinite(row["adv/gpg_alpha"]) for row in rows)

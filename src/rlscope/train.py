@@ -80,6 +80,7 @@ from rlscope.methods.selection import (
     overlong_shaped,
     select_rows,
     step_generator,
+    top_up_mixed_groups,
 )
 from rlscope.methods.spec import MethodSpec, OverlongConfig
 from rlscope.metrics import estimators as est
@@ -580,6 +581,11 @@ class Collector:
             fresh, fill_rounds = fill_mixed_groups(
                 fresh, lambda: self._scored(self._sample(), step), r.batch_size,
                 p.d.group_size, r.max_fill_rounds)
+            self.metrics["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=p.device)
+        if p.spec.advantage.gpg_min_valid > 0:
+            fresh, fill_rounds = top_up_mixed_groups(
+                fresh, lambda: self._scored(self._sample(), step), p.d.group_size,
+                p.spec.advantage.gpg_min_valid, r.max_fill_rounds)
             self.metrics["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=p.device)
         _sync(p.device)
         self.t_scored = time.perf_counter()

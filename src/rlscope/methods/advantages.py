@@ -481,7 +481,7 @@ ADVANTAGES: dict[str, Estimator] = {
     "remax": Component(remax, _CLIP, greedy_baseline=True),
     "passk": Component(passk, _CLIP, grouped=True),
     "opo": Component(opo, _CLIP, grouped=True),
-    "gpg": Component(gpg, ("gpg_std", *_CLIP), grouped=True),
+    "gpg": Component(gpg, ("gpg_std", "gpg_min_valid", *_CLIP), grouped=True),
     "group_center_batchstd": Component(group_center_batchstd, _CLIP, grouped=True),
     "gae_decoupled": Component(gae_decoupled, ("gamma", "lam", "length_alpha", "lam_critic",
                                                *_CLIP), needs_value_head=True),

@@ -37,6 +37,10 @@ class AdvantageConfig:
     """``gae_decoupled``: α_L of the actor's λ_i = clamp(1 − 1/(α_L|y_i|), 0, 1) (0 = ``lam``)."""
     lam_critic: float = 1.0
     """``gae_decoupled``: λ of the critic's GAE targets (1 with γ = 1: Monte-Carlo returns)."""
+    gpg_min_valid: float = 0.0
+    """GPG's optional resampling: draw more rounds (at most ``--max_fill_rounds`` in all),
+    swapping flat groups for mixed ones, until this fraction of the rows is in mixed groups
+    (0 = off; the reference script uses 0.5, the paper's table 0.6)."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -49,6 +53,9 @@ class AdvantageConfig:
                           "fixed lam)")
         if not 0 <= self.lam_critic <= 1:
             errors.append(f"method.lam_critic={self.lam_critic} must lie in [0, 1]")
+        if not 0 <= self.gpg_min_valid <= 1:
+            errors.append(f"method.gpg_min_valid={self.gpg_min_valid} must lie in [0, 1] (a "
+                          "fraction of the rows)")
         return errors
 
 

@@ -155,6 +155,9 @@ class MethodConfig:
     """μ of the LM loss on successful rows (vapo's positive-example NLL; >= 0, 0 = off)."""
     fp32_head: bool | None = None
     """LM head matmul and log-softmax in float32 under mixed precision (scalerl)."""
+    gpg_min_valid: float | None = None
+    """GPG resampling: draw more rounds (up to --max_fill_rounds), swapping flat groups for
+    mixed ones, until this fraction of rows is in mixed groups (0 = off; GPG's script 0.5)."""
 
 
 
@@ -217,6 +220,7 @@ FLAGS: dict[str, str] = {
     "critic_pretrain_steps": "value.pretrain_steps",
     "pos_nll_coef": "pos_nll_coef",
     "fp32_head": "fp32_head",
+    "gpg_min_valid": "advantage.gpg_min_valid",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""

@@ -69,7 +69,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("group/retained_rate", "sequences", "frac", "rollout", "rows kept by selection"),
     _m("group/fallback", "steps", "value", "rollout", "1 when no group was mixed"),
     _m("group/fill_rounds", "steps", "value", "rollout",
-       "generation rounds --fill_batch used to fill the batch with mixed groups"),
+       "generation rounds --fill_batch (or gpg's --gpg_min_valid) used to fill the batch with "
+       "mixed groups"),
     _m("select/kept_frac", "sequences", "frac", "rollout",
        "kondo selection: rows kept for the update"),
     _m("select/gate_prob_mean", "sequences", "seq_mean", "rollout",
