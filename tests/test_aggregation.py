@@ -31,7 +31,8 @@ EXPECTED = {
 
 
 def test_registry_lists_the_five() -> None:
-    assert set(AGGREGATIONS) == set(EXPECTED)
+    # prompt_mean (per-group denominators) is tested in tests/test_methods_2026_adv.py
+    assert set(AGGREGATIONS) == set(EXPECTED) | {"prompt_mean"}
 
 
 @pytest.mark.parametrize("agg", list(EXPECTED))

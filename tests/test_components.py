@@ -152,7 +152,7 @@ def test_the_loop_never_names_a_preset_or_component(module: str) -> None:
 
 def test_needs_come_from_the_records() -> None:
     """A spot check that the spec's needs are the records' (not a second list of names)."""
-    assert [n for n, s in METHODS.items() if s.needs_value] == ["ppo"]
+    assert [n for n, s in METHODS.items() if s.needs_value] == ["ppo", "vapo"]
     assert {n for n, s in METHODS.items() if s.needs_candidates} == {"tpo_token", "grpo_token"}
     assert {n for n, s in METHODS.items() if s.needs_labels} == {"ce"}
     assert {n for n, s in METHODS.items() if s.needs_behaviour_sum_p2} == {"kondo"}

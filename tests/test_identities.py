@@ -28,7 +28,7 @@ from rlscope.methods import (
     resolve_method,
     validate_method,
 )
-from rlscope.methods.aggregation import AGGREGATIONS, aggregate
+from rlscope.methods.aggregation import AGGREGATIONS, aggregate, group_token_counts
 from rlscope.methods.gates import GATES, GateInputs
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
 from rlscope.methods.spec import (
@@ -246,7 +246,8 @@ def _setup(agg: str) -> tuple[MethodSpec, TinyTransformer, ValueHead, RolloutBat
         adv_BT=torch.randn(B, T, generator=g, dtype=F64) * mask, mask_BT=mask,
         tokens_BT=completion, logp_old_BT=logp_old, ref_logp_BT=ref_logp * mask,
         old_values_BT=torch.randn(B, T, generator=g, dtype=F64) * 0.1 * mask,
-        returns_BT=torch.randn(B, T, generator=g, dtype=F64) * mask)
+        returns_BT=torch.randn(B, T, generator=g, dtype=F64) * mask,
+        group_tokens_B=group_token_counts(mask, 1))  # prompt_mean: one row per group
     spec = MethodSpec(
         description="every loss term at once", source="test", regime="test",
         advantage=AdvantageConfig("gae"), gate=GateConfig("delight", eta=0.7),
@@ -261,7 +262,7 @@ def _accumulated(agg: str, micro: int, local_denominators: bool = False
     """Gradients of all parameters, the loss and the stats, accumulated over micro-batches."""
     spec, policy, value_head, batch, inputs = _setup(agg)
     params = [*policy.parameters(), *value_head.parameters()]
-    den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(B), max_len=T)
+    den = Denominators.of(inputs, 0, B, T)
     total, stats = 0.0, []
     for s in range(0, B, micro):
         rows = slice(s, min(s + micro, B))

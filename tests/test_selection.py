@@ -74,7 +74,9 @@ def test_grouped_presets_select_mixed_groups_by_default() -> None:
                if spec.grouped and not spec.needs_candidates}
     assert {"grpo", "dr_grpo", "dapo", "tpo", "tpo_no_anchor", "group_pg"} <= grouped
     assert all(METHODS[n].selection == "none" for n in ("tpo_token", "grpo_token"))
-    for name in grouped:
+    # gpg's α = B/(B − M) replaces filtering (METHODS_2026.md §6): it must not select
+    assert METHODS["gpg"].selection == "none"
+    for name in grouped - {"gpg"}:
         assert METHODS[name].selection == "mixed_groups", name
 
 

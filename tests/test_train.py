@@ -136,7 +136,10 @@ OUT_OF_REGIME = {"replay_dg": {}, "fresh_dg": {}, "dg_token": {"task_options": N
                  "grpo_token": {"delay": 2}, "self_distill_dg": {"task": "digits_bandit"},
                  "scope_lite": {"task": "digits_bandit"},
                  **{m: {"components": MethodConfig(kl_coef=0.1)}
-                    for m in ("clip_cov", "kl_cov", "dapo_forking")}}
+                    for m in ("clip_cov", "kl_cov", "dapo_forking")},
+                 "opo": {"delay": 1}, "gpg": {"components": MethodConfig(selection="mixed_groups")},
+                 "scalerl": {"components": MethodConfig(kl_coef=0.1)},
+                 "vapo": {"components": MethodConfig(critic_pretrain_steps=0)}}
 REASONS = "(needs|weighs|is defined|is for|takes one|trains on|has no KL)"
 
 

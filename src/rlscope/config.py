@@ -552,6 +552,17 @@ def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[s
                          "sequence task with labels (token_reversal, masked_reversal, "
                          "chain_reversal)"),
         "no_kl": (spec.kl.coef == 0, "has no KL term by definition: drop --kl_coef"),
+        "one_epoch": (cfg.run.inner_epochs == 1,
+                      "takes one pass per batch (it has no importance ratio): set "
+                      "--inner_epochs 1"),
+        "no_selection": (spec.selection == "none",
+                         "needs no selection: it rescales by the valid-group fraction instead "
+                         "of filtering (α would be 1 and filtering double-counts): set "
+                         "--selection none"),
+        "critic_pretrain": (spec.needs_value and spec.value.pretrain_steps >= 1,
+                            "needs a value head pre-trained first: set "
+                            "--critic_pretrain_steps >= 1 and a value-head advantage (gae, "
+                            "gae_decoupled)"),
     }
     return [f"method {cfg.method!r} {message}" for need in spec.requires
             for ok, message in [checks[need]] if not ok]

@@ -102,8 +102,7 @@ def gradient_diagnostics(spec: MethodSpec, policy: Policy, value_head: ValueHead
     if spec.needs_batch_statistic:  # the selection of the update's first optimizer step
         inputs, _ = batch_statistic(spec, policy, batch, inputs, slice(0, batch.batch_size),
                                     dist)
-    den = Denominators(n_tokens=inputs.mask_BT.sum(), n_seqs=float(batch.batch_size),
-                       max_len=inputs.tokens_BT.shape[1])
+    den = Denominators.of(inputs, 0, batch.batch_size, inputs.tokens_BT.shape[1])
     loss = micro_batch_loss(spec, policy, value_head, batch, inputs, den, beta, dist,
                             entropy_coef=entropy_coef).loss
     method_grads = torch.autograd.grad(loss, params, allow_unused=True)

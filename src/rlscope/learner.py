@@ -26,8 +26,13 @@ from rlscope.learner_packed import (
     row_token_counts,
     token_budget_slices,
 )
-from rlscope.methods.advantages import AdvantageInputs, compute_advantages, gae_with_returns
-from rlscope.methods.aggregation import TOKEN_MEAN, aggregate
+from rlscope.methods.advantages import (
+    AdvantageInputs,
+    advantage_extra_metrics,
+    advantages_with_returns,
+    compute_advantages,
+)
+from rlscope.methods.aggregation import TOKEN_MEAN, aggregate, count_groups, group_token_counts
 from rlscope.methods.batch_stats import BatchStatInputs
 from rlscope.methods.corrections import correction_metrics
 from rlscope.methods.gates import GateInputs, probs_mean_BT, reward_uncertainty_B
@@ -97,6 +102,8 @@ class LearnerInputs:
     draw_seed: torch.Tensor | None = None
     """Seed of the batch statistic's random draws (Clip-Cov), a 0-d CPU integer tensor from
     the run seed and step (None = 0)."""
+    group_tokens_B: torch.Tensor | None = None
+    """Valid tokens of each row's whole group (the ``prompt_mean`` aggregation)."""
 
     @property
     def batch_size(self) -> int:
@@ -222,11 +229,12 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
                         greedy_rewards_B=batch.greedy_rewards_B)
     returns_BT = None
     if spec.needs_value:
-        adv_BT, returns_BT = gae_with_returns(x, spec.advantage)
+        adv_BT, returns_BT = advantages_with_returns(x, spec.advantage)
         assert values_BT is not None
         metrics |= value_metrics(values_BT, returns_BT, mask_BT)
     else:
         adv_BT = compute_advantages(x, spec.advantage)
+    metrics |= advantage_extra_metrics(x, spec.advantage)
     age_B = batch.age_B if batch.age_B is not None else torch.zeros_like(batch.rewards_B)
     inputs = LearnerInputs(adv_BT=adv_BT, mask_BT=mask_BT, tokens_BT=tokens_BT,
                            logp_old_BT=batch.logp_sampler_BT, ref_logp_BT=ref_logp_BT,
@@ -236,7 +244,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
                            age_B=age_B, rewards_B=batch.rewards_B,
                            baseline_B=batch.expected_reward_B if batch.expected_reward_B
                            is not None else batch.rewards_B.mean().expand_as(batch.rewards_B),
-                           is_weight_BT=is_weight_BT)
+                           is_weight_BT=is_weight_BT,
+                           group_tokens_B=group_token_counts(mask_BT, group_size))
     if candidates is not None:
         inputs = dataclasses.replace(
             inputs, candidates_BTK=candidates.candidates_BTK,
@@ -262,6 +271,26 @@ class Denominators:
     n_tokens: torch.Tensor
     n_seqs: float | torch.Tensor
     max_len: int
+    n_groups: float | torch.Tensor = 1.0
+    """Groups with a valid token (``prompt_mean``)."""
+    n_pos_tokens: float | torch.Tensor = 1.0
+    """Valid tokens of the successful rows (r ≥ 1; the ``pos_nll`` term)."""
+
+    @staticmethod
+    def of(inputs: LearnerInputs, start: int, stop: int, max_len: int,
+           n_seqs: float | torch.Tensor | None = None) -> Denominators:
+        """The denominators of the optimizer batch ``inputs[start:stop]`` (whole groups)."""
+        mask_BT = inputs.mask_BT[start:stop]
+        n_groups: float | torch.Tensor = 1.0
+        if inputs.group_tokens_B is not None:
+            n_groups = count_groups(mask_BT, inputs.group_tokens_B[start:stop])
+        n_pos: float | torch.Tensor = 1.0
+        if inputs.rewards_B is not None:
+            success_B = (inputs.rewards_B[start:stop] >= 1.0).to(mask_BT.dtype)
+            n_pos = (mask_BT * success_B[:, None]).sum()
+        return Denominators(n_tokens=mask_BT.sum(),
+                            n_seqs=float(stop - start) if n_seqs is None else n_seqs,
+                            max_len=max_len, n_groups=n_groups, n_pos_tokens=n_pos)
 
 
 @dataclass(frozen=True)
@@ -306,7 +335,8 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
         entropy_BT = fast.entropy_BT
 
     def agg(x_BT: torch.Tensor) -> torch.Tensor:
-        return aggregate(x_BT, mask_BT, spec.agg, den.n_tokens, den.n_seqs, den.max_len)
+        return aggregate(x_BT, mask_BT, spec.agg, den.n_tokens, den.n_seqs, den.max_len,
+                         inputs.group_tokens_B, den.n_groups)
 
     logp_d_BT = logp_BT.detach()
     gate_in = GateInputs(inputs.adv_BT, logp_d_BT, inputs.uncertainty_B,
@@ -352,6 +382,13 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
         kl_term = agg(kl_BT)
         loss = loss + beta * kl_term
         parts["loss/kl"] = kl_term.detach()
+    if spec.pos_nll_coef > 0 and inputs.rewards_B is not None:
+        success_B = (inputs.rewards_B >= 1.0).to(mask_BT.dtype)
+        n_pos = den.n_pos_tokens
+        pos_term = (-logp_BT * mask_BT * success_B[:, None]).sum() / (
+            n_pos.clamp_min(1.0) if isinstance(n_pos, torch.Tensor) else max(n_pos, 1.0))
+        loss = loss + spec.pos_nll_coef * pos_term
+        parts["loss/pos_nll"] = pos_term.detach()
     if value_head is not None:
         assert inputs.old_values_BT is not None and inputs.returns_BT is not None
         values_BT = value_head(hidden_BTD)
@@ -495,8 +532,7 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
         for start in range(0, n_rows, mb_rows):
             stop = min(start + mb_rows, n_rows)
             # Denominators of the whole minibatch, also when this rank computes a part of it
-            den = Denominators(n_tokens=inputs.mask_BT[start:stop].sum(),
-                               n_seqs=float(stop - start), max_len=plan.max_len)
+            den = Denominators.of(inputs, start, stop, plan.max_len)
             lo, hi = (start, stop) if dp is None else dp.rank_rows(start, stop, plan.group_size)
             group = shared_group if lo % plan.group_size == 0 \
                 and (hi - lo) % plan.group_size == 0 else 1

@@ -179,8 +179,7 @@ class GraphedUpdate:
         start, stop = j * mb_rows, (j + 1) * mb_rows
         micro = min(plan.micro_batch_size, mb_rows)
         group_size = micro_group_size(micro, mb_rows, plan.group_size)
-        den = Denominators(n_tokens=c.inputs.mask_BT[start:stop].sum(), n_seqs=c.n_seqs,
-                           max_len=plan.max_len)
+        den = Denominators.of(c.inputs, start, stop, plan.max_len, c.n_seqs)
         self.optimizer.zero_grad(set_to_none=True)
         results = []
         for s in range(start, stop, micro):

@@ -66,10 +66,12 @@ from rlscope.learner import (
 from rlscope.learner_graphs import GraphedUpdate
 from rlscope.learner_packed import resolve_learner
 from rlscope.methods import canonical_method_name
+from rlscope.methods.advantages import gae_returns, last_token_rewards
 from rlscope.methods.regularizers import (
     adaptive_entropy_update,
     adaptive_kl_update,
     kl_warmup_beta,
+    value_loss,
 )
 from rlscope.methods.selection import (
     OVERLONG,
@@ -79,6 +81,7 @@ from rlscope.methods.selection import (
     overlong_shaped,
     select_rows,
     step_generator,
+    top_up_mixed_groups,
 )
 from rlscope.methods.spec import MethodSpec, OverlongConfig
 from rlscope.metrics import estimators as est
@@ -93,7 +96,7 @@ from rlscope.metrics.sinks import (
     truncate_jsonl,
 )
 from rlscope.policy import add_lora, reference_of
-from rlscope.policy.base import Policy
+from rlscope.policy.base import Policy, fp32_output_head
 from rlscope.policy.value_head import ValueHead
 from rlscope.replay import ADVANTAGE_PRIORITIES, BatchSource, batch_source
 from rlscope.sampling import graphs
@@ -316,6 +319,8 @@ def setup(cfg: TrainConfig) -> RunParts:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
     policy = initial_policy(cfg, task, device)
+    if spec.fp32_head:  # before the reference's copy, which keeps the patch
+        fp32_output_head(policy)
     check_backend(cfg.sampling, policy, device)  # --backend static on a model it lacks
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
@@ -579,6 +584,11 @@ class Collector:
                 fresh, lambda: self._scored(self._sample(), step), r.batch_size,
                 p.d.group_size, r.max_fill_rounds)
             self.metrics["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=p.device)
+        if p.spec.advantage.gpg_min_valid > 0:
+            fresh, fill_rounds = top_up_mixed_groups(
+                fresh, lambda: self._scored(self._sample(), step), p.d.group_size,
+                p.spec.advantage.gpg_min_valid, r.max_fill_rounds)
+            self.metrics["group/fill_rounds"] = torch.tensor(float(fill_rounds), device=p.device)
         _sync(p.device)
         self.t_scored = time.perf_counter()
         self.metrics |= env_metrics(p.task, p.device)
@@ -590,6 +600,55 @@ class Collector:
         now = time.perf_counter()
         t_sampled = now if self.t_sampled is None else self.t_sampled
         return self.t_step, t_sampled, t_sampled if self.t_scored is None else self.t_scored
+
+
+CRITIC_PRETRAIN_OFFSET = 5_000_011
+"""Stream offset of the critic pre-training draws (apart from the run's own stream)."""
+
+
+def critic_pretrain_stage(parts: RunParts) -> dict[str, torch.Tensor]:
+    """VAPO's value pre-training (METHODS_2026.md §2 ``critic_pretrain_steps``): train only
+    the value head for ``spec.value.pretrain_steps`` steps on fresh samples of the frozen
+    initial policy, regressing onto λ = 1 GAE targets (the Monte-Carlo return with γ = 1)
+    with the method's value loss. Draws its prompts and seeds from a stream of its own, so
+    the run's batches are those of a run without pre-training. Returns ``critic_pretrain/``
+    metrics: the value loss of the first and the last step and the last explained variance."""
+    p, steps = parts, parts.spec.value.pretrain_steps
+    assert p.value_head is not None
+    head_params = [q for q in p.value_head.parameters() if q.requires_grad]
+    optimizer = torch.optim.AdamW(head_params, lr=p.cfg.optim.lr,
+                                  weight_decay=p.cfg.optim.weight_decay,
+                                  betas=(p.cfg.optim.adam_beta1, p.cfg.optim.adam_beta2))
+    losses: list[torch.Tensor] = []
+    explained = torch.zeros(())
+    for i in range(steps):
+        stream = step_generator(p.cfg.run.seed, i, CRITIC_PRETRAIN_OFFSET)
+        rollout = sample_rollouts(p.policy, p.task, p.cfg, stream, p.device, p.d.num_prompts,
+                                  p.d.group_size, p.d.max_new_tokens, parallel=p.parallel)
+        batch = shape_rewards(score_rollouts(rollout, p.policy, p.task, p.cfg, False, 0,
+                                             noise=stream), p, 0)
+        assert batch.rewards_B is not None
+        mask_BT = batch.completion_mask_BT
+        with torch.no_grad():
+            hidden_BTD = forward_completion(p.policy, batch, batch.completion_tokens_BT,
+                                            p.plan.dist, p.d.group_size).hidden_BTD
+            old_values_BT = p.value_head(hidden_BTD) * mask_BT
+            _, returns_BT = gae_returns(last_token_rewards(batch.rewards_B, mask_BT),
+                                        old_values_BT, mask_BT, p.spec.advantage.gamma, 1.0)
+        values_BT = p.value_head(hidden_BTD)
+        loss_BT, _ = value_loss(values_BT, old_values_BT, returns_BT, p.spec.value)
+        loss = est.masked_mean(loss_BT, mask_BT)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if p.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(head_params, p.cfg.optim.grad_clip)
+        optimizer.step()
+        losses.append(loss.detach())
+        explained = est.value_metrics(values_BT.detach() * mask_BT, returns_BT,
+                                      mask_BT)["value/explained_var"]
+    return {"critic_pretrain/value_loss_first": losses[0],
+            "critic_pretrain/value_loss_last": losses[-1],
+            "critic_pretrain/explained_var": explained}
 
 
 def select_stage(parts: RunParts, batch: RolloutBatch, state: LoopState, step: int
@@ -644,6 +703,11 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
         after = snapshot(p.policy, batch, inputs, plan.dist)
         m |= entropy_diagnostics(before, after, inputs)
     mb_rows = minibatch_rows(batch.batch_size, plan.num_minibatches, p.d.group_size)
+    if p.spec.fp32_head and not p.spec.corrected and not p.spec.needs_labels:
+        # the head's precision shows in the sampler/learner mismatch (a correction logs its own)
+        d_BT = (updated.first.logp_BT - batch.logp_sampler_BT).clamp(
+            -est.LOG_RATIO_CLAMP, est.LOG_RATIO_CLAMP)
+        m["sampler/k3"] = est.masked_mean(torch.expm1(d_BT) - d_BT, inputs.mask_BT)
     return m | update_metrics(updated, batch, inputs, p.spec.needs_labels,
                               n_minibatches=-(-batch.batch_size // mb_rows),
                               grad_clip=plan.grad_clip)
@@ -724,8 +788,16 @@ def train(cfg: TrainConfig) -> RunResult:
         else RankLog(parts, run_dir)
     for warning in correction_warnings(parts.cfg, spec):
         log.display.alert(f"warning: {warning}")
+    if spec.fp32_head and parts.plan.packed is not None \
+            and getattr(parts.policy, "autocast_dtype", None) is not None:
+        log.display.alert("warning: --fp32_head: the packed learner applies the LM head in the "
+                          "--autocast dtype (only the sampler's head runs in float32); use "
+                          "--packing off for a float32 head in the learner too")
     status, diverged = "completed", {}
+    pretrain_m: dict[str, torch.Tensor] = {}
     try:
+        if parts.value_head is not None and spec.value.pretrain_steps > 0 and state.step == 0:
+            pretrain_m = critic_pretrain_stage(parts)
         for step in range(state.step, r.num_steps):
             if spec.kl.control == "warmup":
                 state.beta = kl_warmup_beta(step, spec.kl)
@@ -745,10 +817,12 @@ def train(cfg: TrainConfig) -> RunResult:
             learn_m = learn_stage(parts, batch, inputs, state, diagnose)
             _sync(parts.device)
             values, bad_params = step_values(
-                parts, collect.metrics | m | prep_m | learn_m, batch, inputs, state, source,
+                parts, collect.metrics | m | prep_m | learn_m | pretrain_m, batch, inputs,
+                state, source,
                 (t_step, t_sampled, t_scored, t_learn, time.perf_counter()))
             update_controllers(state, spec, values, batch.batch_size)
             log.step(step, values, batch, inputs.adv_BT)
+            pretrain_m = {}  # logged once, with the first step
             state.step = step + 1
             diverged = divergence(values, bad_params, parts.params, parts.policy,
                                   parts.value_head, step)

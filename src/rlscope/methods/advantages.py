@@ -124,11 +124,12 @@ def whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
 
 
 def gae_returns(rewards_BT: torch.Tensor, values_BT: torch.Tensor, mask_BT: torch.Tensor,
-                gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+                gamma: float, lam: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over generated tokens (Schulman et al., 1506.02438).
 
     δ_t = r_t + γ V_{t+1} − V_t, A_t = δ_t + γ λ A_{t+1}, with V and A zero after the last valid
-    token. Returns ``(advantages_BT, returns_BT)`` with returns = A + V (unwhitened).
+    token. Returns ``(advantages_BT, returns_BT)`` with returns = A + V (unwhitened). ``lam``
+    may be a per-row ``[B]`` tensor (`gae_decoupled`).
     """
     T = rewards_BT.shape[1]
     values_BT = values_BT * mask_BT
@@ -348,6 +349,114 @@ def passk(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
     return _broadcast(adv_GK.reshape(-1), x.mask_BT)
 
 
+def _row_lengths_B(mask_BT: torch.Tensor) -> torch.Tensor:
+    """|y_i| = Σ_t m_i,t, ``[B]``."""
+    return mask_BT.sum(-1)
+
+
+def opo_baseline_G(x: AdvantageInputs) -> torch.Tensor:
+    """b_g = Σ_{i∈g} |y_i| r_i / Σ_{i∈g} |y_i| (the group mean when every length is 0), ``[G]``."""
+    r_GK = _groups(x.rewards_B, x.group_size)
+    len_GK = _row_lengths_B(x.mask_BT).to(r_GK.dtype).view_as(r_GK)
+    total_G = len_GK.sum(-1)
+    weighted_G = (len_GK * r_GK).sum(-1) / total_G.clamp_min(EPS)
+    return torch.where(total_G > 0, weighted_G, r_GK.mean(-1))
+
+
+def opo(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """A_i = r_i − b_g with the length-weighted baseline b_g = Σ|y_i| r_i / Σ|y_i|; no std.
+
+    The optimal (variance-minimising) baseline of an on-policy sequence gradient whose
+    per-sequence gradient norm grows with |y_i|. Equal lengths give `group_center`.
+    Source: OPO (Hao et al., arXiv:2505.23585; verl ``opo``). Regime: grouped, exact on-policy
+    (one inner epoch of one minibatch, no delay, no replay: the preset requires it).
+    """
+    r_GK = _groups(x.rewards_B, x.group_size)
+    adv_GK = r_GK - opo_baseline_G(x)[:, None]
+    return _broadcast(adv_GK.reshape(-1), x.mask_BT)
+
+
+def gpg_alpha(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
+    """α = B / (B − M), M the rows in groups with std_g ≤ 1e-8; 0 when M = B (0-d)."""
+    std_G = _groups(rewards_B, group_size).std(-1, unbiased=False)
+    valid = (std_G > EPS).to(rewards_B.dtype).sum() * group_size
+    return torch.where(valid > 0, rewards_B.shape[0] / valid.clamp_min(1.0),
+                       torch.zeros_like(valid))
+
+
+def gpg(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """A_i = α (r_i − mean_g) / F: F = 1 (``gpg_std`` off) or std_g + 1e-8; α = B / (B − M).
+
+    M counts the rows of groups with std_g ≤ 1e-8 (a batch statistic); α rescales the
+    gradient so zero-variance groups do not dilute it (instead of filtering them); α = 0 when
+    every group is flat. Source: GPG (Chu et al., arXiv:2504.02546; AMAP-ML/GPG; verl ``gpg``
+    computes α = B / #(rows with r ≠ 0) instead — this follows the paper). Regime: grouped,
+    on-policy, one inner epoch, selection ``none``.
+    """
+    r_GK = _groups(x.rewards_B, x.group_size)
+    centred_GK = r_GK - r_GK.mean(-1, keepdim=True)
+    if cfg.gpg_std:
+        centred_GK = centred_GK / (r_GK.std(-1, unbiased=False, keepdim=True) + EPS)
+    adv_GK = gpg_alpha(x.rewards_B, x.group_size) * centred_GK
+    return _broadcast(adv_GK.reshape(-1), x.mask_BT)
+
+
+def centred_batch_std(rewards_B: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Population std over the batch's rows of c_i = r_i − mean_g (0-d)."""
+    r_GK = _groups(rewards_B, group_size)
+    return (r_GK - r_GK.mean(-1, keepdim=True)).std(unbiased=False)
+
+
+def group_center_batchstd(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """A_i = c_i / (std(c) + 1e-8), c_i = r_i − mean_g, std over the rows of the batch.
+
+    The batch is the one selection kept (`mixed_groups` runs first), so the std is over the
+    kept rows. A = 0 when std(c) ≤ 1e-8. ``cfg.std_floor`` clamps the std from below. Unlike
+    `batch_zscore` (std of the raw rewards, TRL ``scale_rewards="batch"``).
+    Source: ScaleRL (Khatri et al., arXiv:2510.13786; centred std as its prime-rl port).
+    Regime: grouped batches (G > 1).
+    """
+    r_GK = _groups(x.rewards_B, x.group_size)
+    centred_GK = r_GK - r_GK.mean(-1, keepdim=True)
+    std = centred_GK.std(unbiased=False)
+    adv_GK = torch.where(std > EPS, centred_GK / (std.clamp_min(cfg.std_floor) + EPS),
+                         torch.zeros_like(centred_GK))
+    return _broadcast(adv_GK.reshape(-1), x.mask_BT)
+
+
+def length_lambda_B(mask_BT: torch.Tensor, length_alpha: float, lam: float) -> torch.Tensor:
+    """VAPO's per-sequence λ_i = clamp(1 − 1/(α_L |y_i|), 0, 1); α_L = 0 gives ``lam``."""
+    len_B = _row_lengths_B(mask_BT)
+    if length_alpha == 0:
+        return torch.full_like(len_B, lam)
+    return (1 - 1 / (length_alpha * len_B).clamp_min(EPS)).clamp(0.0, 1.0)
+
+
+def gae_decoupled_with_returns(x: AdvantageInputs, cfg: AdvantageConfig
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """VAPO's decoupled GAE: whitened actor advantages with a length-adaptive λ_i and the
+    value targets of a separate λ_critic, ``(adv_BT, returns_BT)``."""
+    if x.values_BT is None:
+        raise ValueError("advantage 'gae_decoupled' needs values_BT (a value head)")
+    rewards_BT = last_token_rewards(x.rewards_B, x.mask_BT)
+    if x.token_rewards_BT is not None:
+        rewards_BT = rewards_BT + x.token_rewards_BT * x.mask_BT
+    lam_B = length_lambda_B(x.mask_BT, cfg.length_alpha, cfg.lam)
+    adv_BT, _ = gae_returns(rewards_BT, x.values_BT, x.mask_BT, cfg.gamma, lam_B)
+    _, returns_BT = gae_returns(rewards_BT, x.values_BT, x.mask_BT, cfg.gamma, cfg.lam_critic)
+    return whiten(adv_BT, x.mask_BT), returns_BT
+
+
+def gae_decoupled(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """GAE whose actor λ_i = clamp(1 − 1/(α_L|y_i|), 0, 1) per sequence (whitened), critic
+    targets from GAE with λ_critic (1 with γ = 1: the Monte-Carlo return).
+
+    α_L = 0 uses the fixed ``lam``. The clamp is ours: the paper's λ is negative for
+    α_L|y| < 1. Source: VAPO (Yue et al., arXiv:2504.05118). Regime: needs a value head.
+    """
+    return gae_decoupled_with_returns(x, cfg)[0]
+
+
 Estimator = Component[[AdvantageInputs, AdvantageConfig], torch.Tensor]
 
 _CLIP = ("std_floor", "clip")
@@ -371,7 +480,44 @@ ADVANTAGES: dict[str, Estimator] = {
     "maxrl": Component(maxrl, _CLIP, grouped=True),
     "remax": Component(remax, _CLIP, greedy_baseline=True),
     "passk": Component(passk, _CLIP, grouped=True),
+    "opo": Component(opo, _CLIP, grouped=True),
+    "gpg": Component(gpg, ("gpg_std", "gpg_min_valid", *_CLIP), grouped=True),
+    "group_center_batchstd": Component(group_center_batchstd, _CLIP, grouped=True),
+    "gae_decoupled": Component(gae_decoupled, ("gamma", "lam", "length_alpha", "lam_critic",
+                                               *_CLIP), needs_value_head=True),
 }
+
+_WITH_RETURNS = {"gae_decoupled": gae_decoupled_with_returns}
+"""Value-head estimators whose value targets differ from `gae_with_returns`'s."""
+
+
+def advantages_with_returns(x: AdvantageInputs, cfg: AdvantageConfig
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A value-head estimator's advantages and value targets, ``(adv_BT, returns_BT)``."""
+    return _WITH_RETURNS.get(cfg.name, gae_with_returns)(x, cfg)
+
+
+def advantage_extra_metrics(x: AdvantageInputs, cfg: AdvantageConfig
+                            ) -> dict[str, torch.Tensor]:
+    """The per-estimator ``adv/`` (and ``group/``) metrics of METHODS_2026.md (0-d tensors):
+    ``adv/opo_baseline_gap`` = mean_g |b_g − mean_g r|; ``adv/gpg_alpha`` with
+    ``group/mixed_rate`` and ``group/fallback`` (1 when α = 0); ``adv/batch_std`` (the
+    centred std of `group_center_batchstd`); ``adv/lambda_policy_mean`` (mean λ_i of
+    `gae_decoupled`). Empty for the other estimators."""
+    if cfg.name == "opo":
+        r_GK = _groups(x.rewards_B, x.group_size)
+        return {"adv/opo_baseline_gap": (opo_baseline_G(x) - r_GK.mean(-1)).abs().mean()}
+    if cfg.name == "gpg":
+        alpha = gpg_alpha(x.rewards_B, x.group_size)
+        std_G = _groups(x.rewards_B, x.group_size).std(-1, unbiased=False)
+        return {"adv/gpg_alpha": alpha, "group/mixed_rate": (std_G > EPS).float().mean(),
+                "group/fallback": (alpha == 0).float()}
+    if cfg.name == "group_center_batchstd":
+        return {"adv/batch_std": centred_batch_std(x.rewards_B, x.group_size)}
+    if cfg.name == "gae_decoupled":
+        return {"adv/lambda_policy_mean":
+                length_lambda_B(x.mask_BT, cfg.length_alpha, cfg.lam).mean()}
+    return {}
 
 
 def compute_advantages(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:

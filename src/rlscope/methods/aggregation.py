@@ -12,7 +12,7 @@ import torch
 TOKEN_MEAN = "token_mean"
 """Σ loss / Σ mask over the batch: also the value loss's aggregation, whatever the method's."""
 AGGREGATIONS = (TOKEN_MEAN, "seq_mean_token_mean", "seq_mean_token_sum",
-                "seq_mean_token_sum_norm", "sum")
+                "seq_mean_token_sum_norm", "sum", "prompt_mean")
 
 
 def _at_least_one(n: torch.Tensor | float) -> torch.Tensor | float:
@@ -22,7 +22,8 @@ def _at_least_one(n: torch.Tensor | float) -> torch.Tensor | float:
 
 def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, agg: str,
               n_tokens: torch.Tensor | float, n_seqs: torch.Tensor | float,
-              max_len: int) -> torch.Tensor:
+              max_len: int, group_tokens_B: torch.Tensor | None = None,
+              n_groups: torch.Tensor | float = 1.0) -> torch.Tensor:
     """This micro-batch's share of the aggregated loss.
 
     - ``token_mean``: Σ m·ℓ / N_tokens (DAPO's token-level loss).
@@ -30,6 +31,10 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, agg: str,
     - ``seq_mean_token_sum``: Σ m·ℓ / N_seqs.
     - ``seq_mean_token_sum_norm``: Σ m·ℓ / (N_seqs · L), L the max completion length (Dr. GRPO).
     - ``sum``: Σ m·ℓ (Tinker semantics).
+    - ``prompt_mean``: mean over the groups with a valid token of (Σ_{i∈g,t} m·ℓ /
+      Σ_{i∈g,t} m) (ScaleRL): each row's Σ_t m·ℓ / (``group_tokens_B`` · ``n_groups``), with
+      ``group_tokens_B`` the valid tokens of the row's whole group and ``n_groups`` the
+      optimizer batch's groups with a valid token (`group_token_counts`).
     """
     masked_BT = loss_BT * mask_BT
     if agg == "token_mean":
@@ -43,4 +48,23 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, agg: str,
         return masked_BT.sum() / _at_least_one(n_seqs * max_len)
     if agg == "sum":
         return masked_BT.sum()
+    if agg == "prompt_mean":
+        if group_tokens_B is None:
+            raise ValueError("aggregation 'prompt_mean' needs each row's group token count")
+        per_row_B = masked_BT.sum(-1) / group_tokens_B.clamp_min(1.0)
+        return per_row_B.sum() / _at_least_one(n_groups)
     raise ValueError(f"unknown aggregation {agg!r}; valid: {', '.join(AGGREGATIONS)}")
+
+
+def group_token_counts(mask_BT: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Valid tokens of each row's group (contiguous rows), ``[B]``; the row's own count when
+    the rows do not split into groups of ``group_size``."""
+    tokens_B = mask_BT.sum(-1)
+    if group_size < 2 or tokens_B.shape[0] % group_size:
+        return tokens_B
+    return tokens_B.view(-1, group_size).sum(-1).repeat_interleave(group_size)
+
+
+def count_groups(mask_BT: torch.Tensor, group_tokens_B: torch.Tensor) -> torch.Tensor:
+    """Groups with a valid token among these rows (whole groups): Σ_i |y_i| / |y_g(i)| (0-d)."""
+    return (mask_BT.sum(-1) / group_tokens_B.clamp_min(1.0)).sum()

@@ -149,7 +149,15 @@ def describe(name: str) -> str:
                  ""))
     if spec.needs_value:
         rows.append(("critic", f"value head, vf_coef {spec.value.coef:g} (--vf_coef), "
-                     f"value_clip {spec.value.clip:g} (--value_clip)", ""))
+                     f"value_clip {spec.value.clip:g} (--value_clip)"
+                     + (f", pre-trained {spec.value.pretrain_steps} steps "
+                        "(--critic_pretrain_steps)" if spec.value.pretrain_steps else ""), ""))
+    if spec.pos_nll_coef > 0:
+        rows.append(("aux loss", f"pos_nll μ {spec.pos_nll_coef:g} (--pos_nll_coef): NLL of "
+                     "the successful rows (r ≥ 1)", ""))
+    if spec.fp32_head:
+        rows.append(("policy", "fp32_head (--fp32_head): LM head matmul and log-softmax in "
+                     "float32 under --autocast", ""))
     rows.append(("selection", _named("", spec.selection, spec, spec.selection_component), ""))
     overlong = spec.overlong
     rows.append(("overlong", f"{overlong.name} (--overlong)" + (

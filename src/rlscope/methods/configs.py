@@ -31,6 +31,16 @@ class AdvantageConfig:
     """Clamp the group std from below before dividing (0 = off)."""
     clip: float = 0.0
     """Clamp |A| to this value after estimation (0 = off)."""
+    gpg_std: bool = False
+    """``gpg``: divide the centred reward by std_g + 1e-8 (F = std_g) instead of F = 1."""
+    length_alpha: float = 0.0
+    """``gae_decoupled``: α_L of the actor's λ_i = clamp(1 − 1/(α_L|y_i|), 0, 1) (0 = ``lam``)."""
+    lam_critic: float = 1.0
+    """``gae_decoupled``: λ of the critic's GAE targets (1 with γ = 1: Monte-Carlo returns)."""
+    gpg_min_valid: float = 0.0
+    """GPG's optional resampling: draw more rounds (at most ``--max_fill_rounds`` in all),
+    swapping flat groups for mixed ones, until this fraction of the rows is in mixed groups
+    (0 = off; the reference script uses 0.5, the paper's table 0.6)."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -38,6 +48,14 @@ class AdvantageConfig:
             errors.append("method.gamma and method.lam must lie in [0, 1]")
         if self.std_floor < 0 or self.clip < 0:
             errors.append("method.adv_std_floor and method.adv_clip must be >= 0")
+        if self.length_alpha < 0:
+            errors.append(f"method.length_alpha={self.length_alpha} must be >= 0 (0 = the "
+                          "fixed lam)")
+        if not 0 <= self.lam_critic <= 1:
+            errors.append(f"method.lam_critic={self.lam_critic} must lie in [0, 1]")
+        if not 0 <= self.gpg_min_valid <= 1:
+            errors.append(f"method.gpg_min_valid={self.gpg_min_valid} must lie in [0, 1] (a "
+                          "fraction of the rows)")
         return errors
 
 
@@ -274,11 +292,17 @@ class ValueConfig:
     """vf_coef: weight of the value loss in the total loss."""
     clip: float = 0.2
     """Clip range of the value prediction around the old value (0 = off)."""
+    pretrain_steps: int = 0
+    """Value-head-only steps before training, on samples of the frozen initial policy with
+    λ = 1 (Monte-Carlo) targets (VAPO's value pre-training; 0 = none)."""
 
     def validate(self) -> list[str]:
+        errors: list[str] = []
         if self.coef < 0 or self.clip < 0:
-            return ["method.vf_coef and method.value_clip must be >= 0"]
-        return []
+            errors.append("method.vf_coef and method.value_clip must be >= 0")
+        if self.pretrain_steps < 0:
+            errors.append(f"method.critic_pretrain_steps={self.pretrain_steps} must be >= 0")
+        return errors
 
 
 @dataclass(frozen=True)

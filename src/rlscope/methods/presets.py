@@ -305,6 +305,41 @@ METHODS: dict[str, MethodSpec] = {
         objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.28),
         selection="mixed_groups", overlong=OverlongConfig("penalty"), grouped=True,
         requires=("no_kl",)),
+    "opo": MethodSpec(
+        description="Score-function PG with OPO's length-weighted group baseline, exact "
+        "on-policy.",
+        source="Hao et al. 2505.23585; verl opo",
+        regime="grouped sampling; exact on-policy (one inner epoch of one minibatch, no delay, "
+        "no replay)",
+        advantage=AdvantageConfig("opo"), objective=ObjectiveConfig("score"),
+        selection="mixed_groups", grouped=True,
+        requires=("on_policy", "single_epoch", "no_kl")),
+    "gpg": MethodSpec(
+        description="Score-function PG on group-centred rewards rescaled by α = B/(B − M) "
+        "instead of filtering flat groups.",
+        source="Chu et al. 2504.02546; AMAP-ML/GPG; verl gpg",
+        regime="grouped sampling; on-policy, one inner epoch; selection none",
+        advantage=AdvantageConfig("gpg"), objective=ObjectiveConfig("score"),
+        selection="none", grouped=True, requires=("one_epoch", "no_selection", "no_kl")),
+    "scalerl": MethodSpec(
+        description="CISPO (ε_max 5) on batch-std-normalised centred rewards, prompt-mean "
+        "loss, fp32 LM head.",
+        source="Khatri et al. 2510.13786; TRL ScaleRL notes (ε_max unverified)",
+        regime="grouped sampling (group size 16 in the paper); off-policy capable",
+        advantage=AdvantageConfig("group_center_batchstd"),
+        objective=ObjectiveConfig("cispo", cispo_max=5.0), agg="prompt_mean",
+        selection="mixed_groups", grouped=True, fp32_head=True, requires=("no_kl",)),
+    "vapo": MethodSpec(
+        description="PPO clip-higher with length-adaptive decoupled GAE, a pre-trained critic "
+        "and an LM loss on successes.",
+        source="Yue et al. 2504.05118 (ε, μ, pre-training length unverified)",
+        regime="grouped sampling; needs a critic (value head) pre-trained for "
+        "critic_pretrain_steps >= 1",
+        advantage=AdvantageConfig("gae_decoupled", gamma=1.0, lam=0.95, length_alpha=0.05,
+                                  lam_critic=1.0),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.28),
+        value=ValueConfig(coef=0.1, clip=0.2, pretrain_steps=10), pos_nll_coef=0.1,
+        selection="mixed_groups", grouped=True, requires=("no_kl", "critic_pretrain")),
 }
 
 

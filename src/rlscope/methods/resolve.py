@@ -159,6 +159,23 @@ class MethodConfig:
     """kl_cov: fraction k_r of the batch's tokens (largest covariance) penalised, in (0, 1)."""
     kl_cov_coef: float | None = None
     """kl_cov: weight β of the |ℓ − ℓ_μ| penalty on the selected tokens (>= 0)."""
+    gpg_std: bool | None = None
+    """gpg advantage: divide by the group std (F = std_g + 1e-8) instead of F = 1."""
+    length_alpha: float | None = None
+    """gae_decoupled: α_L of the length-adaptive actor λ_i = clamp(1 − 1/(α_L|y_i|), 0, 1)
+    (>= 0; 0 = the fixed --lam)."""
+    lam_critic: float | None = None
+    """gae_decoupled: λ of the critic's GAE targets, in [0, 1] (1 = Monte-Carlo returns)."""
+    critic_pretrain_steps: int | None = None
+    """Value-head-only steps on samples of the frozen initial policy before training (vapo
+    needs >= 1)."""
+    pos_nll_coef: float | None = None
+    """μ of the LM loss on successful rows (vapo's positive-example NLL; >= 0, 0 = off)."""
+    fp32_head: bool | None = None
+    """LM head matmul and log-softmax in float32 under mixed precision (scalerl)."""
+    gpg_min_valid: float | None = None
+    """GPG resampling: draw more rounds (up to --max_fill_rounds), swapping flat groups for
+    mixed ones, until this fraction of rows is in mixed groups (0 = off; GPG's script 0.5)."""
 
 
 
@@ -223,6 +240,13 @@ FLAGS: dict[str, str] = {
     "clip_cov_high": "objective.clip_cov_high",
     "kl_cov_ratio": "objective.kl_cov_ratio",
     "kl_cov_coef": "objective.kl_cov_coef",
+    "gpg_std": "advantage.gpg_std",
+    "length_alpha": "advantage.length_alpha",
+    "lam_critic": "advantage.lam_critic",
+    "critic_pretrain_steps": "value.pretrain_steps",
+    "pos_nll_coef": "pos_nll_coef",
+    "fp32_head": "fp32_head",
+    "gpg_min_valid": "advantage.gpg_min_valid",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""
@@ -302,6 +326,15 @@ def validate_method(spec: MethodSpec, group_size: int, batch_size: int) -> list[
             and spec.objective_component.batch_statistic is not None:
         errors.append(f"method.gate={spec.gate.name!r} and method.objective="
                       f"{spec.objective.name!r} both select tokens over the batch; keep one")
+    if spec.pos_nll_coef < 0:
+        errors.append(f"method.pos_nll_coef={spec.pos_nll_coef} must be >= 0")
+    if spec.value.pretrain_steps > 0 and not spec.needs_value:
+        errors.append(f"method.critic_pretrain_steps={spec.value.pretrain_steps} pre-trains a "
+                      "value head, which this advantage does not use: use gae or gae_decoupled, "
+                      "or drop --critic_pretrain_steps")
+    if spec.agg == "prompt_mean" and not grouped:
+        errors.append("method.agg='prompt_mean' averages over groups: use a grouped method "
+                      "with run.group_size > 1")
     for axis in (spec.advantage, spec.gate, spec.objective, spec.kl, spec.entropy, spec.value,
                  spec.overlong, spec.correction):
         errors += axis.validate()

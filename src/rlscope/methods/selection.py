@@ -279,3 +279,31 @@ def select_rows(batch: RolloutBatch, selection: str, overlong: OverlongConfig, m
         batch, overlong_m = overlong_mask(batch, max_len)
         m |= overlong_m
     return batch, m, fallback
+
+
+def top_up_mixed_groups(first: RolloutBatch, sample_more: Callable[[], RolloutBatch],
+                        group_size: int, min_valid: float, max_rounds: int,
+                        min_std: float = 1e-8) -> tuple[RolloutBatch, int]:
+    """GPG's optional resampling (Chu et al. arXiv:2504.02546; AMAP-ML/GPG): while fewer than
+    ``min_valid`` of the rows are in mixed groups (reward std > ``min_std``), draw another
+    round and swap the first flat groups of the batch for mixed groups of that round, keeping
+    the batch size and the order of the groups that stay. Stops after ``max_rounds``
+    generation rounds in all, whatever the fraction (the advantage's α then rescales).
+    Returns ``(batch, rounds)``."""
+    def mixed_G(batch: RolloutBatch) -> torch.Tensor:
+        assert batch.rewards_B is not None
+        return batch.rewards_B.view(-1, group_size).std(-1, unbiased=False) > min_std
+
+    batch, rounds = first, 1
+    while float(mixed_G(batch).float().mean()) < min_valid and rounds < max_rounds:
+        more = sample_more()
+        rounds += 1
+        flat_G, new_G = ~mixed_G(batch), mixed_G(more)
+        n = min(int(flat_G.sum()), int(new_G.sum()))
+        if n == 0:
+            continue
+        drop_G = flat_G & (flat_G.cumsum(0) <= n)
+        take_G = new_G & (new_G.cumsum(0) <= n)
+        batch = concat_rollouts([batch.select((~drop_G).repeat_interleave(group_size)),
+                                 more.select(take_G.repeat_interleave(group_size))])
+    return batch, rounds

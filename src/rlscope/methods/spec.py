@@ -66,7 +66,16 @@ class MethodSpec:
     rewards that decompose over tokens), ``binary_rewards``, ``clean_rewards`` (no reward
     noise), ``bandit`` (a one-action task), ``on_policy`` (no delay, no replay),
     ``single_epoch`` (one inner epoch of one minibatch), ``token_labels`` (a sequence task with
-    per-token labels), ``no_kl`` (the method is defined without a KL term)."""
+    per-token labels), ``no_kl`` (the method is defined without a KL term), ``one_epoch``
+    (one inner epoch), ``no_selection`` (selection ``none``), ``critic_pretrain`` (a value
+    head and critic_pretrain_steps >= 1)."""
+    pos_nll_coef: float = 0.0
+    """μ of VAPO's positive-example LM loss (``pos_nll``): + μ · Σ_{i∈S,t} m(−ℓ_t) /
+    Σ_{i∈S,t} m over the optimizer batch's successful rows S (r_i ≥ 1, the sandbox tasks'
+    r_max; 0 = off)."""
+    fp32_head: bool = False
+    """Run the LM head matmul and log-softmax in float32 under mixed precision (learner and,
+    where it shares the policy's forward, the sampler); a no-op for a float32 model."""
 
     @property
     def advantage_component(self) -> Component[Any, Any]:

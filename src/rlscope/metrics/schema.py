@@ -71,7 +71,8 @@ METRICS: tuple[MetricDef, ...] = (
     _m("group/retained_rate", "sequences", "frac", "rollout", "rows kept by selection"),
     _m("group/fallback", "steps", "value", "rollout", "1 when no group was mixed"),
     _m("group/fill_rounds", "steps", "value", "rollout",
-       "generation rounds --fill_batch used to fill the batch with mixed groups"),
+       "generation rounds --fill_batch (or gpg's --gpg_min_valid) used to fill the batch with "
+       "mixed groups"),
     _m("select/kept_frac", "sequences", "frac", "rollout",
        "kondo selection: rows kept for the update"),
     _m("select/gate_prob_mean", "sequences", "seq_mean", "rollout",
@@ -155,7 +156,8 @@ METRICS: tuple[MetricDef, ...] = (
        "--is_correction: mean ρ_c² − 1, the χ² divergence of the learner from the sampler "
        "on the sampled tokens"),
     _m("sampler/k3", "tokens", "token_mean", "rollout",
-       "--is_correction: mean ρ_c − 1 − log ρ_c, k3 estimate of KL(π_sampler‖π_learner)"),
+       "--is_correction (and --fp32_head, from the first pass): mean ρ_c − 1 − log ρ_c, k3 "
+       "estimate of KL(π_sampler‖π_learner)"),
     _m("sampler/seq_log_ratio", "sequences", "seq_mean", "rollout",
        "--is_correction: mean over sequences of Σ_t (ℓ_learner − ℓ_sampler), the log of the "
        "sequence ratio"),
@@ -325,6 +327,22 @@ METRICS: tuple[MetricDef, ...] = (
        "entropy_top gate: mean entropy of the kept (high-entropy) tokens"),
     _m("policy/entropy_dropped", "tokens", "token_mean", "first_pass",
        "entropy_top gate: mean entropy of the dropped tokens"),
+    _m("adv/opo_baseline_gap", "groups", "seq_mean", "rollout",
+       "opo: mean_g |b_g − mean_g r|, how far the length-weighted baseline moves from GRPO's"),
+    _m("adv/gpg_alpha", "steps", "value", "rollout",
+       "gpg: α = B/(B − M), M the rows of zero-variance groups (0 when every group is flat)"),
+    _m("adv/batch_std", "sequences", "std", "rollout",
+       "group_center_batchstd (scalerl): std over the kept rows of the centred rewards"),
+    _m("adv/lambda_policy_mean", "sequences", "seq_mean", "rollout",
+       "gae_decoupled (vapo): mean actor λ_i = clamp(1 − 1/(α_L|y_i|), 0, 1)"),
+    _m("loss/pos_nll", "steps", "seq_mean", "last_pass",
+       "vapo: NLL of the successful rows' tokens (before pos_nll_coef)"),
+    _m("critic_pretrain/value_loss_first", "tokens", "token_mean", "rollout",
+       "critic pre-training (vapo): value loss of its first step (logged with step 0)"),
+    _m("critic_pretrain/value_loss_last", "tokens", "token_mean", "rollout",
+       "critic pre-training: value loss of its last step (logged with step 0)"),
+    _m("critic_pretrain/explained_var", "tokens", "value", "rollout",
+       "critic pre-training: explained variance of the λ = 1 targets at its last step"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}

@@ -18,6 +18,7 @@ harmless to every earlier position).
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -94,3 +95,31 @@ def autocast_outputs(method: F) -> F:
 
 def _float32(x: Any) -> Any:
     return x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def _fp32_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward`` outside autocast, in float32 at least (a float64 head stays)."""
+    dtype = torch.promote_types(self.weight.dtype, torch.float32)
+    with torch.autocast(x.device.type, enabled=False):
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return torch.nn.functional.linear(x.to(dtype), self.weight.to(dtype), bias)
+
+
+def fp32_output_head(policy: Any) -> bool:
+    """Make ``policy``'s output head (the LM head ``nn.Linear``) compute its logits in float32
+    under mixed precision (ScaleRL's fp32 head, METHODS_2026.md §2 ``fp32_head``): its matmul
+    leaves the autocast region and reads float32 hidden states; the log-softmax after it is
+    float32 already (`autocast_outputs`). Every call through the module is covered: the
+    learner's padded forward and the policy's own prefill/decode (the ``hf`` and ``tiny``
+    samplers). Not covered: the packed learner (``--packing``, ``--logprob_chunk``), which
+    applies the head weights itself, and a static sampler's separate weight copy. Returns
+    whether a plain ``nn.Linear`` head was found and patched (a no-op numerically without
+    ``--autocast``). The patch is a bound method, so a deep copy (the KL reference) keeps it
+    on its own weights."""
+    head: Any = getattr(policy, "head", None)
+    if head is None and hasattr(policy, "model"):
+        head = policy.model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        return False
+    head.forward = types.MethodType(_fp32_linear, head)  # type: ignore[method-assign]
+    return True
