@@ -495,6 +495,12 @@ def correction_warnings(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     # its own kernels: ℓ_s differs from ℓ_o and the correction acts
     own_sampler = s.backend == "static" or (
         s.backend == "auto" and cfg.model.arch != "tiny" and r.device != "cpu")
+    if spec.gate_component.sampler_mismatch and not (
+            r.delay or cfg.replay.replay_capacity or r.overfit_batch
+            or (filtered and not s.replay_sampling_mask) or own_sampler):
+        return [f"method {cfg.method!r}: gate={spec.gate.name!r} drops rows only where the "
+                "sampler's log-probs differ from the learner's; the learner is the sampler "
+                "here, so it acts only through later inner epochs"]
     if not spec.corrected or r.delay or cfg.replay.replay_capacity or r.overfit_batch \
             or (filtered and not s.replay_sampling_mask) or own_sampler:
         return []

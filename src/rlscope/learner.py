@@ -31,7 +31,13 @@ from rlscope.methods.aggregation import TOKEN_MEAN, aggregate
 from rlscope.methods.corrections import correction_metrics
 from rlscope.methods.gates import GateInputs, probs_mean_BT, reward_uncertainty_B
 from rlscope.methods.objectives import PolicyTerms
-from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, kl_full, value_loss
+from rlscope.methods.regularizers import (
+    entropy_from_logp,
+    kl_estimate,
+    kl_full,
+    kl_is_corrected,
+    value_loss,
+)
 from rlscope.methods.spec import MethodSpec
 from rlscope.metrics.estimators import masked_mean, value_metrics
 from rlscope.policy.base import Policy
@@ -304,7 +310,8 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     logp_d_BT = logp_BT.detach()
     gate_in = GateInputs(inputs.adv_BT, logp_d_BT, inputs.uncertainty_B,
                          probs_mean_BT(logp_d_BT, policy.vocab_size if logp_BTV is None
-                                       else logp_BTV.shape[-1]), inputs.age_B)
+                                       else logp_BTV.shape[-1]), inputs.age_B,
+                         logp_sampler_BT=inputs.logp_old_BT, mask_BT=mask_BT)
     weight_BT, stats = spec.gate_component(gate_in, spec.gate)
     terms = PolicyTerms(logp_BT, inputs.logp_old_BT, weight_BT, mask_BT,
                         success_B=None if inputs.rewards_B is None else inputs.rewards_B >= 1.0,
@@ -337,6 +344,10 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
         if spec.kl.exact:
             assert inputs.ref_logp_BTV is not None and logp_BTV is not None
             kl_BT = kl_full(logp_BTV, inputs.ref_logp_BTV)
+        elif spec.kl.importance_corrected:
+            assert inputs.ref_logp_BT is not None
+            kl_BT = kl_is_corrected(logp_BT, inputs.ref_logp_BT, inputs.logp_old_BT)
+            stats = stats | {"kl_ref_is": kl_BT.detach()}
         else:
             target_BT = inputs.ref_logp_BT if spec.kl.target == "ref" else inputs.logp_old_BT
             assert target_BT is not None

@@ -63,6 +63,9 @@ class Component(Generic[P, R]):
     drops_groups: bool = False
     """A selection that drops whole groups, so the loop can sample more to refill the batch
     (``--fill_batch``)."""
+    sampler_mismatch: bool = False
+    """Acts only where the sampler's log-probs differ from the learner's (a no-op, warned
+    about, when the learner samples on-policy)."""
     identity: bool = False
     """Changes nothing (the axis's ``none``): the loop may skip the work it would cost."""
 

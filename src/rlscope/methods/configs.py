@@ -58,6 +58,9 @@ class GateConfig:
     gate_age_decay: float = 0.02
     """λ_age of ``freshness``: weights × exp(−λ_age · batch age). `rlscope.config.validate`
     sets it from ``--replay_age_decay`` (METHODS.md's single λ_age)."""
+    opsm_delta: float = 0.5
+    """δ of ``opsm``: rows with A < 0 whose mean sampler-minus-learner log-ratio exceeds δ are
+    dropped."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -66,6 +69,9 @@ class GateConfig:
         if self.s < 0 or self.tau <= 0 or not 0 <= self.guard_scale <= 1:
             errors.append("method.uncertainty_scale must be >= 0, method.filter_tau > 0 and "
                           "method.guard_scale in [0, 1]")
+        if self.opsm_delta <= 0:
+            errors.append(f"method.opsm_delta={self.opsm_delta} must be > 0 (δ of the opsm "
+                          "gate; a large δ turns the masking off)")
         return errors
 
 
@@ -132,8 +138,9 @@ class KLConfig:
     coef: float = 0.0
     """β; 0 turns the term off."""
     estimator: str = "k3"
-    """k1, k2, k3, abs (from the sampled tokens' log-probs) or full (the exact categorical KL
-    over the vocabulary; ``target="ref"`` and ``place="loss"`` only)."""
+    """k1, k2, k3, abs (from the sampled tokens' log-probs), full (the exact categorical KL
+    over the vocabulary; ``target="ref"`` and ``place="loss"`` only) or is_corrected (ρ·k3 to
+    the reference, ρ = π/μ not detached; ``target="ref"`` and ``place="loss"`` only)."""
     target: str = "behaviour"
     """`ref` (frozen initial policy) or `behaviour` (the sampling policy)."""
     place: str = "loss"
@@ -154,6 +161,12 @@ class KLConfig:
         policies' full log-probabilities), not one from the sampled tokens."""
         return self.estimator == "full"
 
+    @property
+    def importance_corrected(self) -> bool:
+        """The estimator is ρ·k3 to the reference (``is_corrected``): the learner reads the
+        behaviour log-probs too, and the ratio ρ is differentiated."""
+        return self.estimator == "is_corrected"
+
     def validate(self) -> list[str]:
         """Range checks, and why the warm-up or the ``full`` estimator cannot run."""
         errors = (choice_error("kl_target", self.target, ("ref", "behaviour"))
@@ -171,6 +184,10 @@ class KLConfig:
         if self.warmup_steps > 0 and self.control != "warmup":
             errors.append(f"method.kl_warmup_steps={self.warmup_steps} only acts with "
                           f"kl_control='warmup' (kl_control={self.control!r})")
+        if self.estimator == "is_corrected" and self.coef > 0 and (
+                self.target != "ref" or self.place != "loss"):
+            errors.append("method.kl_estimator='is_corrected' needs kl_target='ref' and "
+                          "kl_place='loss' (it is ρ·k3 to the reference, ρ the behaviour ratio)")
         if self.estimator == "full" and self.coef > 0:
             if self.target != "ref":
                 errors.append("method.kl_estimator='full' needs kl_target='ref': only the "

@@ -243,6 +243,19 @@ METHODS: dict[str, MethodSpec] = {
         regime="sequence tasks with per-token labels",
         advantage=AdvantageConfig("expected"), gate=GateConfig("delight"),
         objective=ObjectiveConfig("scope_lite"), requires=("token_labels",)),
+    # issue 19: DeepSeek-V3.2 masking and the distillation presets (METHODS_2026.md §3)
+    "dsv32": MethodSpec(
+        description="GRPO, rows with A < 0 and mean log(π_sampler/π) > 0.5 dropped, unbiased "
+        "ρ·k3 KL to the reference (DeepSeek-V3.2).",
+        source="DeepSeek-V3.2 2512.02556; TRL (δ 0.5 and β 0.001 are TRL's: the paper gives "
+        "neither)",
+        regime="a sampler distinct from the learner (inference engine, low precision, "
+        "staleness); grouped sampling; needs the reference policy; equals grpo with the "
+        "is_corrected KL when the learner samples",
+        advantage=AdvantageConfig("group_zscore"), gate=GateConfig("opsm", opsm_delta=0.5),
+        objective=ObjectiveConfig("ppo_clip"),
+        kl=KLConfig(coef=0.001, estimator="is_corrected", target="ref", place="loss"),
+        selection="mixed_groups", grouped=True),
 }
 
 

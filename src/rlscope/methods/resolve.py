@@ -141,6 +141,9 @@ class MethodConfig:
     """Clamp the group std from below before dividing (0 = off)."""
     adv_clip: float | None = None
     """Clamp |A| to this value (0 = off)."""
+    opsm_delta: float | None = None
+    """opsm gate (dsv32): δ > 0; rows with A < 0 whose mean log(π_sampler/π) exceeds δ are
+    dropped."""
 
 
 
@@ -197,6 +200,7 @@ FLAGS: dict[str, str] = {
     "lam": "advantage.lam",
     "adv_std_floor": "advantage.std_floor",
     "adv_clip": "advantage.clip",
+    "opsm_delta": "gate.opsm_delta",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""

@@ -293,6 +293,14 @@ METRICS: tuple[MetricDef, ...] = (
          f"held-out greedy error on the {word} third of windows by the initial model's loss, "
          "terciles fixed per seed (lm_bandit)")
       for i, word in ((1, "easiest"), (2, "middle"), (3, "hardest"))),
+    # issue 19, distillation and DeepSeek-V3.2 masking (METHODS_2026.md §3 dsv32, opd, gkd)
+    _m("gate/opsm_masked_seq_frac", "sequences", "frac", "last_pass",
+       "opsm gate (dsv32): rows dropped (A < 0 and D > δ, D = mean_t(ℓ_s − ℓ) with the "
+       "current ℓ)"),
+    _m("gate/opsm_D_mean", "sequences", "seq_mean", "last_pass",
+       "opsm gate (dsv32): mean over rows of D_i = mean_t(ℓ_s − ℓ)"),
+    _m("policy/kl_ref_is", "tokens", "token_mean", "last_pass",
+       "is_corrected KL (dsv32): mean of ρ·k3 to the reference, ρ = π/μ"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
