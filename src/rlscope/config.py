@@ -23,6 +23,7 @@ from rlscope.checks import (
 )
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
+from rlscope.methods.teacher import TeacherConfig
 from rlscope.metrics.sinks import parse_log_to
 from rlscope.paths import check_name_component
 from rlscope.policy import ModelConfig
@@ -215,6 +216,7 @@ class TrainConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    teacher_options: TeacherConfig = field(default_factory=TeacherConfig)
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,7 @@ class Derived:
     (``task.stop_token_ids``, e.g. the newline of the text tasks), else none."""
 
 
-FIELD_ALIASES = {"components": "method", "task_options": "task"}
+FIELD_ALIASES = {"components": "method", "task_options": "task", "teacher_options": "teacher"}
 """How messages name the nested configs of `TrainConfig` (``method.kl_coef``, ``task.vocab``)."""
 
 
@@ -342,6 +344,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
     errors += requirement_errors(cfg, spec, task)
+    errors += teacher_config_errors(cfg, spec)
     errors += environment_errors(cfg, errors)
     if not errors:
         errors += memory_errors(step_memory(cfg, task, d), _memory_device(r.device))
@@ -509,6 +512,24 @@ def correction_warnings(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
             "sampler (no --delay, no replay buffer, no --overfit_batch, the top-k/top-p kept "
             "set replayed or none), so every weight is 1 and the run equals "
             "--is_correction none"]
+
+
+def teacher_config_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
+    """Why the teacher setting does not fit the method (METHODS_2026.md §4): a method that
+    reads a teacher (opd, gkd) without ``--teacher_path``, a path that does not exist, or a
+    teacher given to a method that reads none. The teacher's vocabulary and distribution are
+    checked once it is built (`rlscope.methods.teacher.teacher_errors`)."""
+    path = cfg.teacher_options.teacher_path
+    if spec.needs_teacher and not path:
+        return [f"method {cfg.method!r} distils from a teacher: set --teacher_path (an rlscope "
+                "checkpoint or run directory of the same model and task, or a Hugging Face "
+                "directory with the same tokenizer)"]
+    if path and not spec.needs_teacher:
+        return [f"teacher.teacher_path is set but method {cfg.method!r} reads no teacher "
+                "(opd, gkd do)"]
+    if path and not Path(path).exists():
+        return [f"teacher.teacher_path={path!r}: no such file or directory"]
+    return []
 
 
 def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:

@@ -39,6 +39,7 @@ from rlscope.methods.regularizers import (
     value_loss,
 )
 from rlscope.methods.spec import MethodSpec
+from rlscope.methods.teacher import Teacher, sampled_logp_BT
 from rlscope.metrics.estimators import masked_mean, value_metrics
 from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
@@ -96,6 +97,8 @@ class LearnerInputs:
     """The task's labels at the actor's positions and ``label_mask_BT`` its scored positions
     (``self_distill``, ``scope_lite``)."""
     label_mask_BT: torch.Tensor | None = None
+    teacher_logp_BTV: torch.Tensor | None = None
+    """The teacher's distribution at each completion position (objectives that read it)."""
 
     @property
     def batch_size(self) -> int:
@@ -156,7 +159,8 @@ def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Ten
 @torch.no_grad()
 def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: ValueHead | None,
             ref: Policy | None, beta: float, group_size: int, dist: SampledDistribution,
-            candidates: CandidateBatch | None = None, packed: PackedLearner | None = None
+            candidates: CandidateBatch | None = None, packed: PackedLearner | None = None,
+            teacher: Teacher | None = None
             ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
     """Advantages and every fixed per-row quantity of the update, plus rollout metrics.
 
@@ -164,7 +168,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     runs the forwards that read only the chosen tokens' log-probs and hidden states (critic
     values, corrections, sampled-token KL to the reference) through the packed learner
     (`rlscope.learner_packed`); values past a row's last loss position are then not computed
-    (every reader masks them)."""
+    (every reader masks them). ``teacher`` scores the student's tokens for the methods that
+    read a teacher (`rlscope.methods.teacher`)."""
     assert batch.rewards_B is not None
     metrics: dict[str, torch.Tensor] = {}
     if spec.needs_labels:
@@ -213,12 +218,24 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         if spec.kl.place == "reward":
             token_rewards_BT = -beta * kl_estimate(batch.logp_sampler_BT, ref_logp_BT,
                                                    spec.kl.estimator) * mask_BT
+    teacher_logp_BT = teacher_logp_BTV = None
+    if spec.needs_teacher:
+        if teacher is None:
+            raise ValueError(f"method components {spec.advantage.name!r}/{spec.objective.name!r} "
+                             "read a teacher: set --teacher_path")
+        teacher_logp_BTV = teacher.logp_BTV(batch).to(batch.logp_sampler_BT.dtype)
+        teacher_logp_BT = sampled_logp_BT(teacher_logp_BTV, tokens_BT)
+        rkl_BT = (batch.logp_sampler_BT - teacher_logp_BT) * mask_BT
+        metrics["distill/teacher_rkl"] = masked_mean(rkl_BT, mask_BT)
+        metrics["distill/teacher_rkl_seq"] = rkl_BT.sum(-1).mean()
     x = AdvantageInputs(rewards_B=batch.rewards_B, mask_BT=mask_BT, group_size=group_size,
                         expected_reward_B=batch.expected_reward_B, sum_p2_BT=sum_p2_BT,
                         score_mask_BT=batch.score_mask_BT, values_BT=values_BT,
                         token_rewards_BT=token_rewards_BT,
                         token_correct_BT=batch.token_rewards_BT, completion_tokens_BT=tokens_BT,
-                        greedy_rewards_B=batch.greedy_rewards_B)
+                        greedy_rewards_B=batch.greedy_rewards_B,
+                        teacher_logp_BT=teacher_logp_BT,
+                        behaviour_logp_BT=batch.logp_sampler_BT)
     returns_BT = None
     if spec.needs_value:
         adv_BT, returns_BT = gae_with_returns(x, spec.advantage)
@@ -235,7 +252,9 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
                            age_B=age_B, rewards_B=batch.rewards_B,
                            baseline_B=batch.expected_reward_B if batch.expected_reward_B
                            is not None else batch.rewards_B.mean().expand_as(batch.rewards_B),
-                           is_weight_BT=is_weight_BT)
+                           is_weight_BT=is_weight_BT,
+                           teacher_logp_BTV=teacher_logp_BTV
+                           if spec.needs_teacher_distribution else None)
     if candidates is not None:
         inputs = dataclasses.replace(
             inputs, candidates_BTK=candidates.candidates_BTK,
@@ -321,7 +340,8 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
                         cand_logp_old_BTK=inputs.cand_logp_old_BTK,
                         cand_rewards_BTK=inputs.cand_rewards_BTK, tokens_BT=inputs.tokens_BT,
                         targets_BT=inputs.labels_BT, label_mask_BT=inputs.label_mask_BT,
-                        gate_BT=stats.get("gate_mean"))
+                        gate_BT=stats.get("gate_mean"),
+                        teacher_logp_BTV=inputs.teacher_logp_BTV)
     obj_BT, obj_stats = spec.objective_component(terms, spec.objective)
     if inputs.is_weight_BT is not None:
         obj_BT = obj_BT * inputs.is_weight_BT

@@ -31,6 +31,16 @@ class AdvantageConfig:
     """Clamp the group std from below before dividing (0 = off)."""
     clip: float = 0.0
     """Clamp |A| to this value after estimation (0 = off)."""
+    teacher_beta: float = 1.0
+    """β_T of ``teacher_rkl``: A_t = −β_T (ℓ_μ,t − ℓ_T,t)."""
+    teacher_gamma: float = 0.0
+    """γ_T of ``teacher_rkl``: > 0 replaces A_t by its γ_T-discounted future sum."""
+    teacher_env_coef: float = 0.0
+    """c_env of ``teacher_rkl``: adds c_env × the ``env_advantage`` estimator on the task
+    reward (0 = pure distillation)."""
+    env_advantage: str = "group_zscore"
+    """The task-reward estimator ``teacher_rkl`` mixes in when ``teacher_env_coef`` ≠ 0 (one
+    that reads only rewards)."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -38,6 +48,15 @@ class AdvantageConfig:
             errors.append("method.gamma and method.lam must lie in [0, 1]")
         if self.std_floor < 0 or self.clip < 0:
             errors.append("method.adv_std_floor and method.adv_clip must be >= 0")
+        if self.teacher_beta <= 0 or not 0 <= self.teacher_gamma <= 1:
+            errors.append(f"method.teacher_beta={self.teacher_beta} must be > 0 and "
+                          f"method.teacher_gamma={self.teacher_gamma} in [0, 1]")
+        if self.teacher_env_coef != 0 and self.env_advantage not in (
+                "group_zscore", "group_center", "rloo", "batch_zscore", "constant", "maxrl",
+                "passk"):
+            errors.append(f"method.env_advantage={self.env_advantage!r}: teacher_rkl mixes in "
+                          "an estimator that reads only rewards (group_zscore, group_center, "
+                          "rloo, batch_zscore, constant, maxrl, passk)")
         return errors
 
 

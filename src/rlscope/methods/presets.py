@@ -256,6 +256,14 @@ METHODS: dict[str, MethodSpec] = {
         objective=ObjectiveConfig("ppo_clip"),
         kl=KLConfig(coef=0.001, estimator="is_corrected", target="ref", place="loss"),
         selection="mixed_groups", grouped=True),
+    "opd": MethodSpec(
+        description="On-policy distillation: per-token advantage −(ℓ_μ − ℓ_teacher), the "
+        "sampled reverse KL to a frozen teacher, capped importance weight.",
+        source="Thinking Machines \"On-Policy Distillation\" (2025); tinker-cookbook (which "
+        "uses the uncapped ratio and sums tokens; cap 10 and token_mean here)",
+        regime="a frozen teacher of the student's tokenizer scoring the student's samples "
+        "(--teacher_path); the task reward only with --teacher_env_coef",
+        advantage=AdvantageConfig("teacher_rkl"), objective=ObjectiveConfig("is_capped", cap=10.0)),
 }
 
 

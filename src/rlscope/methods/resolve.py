@@ -144,6 +144,17 @@ class MethodConfig:
     opsm_delta: float | None = None
     """opsm gate (dsv32): δ > 0; rows with A < 0 whose mean log(π_sampler/π) exceeds δ are
     dropped."""
+    teacher_beta: float | None = None
+    """teacher_rkl advantage (opd): β_T > 0 scaling −(ℓ_μ − ℓ_teacher)."""
+    teacher_gamma: float | None = None
+    """teacher_rkl advantage (opd): γ_T in [0, 1]; > 0 sums the per-token advantage over the
+    future with discount γ_T."""
+    teacher_env_coef: float | None = None
+    """teacher_rkl advantage (opd): c_env, the weight of the task-reward advantage mixed in
+    (0 = pure distillation)."""
+    env_advantage: str | None = None
+    """teacher_rkl advantage (opd): the task-reward estimator mixed in with teacher_env_coef
+    (group_zscore, group_center, rloo, batch_zscore, constant, maxrl, passk)."""
 
 
 
@@ -201,6 +212,10 @@ FLAGS: dict[str, str] = {
     "adv_std_floor": "advantage.std_floor",
     "adv_clip": "advantage.clip",
     "opsm_delta": "gate.opsm_delta",
+    "teacher_beta": "advantage.teacher_beta",
+    "teacher_gamma": "advantage.teacher_gamma",
+    "teacher_env_coef": "advantage.teacher_env_coef",
+    "env_advantage": "advantage.env_advantage",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""

@@ -35,6 +35,8 @@ class PolicyTerms:
     - ``tokens_BT`` (the generated tokens), ``targets_BT`` (the task's labels) and
       ``label_mask_BT`` (scored positions): ``self_distill`` and ``scope_lite``.
     - ``gate_BT``: the gate's factor g (detached), where the gate has one.
+    - ``teacher_logp_BTV``: a teacher's log-probs over the vocabulary at each position
+      (detached; ``gkd_jsd``).
     """
 
     logp_BT: torch.Tensor
@@ -53,6 +55,7 @@ class PolicyTerms:
     targets_BT: torch.Tensor | None = None
     label_mask_BT: torch.Tensor | None = None
     gate_BT: torch.Tensor | None = None
+    teacher_logp_BTV: torch.Tensor | None = None
 
 
 ObjectiveOut = tuple[torch.Tensor, dict[str, torch.Tensor]]

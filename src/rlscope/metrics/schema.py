@@ -301,6 +301,10 @@ METRICS: tuple[MetricDef, ...] = (
        "opsm gate (dsv32): mean over rows of D_i = mean_t(ℓ_s − ℓ)"),
     _m("policy/kl_ref_is", "tokens", "token_mean", "last_pass",
        "is_corrected KL (dsv32): mean of ρ·k3 to the reference, ρ = π/μ"),
+    _m("distill/teacher_rkl", "tokens", "token_mean", "rollout",
+       "opd: mean sampled-token reverse KL to the teacher, ℓ_μ − ℓ_T"),
+    _m("distill/teacher_rkl_seq", "sequences", "seq_mean", "rollout",
+       "opd: Σ_t (ℓ_μ − ℓ_T) per sequence, mean over rows"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
