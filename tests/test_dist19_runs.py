@@ -22,6 +22,7 @@ TASK = TaskConfig(vocab=4, seq_len=4, eval_batches=1, eval_batch_size=8)
 PRESETS = {
     "dsv32": ("gate/opsm_D_mean", "policy/kl_ref_is"),
     "opd": ("distill/teacher_rkl", "distill/teacher_rkl_seq"),
+    "gkd": ("distill/jsd", "distill/rkl", "distill/fkl"),
 }
 """Each preset and metrics of its own that every step must log."""
 

@@ -125,6 +125,13 @@ class ObjectiveConfig:
     """``grpo_token``: β of the k3 penalty to the behaviour log-probs of each candidate."""
     distill_alpha: float = 0.5
     """``self_distill`` / ``scope_lite``: weight α of the supervised cross-entropy term."""
+    gkd_beta: float = 0.5
+    """``gkd_jsd``: β of JSD_β (0 = forward KL(P_T‖P_θ), 1 = reverse KL(P_θ‖P_T))."""
+    gkd_temperature: float = 1.0
+    """``gkd_jsd``: temperature τ of both distributions."""
+    gkd_lambda: float = 1.0
+    """``gkd_jsd``: fraction λ of student-sampled sequences (1 = on-policy only; λ < 1 needs
+    labelled sequences and is not supported)."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -144,6 +151,15 @@ class ObjectiveConfig:
         if self.cispo_max <= 0 or self.r2vpo_lambda < 0 or self.dro_beta < 0:
             errors.append("method.cispo_max must be > 0, method.r2vpo_lambda and "
                           "method.dro_beta >= 0")
+        if not 0 <= self.gkd_beta <= 1 or self.gkd_temperature <= 0:
+            errors.append(f"method.gkd_beta={self.gkd_beta} must lie in [0, 1] and "
+                          f"method.gkd_temperature={self.gkd_temperature} be > 0")
+        if not 0 < self.gkd_lambda <= 1:
+            errors.append(f"method.gkd_lambda={self.gkd_lambda} must lie in (0, 1]")
+        elif self.gkd_lambda < 1:
+            errors.append(f"method.gkd_lambda={self.gkd_lambda}: λ < 1 mixes in labelled "
+                          "sequences, which needs a task with target sequences and is not "
+                          "supported (METHODS_2026.md §5); use gkd_lambda 1")
         if self.sapo_tau_pos <= 0 or self.sapo_tau_neg <= 0 or self.pmd_tau <= 0:
             errors.append("method.sapo_tau_pos, method.sapo_tau_neg and method.pmd_tau must "
                           "be > 0")

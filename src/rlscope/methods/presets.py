@@ -264,6 +264,15 @@ METHODS: dict[str, MethodSpec] = {
         regime="a frozen teacher of the student's tokenizer scoring the student's samples "
         "(--teacher_path); the task reward only with --teacher_env_coef",
         advantage=AdvantageConfig("teacher_rkl"), objective=ObjectiveConfig("is_capped", cap=10.0)),
+    "gkd": MethodSpec(
+        description="Generalised knowledge distillation: JSD_β between a frozen teacher's and "
+        "the student's full next-token distributions on the student's samples.",
+        source="Agarwal et al. 2306.13649; TRL GKDTrainer (λ = 1: student samples only)",
+        regime="a frozen teacher with the student's vocabulary and full logits "
+        "(--teacher_path); the task reward is only logged",
+        advantage=AdvantageConfig("zero"),
+        objective=ObjectiveConfig("gkd_jsd", gkd_beta=0.5, gkd_temperature=1.0,
+                                  gkd_lambda=1.0)),
 }
 
 

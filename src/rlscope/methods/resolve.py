@@ -155,6 +155,13 @@ class MethodConfig:
     env_advantage: str | None = None
     """teacher_rkl advantage (opd): the task-reward estimator mixed in with teacher_env_coef
     (group_zscore, group_center, rloo, batch_zscore, constant, maxrl, passk)."""
+    gkd_beta: float | None = None
+    """gkd_jsd objective (gkd): β in [0, 1] of JSD_β (0 = forward KL, 1 = reverse KL)."""
+    gkd_temperature: float | None = None
+    """gkd_jsd objective (gkd): temperature τ > 0 of the student's and teacher's
+    distributions."""
+    gkd_lambda: float | None = None
+    """gkd_jsd objective (gkd): fraction λ of student samples; only 1 is supported."""
 
 
 
@@ -216,6 +223,9 @@ FLAGS: dict[str, str] = {
     "teacher_gamma": "advantage.teacher_gamma",
     "teacher_env_coef": "advantage.teacher_env_coef",
     "env_advantage": "advantage.env_advantage",
+    "gkd_beta": "objective.gkd_beta",
+    "gkd_temperature": "objective.gkd_temperature",
+    "gkd_lambda": "objective.gkd_lambda",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""

@@ -305,6 +305,12 @@ METRICS: tuple[MetricDef, ...] = (
        "opd: mean sampled-token reverse KL to the teacher, ℓ_μ − ℓ_T"),
     _m("distill/teacher_rkl_seq", "sequences", "seq_mean", "rollout",
        "opd: Σ_t (ℓ_μ − ℓ_T) per sequence, mean over rows"),
+    _m("distill/jsd", "tokens", "token_mean", "last_pass",
+       "gkd: mean JSD_β(P_T‖P_θ) over the vocabulary at temperature τ"),
+    _m("distill/rkl", "tokens", "token_mean", "last_pass",
+       "gkd: mean reverse KL(P_θ‖P_T) at temperature τ"),
+    _m("distill/fkl", "tokens", "token_mean", "last_pass",
+       "gkd: mean forward KL(P_T‖P_θ) at temperature τ"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
