@@ -153,3 +153,31 @@ def test_on_policy_opsm_is_the_identity_through_the_loop(tmp_path: Path) -> None
     row = masked.metrics[0]
     assert row["gate/opsm_masked_seq_frac"] == 0 and row["gate/opsm_D_mean"] == 0
     assert row["policy/kl_ref_is"] == pytest.approx(row["policy/kl_ref_k3"], abs=1e-6)
+
+
+def test_opsm_acts_on_a_sampler_learner_mismatch(tmp_path: Path) -> None:
+    """Top-2 of 4 symbols without replaying the kept set: the sampler's renormalised ℓ_s sits
+    above the learner's full-softmax ℓ, so D_i > 0 on every row and, with a small δ, rows
+    with A < 0 are dropped (and only those: about half the rows of mixed groups)."""
+    row = train(TrainConfig(
+        method="dsv32", components=MethodConfig(opsm_delta=0.05), task_options=TaskConfig(
+            vocab=4, seq_len=4, eval_batches=1, eval_batch_size=8),
+        sampling=SamplingConfig(top_k=2, replay_sampling_mask=False),
+        run=RunConfig(num_steps=1, batch_size=16, group_size=4, eval_every=0, name="mm",
+                      progress=False, device="cpu", runs_dir=str(tmp_path)))).metrics[0]
+    assert row["gate/opsm_D_mean"] > 0.05
+    assert 0 < row["gate/opsm_masked_seq_frac"] < 1
+
+
+def test_micro_batching_leaves_the_update_unchanged(tmp_path: Path) -> None:
+    """D_i is a per-row quantity of the current pass: micro-batches of 1 row and of the whole
+    batch give the same losses (to float rounding)."""
+    def run(micro: int) -> list[float]:
+        return [r["loss/total"] for r in train(TrainConfig(
+            method="dsv32", components=MethodConfig(opsm_delta=0.05),
+            task_options=TaskConfig(vocab=4, seq_len=4, eval_batches=1, eval_batch_size=8),
+            sampling=SamplingConfig(top_k=2, replay_sampling_mask=False),
+            run=RunConfig(num_steps=2, batch_size=8, group_size=4, eval_every=0,
+                          micro_batch_size=micro, name=f"mb{micro}", progress=False,
+                          device="cpu", runs_dir=str(tmp_path)))).metrics]
+    assert run(1) == pytest.approx(run(8), abs=1e-6)

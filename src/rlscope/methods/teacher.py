@@ -11,7 +11,9 @@ log-probs cannot give (``full_distribution`` False: rejected by `teacher_errors`
 The built-in teacher is a frozen policy (`PolicyTeacher`): an rlscope checkpoint of the
 student's architecture, or a local Hugging Face directory of the same tokenizer
 (``--teacher_path``, built by `rlscope.train.load_teacher`). Other teachers (the companion
-presets' oracles) implement the same protocol and register a builder in the loop.
+presets' oracles) implement the same protocol and register a builder in the loop. The task
+tokenizes prompts and completions for both models, so a teacher of the student's vocabulary
+size reads exactly the student's token ids (the "same tokenizer" of METHODS_2026.md §4).
 """
 
 from __future__ import annotations
