@@ -4,6 +4,7 @@ loop."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,15 @@ def test_rejected_outside_its_regime(tmp_path: Path, components: MethodConfig,
         validate(_cfg(components, str(tmp_path)))
     with pytest.raises(ConfigError, match="distils from a teacher"):
         validate(_cfg(MethodConfig(), ""))
+
+
+def test_a_replayed_top_k_set_is_rejected(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(_cfg(MethodConfig(), str(tmp_path)),
+                              sampling=SamplingConfig(top_k=2))
+    with pytest.raises(ConfigError, match="truncates the student's"):
+        validate(cfg)
+    validate(dataclasses.replace(cfg, sampling=SamplingConfig(top_k=2,
+                                                              replay_sampling_mask=False)))
 
 
 def test_teacher_equal_to_student_through_the_loop(tmp_path: Path) -> None:

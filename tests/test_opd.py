@@ -112,6 +112,8 @@ def test_rejected_without_a_teacher_or_with_a_useless_one(tmp_path: Path) -> Non
         validate(_cfg("opd", str(tmp_path / "missing.pt")))
     with pytest.raises(ConfigError, match=r"method.teacher_beta=0.0 must be > 0"):
         validate(_cfg("opd", "x", MethodConfig(teacher_beta=0.0)))
+    with pytest.raises(ConfigError, match=r"so --teacher_env_coef needs run.group_size > 1"):
+        validate(_cfg("opd", str(_teacher_file(tmp_path)), MethodConfig(teacher_env_coef=1.0)))
     with pytest.raises(ConfigError, match=r"method.env_advantage=.gae."):
         validate(_cfg("opd", "x", MethodConfig(teacher_env_coef=1.0, env_advantage="gae")))
 

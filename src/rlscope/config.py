@@ -23,6 +23,8 @@ from rlscope.checks import (
 )
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
+from rlscope.methods.advantages import ADVANTAGES
+from rlscope.methods.component import record
 from rlscope.methods.teacher import TeacherConfig
 from rlscope.metrics.sinks import parse_log_to
 from rlscope.paths import check_name_component
@@ -529,7 +531,21 @@ def teacher_config_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
                 "(opd, gkd do)"]
     if path and not Path(path).exists():
         return [f"teacher.teacher_path={path!r}: no such file or directory"]
-    return []
+    errors = []
+    s = cfg.sampling
+    if spec.needs_teacher_distribution and (s.top_k > 0 or s.top_p < 1) \
+            and s.replay_sampling_mask:
+        errors.append(f"method {cfg.method!r} compares the student's whole distribution with "
+                      "the teacher's, but the replayed top-k/top-p kept set truncates the "
+                      "student's (KL(P_T‖P_θ) would be infinite): sample without "
+                      "--top_k/--top_p or pass --no_replay_sampling_mask")
+    adv = spec.advantage
+    if spec.needs_teacher and adv.teacher_env_coef != 0 \
+            and record(ADVANTAGES, adv.env_advantage).grouped and cfg.run.group_size < 2:
+        errors.append(f"method.env_advantage={adv.env_advantage!r} compares the samples of a "
+                      "group, so --teacher_env_coef needs run.group_size > 1 (or an ungrouped "
+                      "estimator such as constant)")
+    return errors
 
 
 def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
