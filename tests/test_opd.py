@@ -171,3 +171,20 @@ def test_distillation_lowers_the_reverse_kl(tmp_path: Path) -> None:
     rows = _run(tmp_path, "distil", _teacher_file(tmp_path, seed=7), steps=2).metrics
     assert rows[0]["distill/teacher_rkl"] > 0
     assert all(math.isfinite(r["distill/teacher_rkl_seq"]) for r in rows)
+
+
+def test_a_hugging_face_directory_teaches_a_tiny_student(tmp_path: Path) -> None:
+    """--teacher_path may be a local Hugging Face model of the task's vocabulary (here a
+    config-built one-layer llama); the student is the tiny transformer."""
+    from rlscope.policy.hf import tiny_hf_model
+
+    vocab = make_policy_for(make_task("token_reversal", TASK), ModelConfig()).vocab_size
+    tiny_hf_model("llama", vocab, hidden_size=16, num_layers=1, num_heads=2,
+                  max_len=32).save_pretrained(tmp_path / "hf")
+    result = train(TrainConfig(
+        method="opd", task_options=TASK,
+        teacher_options=TeacherConfig(teacher_path=str(tmp_path / "hf")),
+        run=RunConfig(num_steps=2, batch_size=8, group_size=1, eval_every=0, progress=False,
+                      device="cpu", runs_dir=str(tmp_path))))
+    assert all(math.isfinite(r["distill/teacher_rkl"]) and r["distill/teacher_rkl"] != 0
+               for r in result.metrics)
