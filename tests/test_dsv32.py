@@ -181,3 +181,16 @@ def test_micro_batching_leaves_the_update_unchanged(tmp_path: Path) -> None:
                           micro_batch_size=micro, name=f"mb{micro}", progress=False,
                           device="cpu", runs_dir=str(tmp_path)))).metrics]
     assert run(1) == pytest.approx(run(8), abs=1e-6)
+
+
+def test_d_uses_the_current_policy_at_every_pass(tmp_path: Path) -> None:
+    """ℓ_s = ℓ_o exactly (uncached sampler), so D = 0 on the first pass; the last of two inner
+    epochs reads the moved policy, so its D is not 0."""
+    row = train(TrainConfig(
+        method="dsv32", task_options=TaskConfig(vocab=4, seq_len=4, eval_batches=1,
+                                                eval_batch_size=8),
+        sampling=SamplingConfig(use_cache=False),
+        run=RunConfig(num_steps=1, batch_size=16, group_size=4, inner_epochs=2, eval_every=0,
+                      name="epochs", progress=False, device="cpu",
+                      runs_dir=str(tmp_path)))).metrics[0]
+    assert row["gate/opsm_D_mean"] != 0
