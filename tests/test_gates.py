@@ -39,7 +39,8 @@ def _sigmoid(x: float) -> float:
 
 def test_registry_lists_every_gate() -> None:
     assert set(GATES) == {"none", "delight", "uncertainty_shift", "uncertainty_filter",
-                          "uncertainty_shrink", "entropy_guard", "freshness", "entropy_top"}
+                          "uncertainty_shrink", "entropy_guard", "freshness", "entropy_top",
+                          "opsm"}
 
 
 # --------------------------------------------------------------------------- inputs

@@ -58,9 +58,11 @@ def test_unknown_estimator() -> None:
     with pytest.raises(ValueError, match="valid: k1, k2, k3, abs"):
         kl_estimate(LOGP, LOGP_TARGET, "k4")
     # `full` is a valid estimator of the loss, but not from sampled-token log-probs alone.
-    assert KL_ESTIMATORS == ("k1", "k2", "k3", "abs", "full")
+    assert KL_ESTIMATORS == ("k1", "k2", "k3", "abs", "full", "is_corrected")
     with pytest.raises(ValueError, match="full needs the whole distributions: kl_full"):
         kl_estimate(LOGP, LOGP_TARGET, "full")
+    with pytest.raises(ValueError, match="is_corrected the behaviour log-probs"):
+        kl_estimate(LOGP, LOGP_TARGET, "is_corrected")
 
 
 def test_full_kl_hand_example() -> None:

@@ -14,12 +14,14 @@ import torch
 
 from rlscope.config import ConfigError, RunConfig, TrainConfig, validate
 from rlscope.methods import METHODS, MethodConfig
+from rlscope.methods.teacher import TeacherConfig
 from rlscope.metrics.schema import metric_def, unregistered
 from rlscope.metrics.sinks import read_jsonl
 from rlscope.policy import ModelConfig
 from rlscope.replay import ReplayConfig
 from rlscope.sampling import SamplingConfig
-from rlscope.tasks import TASKS, Scores, TaskConfig
+from rlscope.tasks import TASKS, Scores, TaskConfig, make_task
+from rlscope.tasks.base import make_policy_for
 from rlscope.tasks.reversal import ReversalTask
 from rlscope.train import OUT_OF_REGIME_STREAK, RunResult, train
 
@@ -112,6 +114,11 @@ def _in_regime(cfg: TrainConfig) -> TrainConfig:
     elif "binary_rewards" in needs:
         cfg = dataclasses.replace(cfg, task_options=dataclasses.replace(
             cfg.task_options, binary_reward=True))
+    if METHODS[cfg.method].needs_teacher:  # a random policy of the same model as teacher
+        teacher = Path(cfg.run.runs_dir) / "teacher.pt"
+        policy = make_policy_for(make_task(cfg.task, cfg.task_options), cfg.model)
+        torch.save({"policy": policy.state_dict()}, teacher)
+        cfg = dataclasses.replace(cfg, teacher_options=TeacherConfig(str(teacher)))
     return cfg
 
 

@@ -23,6 +23,9 @@ from rlscope.checks import (
 )
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
+from rlscope.methods.advantages import ADVANTAGES
+from rlscope.methods.component import record
+from rlscope.methods.teacher import TeacherConfig
 from rlscope.metrics.sinks import parse_log_to
 from rlscope.paths import check_name_component
 from rlscope.policy import ModelConfig
@@ -228,6 +231,7 @@ class TrainConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    teacher_options: TeacherConfig = field(default_factory=TeacherConfig)
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,7 @@ class Derived:
     (``task.stop_token_ids``, e.g. the newline of the text tasks), else none."""
 
 
-FIELD_ALIASES = {"components": "method", "task_options": "task"}
+FIELD_ALIASES = {"components": "method", "task_options": "task", "teacher_options": "teacher"}
 """How messages name the nested configs of `TrainConfig` (``method.kl_coef``, ``task.vocab``)."""
 
 
@@ -359,6 +363,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
 
     errors += env_worker_errors(PoolOptions(r.env_workers, r.env_timeout_s, r.env_retries,
                                             r.env_chunk_size), cfg.task, task)
+    errors += teacher_config_errors(cfg, spec)
     errors += environment_errors(cfg, errors)
     if not errors:
         errors += memory_errors(step_memory(cfg, task, d), _memory_device(r.device))
@@ -512,6 +517,12 @@ def correction_warnings(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     # its own kernels: ℓ_s differs from ℓ_o and the correction acts
     own_sampler = s.backend == "static" or (
         s.backend == "auto" and cfg.model.arch != "tiny" and r.device != "cpu")
+    if spec.gate_component.sampler_mismatch and not (
+            r.delay or cfg.replay.replay_capacity or r.overfit_batch
+            or (filtered and not s.replay_sampling_mask) or own_sampler):
+        return [f"method {cfg.method!r}: gate={spec.gate.name!r} drops rows only where the "
+                "sampler's log-probs differ from the learner's; the learner is the sampler "
+                "here, so it acts only through later inner epochs"]
     if not spec.corrected or r.delay or cfg.replay.replay_capacity or r.overfit_batch \
             or (filtered and not s.replay_sampling_mask) or own_sampler:
         return []
@@ -520,6 +531,38 @@ def correction_warnings(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
             "sampler (no --delay, no replay buffer, no --overfit_batch, the top-k/top-p kept "
             "set replayed or none), so every weight is 1 and the run equals "
             "--is_correction none"]
+
+
+def teacher_config_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
+    """Why the teacher setting does not fit the method (METHODS_2026.md §4): a method that
+    reads a teacher (opd, gkd) without ``--teacher_path``, a path that does not exist, or a
+    teacher given to a method that reads none. The teacher's vocabulary and distribution are
+    checked once it is built (`rlscope.methods.teacher.teacher_errors`)."""
+    path = cfg.teacher_options.teacher_path
+    if spec.needs_teacher and not path:
+        return [f"method {cfg.method!r} distils from a teacher: set --teacher_path (an rlscope "
+                "checkpoint or run directory of the same model and task, or a Hugging Face "
+                "directory with the same tokenizer)"]
+    if path and not spec.needs_teacher:
+        return [f"teacher.teacher_path is set but method {cfg.method!r} reads no teacher "
+                "(opd, gkd do)"]
+    if path and not Path(path).exists():
+        return [f"teacher.teacher_path={path!r}: no such file or directory"]
+    errors = []
+    s = cfg.sampling
+    if spec.needs_teacher_distribution and (s.top_k > 0 or s.top_p < 1) \
+            and s.replay_sampling_mask:
+        errors.append(f"method {cfg.method!r} compares the student's whole distribution with "
+                      "the teacher's, but the replayed top-k/top-p kept set truncates the "
+                      "student's (KL(P_T‖P_θ) would be infinite): sample without "
+                      "--top_k/--top_p or pass --no_replay_sampling_mask")
+    adv = spec.advantage
+    if spec.needs_teacher and adv.teacher_env_coef != 0 \
+            and record(ADVANTAGES, adv.env_advantage).grouped and cfg.run.group_size < 2:
+        errors.append(f"method.env_advantage={adv.env_advantage!r} compares the samples of a "
+                      "group, so --teacher_env_coef needs run.group_size > 1 (or an ungrouped "
+                      "estimator such as constant)")
+    return errors
 
 
 def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:

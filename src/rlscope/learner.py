@@ -37,8 +37,15 @@ from rlscope.methods.batch_stats import BatchStatInputs
 from rlscope.methods.corrections import correction_metrics
 from rlscope.methods.gates import GateInputs, probs_mean_BT, reward_uncertainty_B
 from rlscope.methods.objectives import PolicyTerms
-from rlscope.methods.regularizers import entropy_from_logp, kl_estimate, kl_full, value_loss
+from rlscope.methods.regularizers import (
+    entropy_from_logp,
+    kl_estimate,
+    kl_full,
+    kl_is_corrected,
+    value_loss,
+)
 from rlscope.methods.spec import MethodSpec
+from rlscope.methods.teacher import Teacher, sampled_logp_BT
 from rlscope.metrics.estimators import masked_mean, value_metrics
 from rlscope.policy.base import Policy
 from rlscope.policy.value_head import ValueHead
@@ -104,6 +111,8 @@ class LearnerInputs:
     the run seed and step (None = 0)."""
     group_tokens_B: torch.Tensor | None = None
     """Valid tokens of each row's whole group (the ``prompt_mean`` aggregation)."""
+    teacher_logp_BTV: torch.Tensor | None = None
+    """The teacher's distribution at each completion position (objectives that read it)."""
 
     @property
     def batch_size(self) -> int:
@@ -164,7 +173,8 @@ def forward_completion(policy: Policy, batch: RolloutBatch, tokens_BT: torch.Ten
 @torch.no_grad()
 def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: ValueHead | None,
             ref: Policy | None, beta: float, group_size: int, dist: SampledDistribution,
-            candidates: CandidateBatch | None = None, packed: PackedLearner | None = None
+            candidates: CandidateBatch | None = None, packed: PackedLearner | None = None,
+            teacher: Teacher | None = None
             ) -> tuple[LearnerInputs, dict[str, torch.Tensor]]:
     """Advantages and every fixed per-row quantity of the update, plus rollout metrics.
 
@@ -172,7 +182,8 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
     runs the forwards that read only the chosen tokens' log-probs and hidden states (critic
     values, corrections, sampled-token KL to the reference) through the packed learner
     (`rlscope.learner_packed`); values past a row's last loss position are then not computed
-    (every reader masks them)."""
+    (every reader masks them). ``teacher`` scores the student's tokens for the methods that
+    read a teacher (`rlscope.methods.teacher`)."""
     assert batch.rewards_B is not None
     metrics: dict[str, torch.Tensor] = {}
     if spec.needs_labels:
@@ -221,12 +232,24 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
         if spec.kl.place == "reward":
             token_rewards_BT = -beta * kl_estimate(batch.logp_sampler_BT, ref_logp_BT,
                                                    spec.kl.estimator) * mask_BT
+    teacher_logp_BT = teacher_logp_BTV = None
+    if spec.needs_teacher:
+        if teacher is None:
+            raise ValueError(f"method components {spec.advantage.name!r}/{spec.objective.name!r} "
+                             "read a teacher: set --teacher_path")
+        teacher_logp_BTV = teacher.logp_BTV(batch).to(batch.logp_sampler_BT.dtype)
+        teacher_logp_BT = sampled_logp_BT(teacher_logp_BTV, tokens_BT)
+        rkl_BT = (batch.logp_sampler_BT - teacher_logp_BT) * mask_BT
+        metrics["distill/teacher_rkl"] = masked_mean(rkl_BT, mask_BT)
+        metrics["distill/teacher_rkl_seq"] = rkl_BT.sum(-1).mean()
     x = AdvantageInputs(rewards_B=batch.rewards_B, mask_BT=mask_BT, group_size=group_size,
                         expected_reward_B=batch.expected_reward_B, sum_p2_BT=sum_p2_BT,
                         score_mask_BT=batch.score_mask_BT, values_BT=values_BT,
                         token_rewards_BT=token_rewards_BT,
                         token_correct_BT=batch.token_rewards_BT, completion_tokens_BT=tokens_BT,
-                        greedy_rewards_B=batch.greedy_rewards_B)
+                        greedy_rewards_B=batch.greedy_rewards_B,
+                        teacher_logp_BT=teacher_logp_BT,
+                        behaviour_logp_BT=batch.logp_sampler_BT)
     returns_BT = None
     if spec.needs_value:
         adv_BT, returns_BT = advantages_with_returns(x, spec.advantage)
@@ -245,7 +268,9 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
                            baseline_B=batch.expected_reward_B if batch.expected_reward_B
                            is not None else batch.rewards_B.mean().expand_as(batch.rewards_B),
                            is_weight_BT=is_weight_BT,
-                           group_tokens_B=group_token_counts(mask_BT, group_size))
+                           group_tokens_B=group_token_counts(mask_BT, group_size),
+                           teacher_logp_BTV=teacher_logp_BTV
+                           if spec.needs_teacher_distribution else None)
     if candidates is not None:
         inputs = dataclasses.replace(
             inputs, candidates_BTK=candidates.candidates_BTK,
@@ -342,7 +367,7 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     gate_in = GateInputs(inputs.adv_BT, logp_d_BT, inputs.uncertainty_B,
                          probs_mean_BT(logp_d_BT, policy.vocab_size if logp_BTV is None
                                        else logp_BTV.shape[-1]), inputs.age_B,
-                         inputs.select_BT)
+                         inputs.select_BT, logp_sampler_BT=inputs.logp_old_BT, mask_BT=mask_BT)
     weight_BT, stats = spec.gate_component(gate_in, spec.gate)
     terms = PolicyTerms(logp_BT, inputs.logp_old_BT, weight_BT, mask_BT,
                         success_B=None if inputs.rewards_B is None else inputs.rewards_B >= 1.0,
@@ -352,7 +377,8 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
                         cand_logp_old_BTK=inputs.cand_logp_old_BTK,
                         cand_rewards_BTK=inputs.cand_rewards_BTK, tokens_BT=inputs.tokens_BT,
                         targets_BT=inputs.labels_BT, label_mask_BT=inputs.label_mask_BT,
-                        gate_BT=stats.get("gate_mean"), select_BT=inputs.select_BT)
+                        gate_BT=stats.get("gate_mean"), select_BT=inputs.select_BT,
+                        teacher_logp_BTV=inputs.teacher_logp_BTV)
     obj_BT, obj_stats = spec.objective_component(terms, spec.objective)
     if inputs.is_weight_BT is not None:
         obj_BT = obj_BT * inputs.is_weight_BT
@@ -375,6 +401,10 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
         if spec.kl.exact:
             assert inputs.ref_logp_BTV is not None and logp_BTV is not None
             kl_BT = kl_full(logp_BTV, inputs.ref_logp_BTV)
+        elif spec.kl.importance_corrected:
+            assert inputs.ref_logp_BT is not None
+            kl_BT = kl_is_corrected(logp_BT, inputs.ref_logp_BT, inputs.logp_old_BT)
+            stats = stats | {"kl_ref_is": kl_BT.detach()}
         else:
             target_BT = inputs.ref_logp_BT if spec.kl.target == "ref" else inputs.logp_old_BT
             assert target_BT is not None

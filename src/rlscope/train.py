@@ -84,6 +84,7 @@ from rlscope.methods.selection import (
     top_up_mixed_groups,
 )
 from rlscope.methods.spec import MethodSpec, OverlongConfig
+from rlscope.methods.teacher import PolicyTeacher, Teacher, teacher_errors
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import (
     JsonlWriter,
@@ -292,6 +293,8 @@ class RunParts:
     parallel: distributed.DataParallel | None = None
     """This process's rank in a data-parallel run (`rlscope.distributed`); None = one
     process."""
+    teacher: Teacher | None = None
+    """The frozen teacher of the distillation methods (`load_teacher`); None = none."""
 
     @property
     def is_main(self) -> bool:
@@ -325,6 +328,10 @@ def setup(cfg: TrainConfig) -> RunParts:
     dtype = next(policy.parameters()).dtype
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = reference_of(policy) if spec.needs_reference else None
+    try:  # the teacher's weights, vocabulary and distribution: before anything is written
+        teacher = load_teacher(cfg, task, device, policy, spec) if spec.needs_teacher else None
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(str(e)) from None
     if cfg.learner.compile_blocks:  # after the reference's copy: only the trained policy
         cast("HFPolicy", policy).compile_blocks()
     # Frozen weights (a LoRA policy's base) stay out of the optimizer.
@@ -361,7 +368,7 @@ def setup(cfg: TrainConfig) -> RunParts:
         record_sum_p2=spec.needs_behaviour_sum_p2 or (
             cfg.replay.replay_capacity > 0
             and cfg.replay.replay_priority in ADVANTAGE_PRIORITIES),
-        parallel=dp)
+        parallel=dp, teacher=teacher)
 
 
 def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy:
@@ -380,6 +387,29 @@ def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy
         if isinstance(task, WatchesPolicy):  # its frozen initial copy is the loaded model
             task.attach_policy(policy)
     return policy
+
+
+def load_teacher(cfg: TrainConfig, task: Task, device: torch.device, student: Policy,
+                 spec: MethodSpec) -> Teacher:
+    """The frozen `PolicyTeacher` of ``--teacher_path``: an rlscope checkpoint file, run or
+    ``rlscope sft`` directory loaded into the student's architecture (`checkpoint.load_init`,
+    which rejects other shapes), or else a Hugging Face model directory (``--arch hf``); then
+    rejected, with the reason, if its vocabulary or distribution cannot teach this method
+    (`rlscope.methods.teacher.teacher_errors`)."""
+    path = Path(cfg.teacher_options.teacher_path)
+    rlscope_weights = path.is_file() or (path / "checkpoints").exists() \
+        or (path / checkpoint.SFT_FILE).exists()
+    model_cfg = dataclasses.replace(cfg.model, lora_rank=0, gradient_checkpointing=False)
+    if not rlscope_weights:
+        model_cfg = dataclasses.replace(model_cfg, arch="hf", path=str(path))
+    policy: Policy = make_policy_for(task, model_cfg).to(device)
+    if rlscope_weights:
+        checkpoint.load_init(str(path), policy, device)
+    teacher = PolicyTeacher(policy)
+    errors = teacher_errors(teacher, student.vocab_size, spec.needs_teacher_distribution)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return teacher
 
 
 def open_run(parts: RunParts, state: LoopState) -> tuple[Path, LoopState, list[str]]:
@@ -675,7 +705,7 @@ def prepare_stage(parts: RunParts, batch: RolloutBatch, state: LoopState
                                    plan.dist) \
         if p.spec.needs_candidates else None
     inputs, m = prepare(p.spec, batch, p.policy, p.value_head, p.ref, state.beta,
-                        p.d.group_size, plan.dist, candidates, plan.packed)
+                        p.d.group_size, plan.dist, candidates, plan.packed, p.teacher)
     assert batch.rewards_B is not None
     m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B, p.d.group_size)
     return inputs, m

@@ -34,6 +34,8 @@ class AdvantageInputs:
     - ``completion_tokens_BT``: the generated token ids, aligned with ``mask_BT`` (``tempo``
       compares them to find shared prefixes within a group).
     - ``greedy_rewards_B``: reward of a greedy rollout of each row's prompt (``remax``).
+    - ``teacher_logp_BT``: a teacher's log-prob ℓ_T of each sampled token and
+      ``behaviour_logp_BT`` the behaviour log-prob ℓ_μ (``teacher_rkl``).
     """
 
     rewards_B: torch.Tensor
@@ -47,6 +49,8 @@ class AdvantageInputs:
     token_correct_BT: torch.Tensor | None = None
     completion_tokens_BT: torch.Tensor | None = None
     greedy_rewards_B: torch.Tensor | None = None
+    teacher_logp_BT: torch.Tensor | None = None
+    behaviour_logp_BT: torch.Tensor | None = None
 
 
 def _groups(x_B: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -455,6 +459,27 @@ def gae_decoupled(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
     α_L|y| < 1. Source: VAPO (Yue et al., arXiv:2504.05118). Regime: needs a value head.
     """
     return gae_decoupled_with_returns(x, cfg)[0]
+def teacher_rkl(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """On-policy distillation: A_t = −β_T (ℓ_μ,t − ℓ_T,t) m_t, the negative sampled-token
+    reverse KL to the teacher; with γ_T > 0 its discounted future sum (`discounted_rtg`); plus
+    c_env × the advantage of the estimator ``env_advantage`` on the task reward.
+
+    β_T = ``teacher_beta`` (1), γ_T = ``teacher_gamma`` (0), c_env = ``teacher_env_coef`` (0).
+    E_{a∼μ}[A_t] = −β_T·KL(μ‖π_T) at s_t; a teacher equal to the behaviour policy gives A ≡ 0.
+    The same quantity is the ``teacher_logratio`` advantage of COMPANIONS.md's ``opd_pg``.
+    Source: Thinking Machines "On-Policy Distillation" (2025), tinker-cookbook
+    ``distillation/train_on_policy.py``. Regime: a teacher of the student's tokenizer.
+    """
+    if x.teacher_logp_BT is None or x.behaviour_logp_BT is None:
+        raise ValueError("advantage 'teacher_rkl' needs teacher_logp_BT and behaviour_logp_BT "
+                         "(a teacher: --teacher_path)")
+    m_BT = x.mask_BT.to(x.teacher_logp_BT.dtype)
+    adv_BT = -cfg.teacher_beta * (x.behaviour_logp_BT - x.teacher_logp_BT) * m_BT
+    if cfg.teacher_gamma > 0:
+        adv_BT = discounted_rtg(adv_BT, m_BT, cfg.teacher_gamma)
+    if cfg.teacher_env_coef != 0:
+        adv_BT = adv_BT + cfg.teacher_env_coef * ADVANTAGES[cfg.env_advantage](x, cfg)
+    return adv_BT
 
 
 Estimator = Component[[AdvantageInputs, AdvantageConfig], torch.Tensor]
@@ -485,6 +510,8 @@ ADVANTAGES: dict[str, Estimator] = {
     "group_center_batchstd": Component(group_center_batchstd, _CLIP, grouped=True),
     "gae_decoupled": Component(gae_decoupled, ("gamma", "lam", "length_alpha", "lam_critic",
                                                *_CLIP), needs_value_head=True),
+    "teacher_rkl": Component(teacher_rkl, ("teacher_beta", "teacher_gamma", "teacher_env_coef",
+                                           "env_advantage", *_CLIP), needs_teacher=True),
 }
 
 _WITH_RETURNS = {"gae_decoupled": gae_decoupled_with_returns}

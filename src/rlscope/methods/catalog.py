@@ -48,7 +48,10 @@ def needs(spec: MethodSpec) -> str:
     """What a run must provide, comma-separated ("—" when nothing)."""
     return ", ".join(spec.requires + (("groups",) if spec.grouped else ())
                      + (("critic",) if spec.needs_value else ())
-                     + (("sampler log-probs",) if spec.corrected else ())) or "—"
+                     + (("sampler log-probs",) if spec.corrected else ())
+                     + (("sampler log-probs",) if spec.gate_component.sampler_mismatch else ())
+                     + ((("teacher logits" if spec.needs_teacher_distribution
+                          else "teacher log-probs"),) if spec.needs_teacher else ())) or "—"
 
 
 def correction_summary(spec: MethodSpec) -> str:

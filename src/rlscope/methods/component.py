@@ -63,6 +63,13 @@ class Component(Generic[P, R]):
     drops_groups: bool = False
     """A selection that drops whole groups, so the loop can sample more to refill the batch
     (``--fill_batch``)."""
+    needs_teacher: bool = False
+    """Reads a frozen teacher's log-probs of the student's samples (`methods.teacher`)."""
+    needs_teacher_distribution: bool = False
+    """Reads the teacher's whole distribution over the vocabulary (top-k teachers rejected)."""
+    sampler_mismatch: bool = False
+    """Acts only where the sampler's log-probs differ from the learner's (a no-op, warned
+    about, when the learner samples on-policy)."""
     identity: bool = False
     """Changes nothing (the axis's ``none``): the loop may skip the work it would cost."""
     batch_statistic: Callable[..., Any] | None = None

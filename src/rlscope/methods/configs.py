@@ -41,6 +41,16 @@ class AdvantageConfig:
     """GPG's optional resampling: draw more rounds (at most ``--max_fill_rounds`` in all),
     swapping flat groups for mixed ones, until this fraction of the rows is in mixed groups
     (0 = off; the reference script uses 0.5, the paper's table 0.6)."""
+    teacher_beta: float = 1.0
+    """β_T of ``teacher_rkl``: A_t = −β_T (ℓ_μ,t − ℓ_T,t)."""
+    teacher_gamma: float = 0.0
+    """γ_T of ``teacher_rkl``: > 0 replaces A_t by its γ_T-discounted future sum."""
+    teacher_env_coef: float = 0.0
+    """c_env of ``teacher_rkl``: adds c_env × the ``env_advantage`` estimator on the task
+    reward (0 = pure distillation)."""
+    env_advantage: str = "group_zscore"
+    """The task-reward estimator ``teacher_rkl`` mixes in when ``teacher_env_coef`` ≠ 0 (one
+    that reads only rewards)."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -56,6 +66,15 @@ class AdvantageConfig:
         if not 0 <= self.gpg_min_valid <= 1:
             errors.append(f"method.gpg_min_valid={self.gpg_min_valid} must lie in [0, 1] (a "
                           "fraction of the rows)")
+        if self.teacher_beta <= 0 or not 0 <= self.teacher_gamma <= 1:
+            errors.append(f"method.teacher_beta={self.teacher_beta} must be > 0 and "
+                          f"method.teacher_gamma={self.teacher_gamma} in [0, 1]")
+        if self.teacher_env_coef != 0 and self.env_advantage not in (
+                "group_zscore", "group_center", "rloo", "batch_zscore", "constant", "maxrl",
+                "passk"):
+            errors.append(f"method.env_advantage={self.env_advantage!r}: teacher_rkl mixes in "
+                          "an estimator that reads only rewards (group_zscore, group_center, "
+                          "rloo, batch_zscore, constant, maxrl, passk)")
         return errors
 
 
@@ -79,6 +98,9 @@ class GateConfig:
     entropy_top_frac: float = 0.2
     """ρ_H of ``entropy_top``: the fraction of highest-entropy tokens of the optimizer batch
     that keep their advantage (1 keeps every token)."""
+    opsm_delta: float = 0.5
+    """δ of ``opsm``: rows with A < 0 whose mean sampler-minus-learner log-ratio exceeds δ are
+    dropped."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -89,6 +111,9 @@ class GateConfig:
                           "method.guard_scale in [0, 1]")
         if not 0 < self.entropy_top_frac <= 1:
             errors.append(f"method.entropy_top_frac={self.entropy_top_frac} must lie in (0, 1]")
+        if self.opsm_delta <= 0:
+            errors.append(f"method.opsm_delta={self.opsm_delta} must be > 0 (δ of the opsm "
+                          "gate; a large δ turns the masking off)")
         return errors
 
 
@@ -137,6 +162,13 @@ class ObjectiveConfig:
     """KL-Cov k_r: the k = max(1, ⌊k_r·N⌋) largest-covariance tokens get the |d| penalty."""
     kl_cov_coef: float = 1.0
     """KL-Cov β: weight of β|ℓ − ℓ_μ| on the selected tokens."""
+    gkd_beta: float = 0.5
+    """``gkd_jsd``: β of JSD_β (0 = forward KL(P_T‖P_θ), 1 = reverse KL(P_θ‖P_T))."""
+    gkd_temperature: float = 1.0
+    """``gkd_jsd``: temperature τ of both distributions."""
+    gkd_lambda: float = 1.0
+    """``gkd_jsd``: fraction λ of student-sampled sequences (1 = on-policy only; λ < 1 needs
+    labelled sequences and is not supported)."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -156,6 +188,15 @@ class ObjectiveConfig:
         if self.cispo_max <= 0 or self.r2vpo_lambda < 0 or self.dro_beta < 0:
             errors.append("method.cispo_max must be > 0, method.r2vpo_lambda and "
                           "method.dro_beta >= 0")
+        if not 0 <= self.gkd_beta <= 1 or self.gkd_temperature <= 0:
+            errors.append(f"method.gkd_beta={self.gkd_beta} must lie in [0, 1] and "
+                          f"method.gkd_temperature={self.gkd_temperature} be > 0")
+        if not 0 < self.gkd_lambda <= 1:
+            errors.append(f"method.gkd_lambda={self.gkd_lambda} must lie in (0, 1]")
+        elif self.gkd_lambda < 1:
+            errors.append(f"method.gkd_lambda={self.gkd_lambda}: λ < 1 mixes in labelled "
+                          "sequences, which needs a task with target sequences and is not "
+                          "supported (METHODS_2026.md §5); use gkd_lambda 1")
         if self.sapo_tau_pos <= 0 or self.sapo_tau_neg <= 0 or self.pmd_tau <= 0:
             errors.append("method.sapo_tau_pos, method.sapo_tau_neg and method.pmd_tau must "
                           "be > 0")
@@ -199,8 +240,9 @@ class KLConfig:
     coef: float = 0.0
     """β; 0 turns the term off."""
     estimator: str = "k3"
-    """k1, k2, k3, abs (from the sampled tokens' log-probs) or full (the exact categorical KL
-    over the vocabulary; ``target="ref"`` and ``place="loss"`` only)."""
+    """k1, k2, k3, abs (from the sampled tokens' log-probs), full (the exact categorical KL
+    over the vocabulary; ``target="ref"`` and ``place="loss"`` only) or is_corrected (ρ·k3 to
+    the reference, ρ = π/μ not detached; ``target="ref"`` and ``place="loss"`` only)."""
     target: str = "behaviour"
     """`ref` (frozen initial policy) or `behaviour` (the sampling policy)."""
     place: str = "loss"
@@ -221,6 +263,12 @@ class KLConfig:
         policies' full log-probabilities), not one from the sampled tokens."""
         return self.estimator == "full"
 
+    @property
+    def importance_corrected(self) -> bool:
+        """The estimator is ρ·k3 to the reference (``is_corrected``): the learner reads the
+        behaviour log-probs too, and the ratio ρ is differentiated."""
+        return self.estimator == "is_corrected"
+
     def validate(self) -> list[str]:
         """Range checks, and why the warm-up or the ``full`` estimator cannot run."""
         errors = (choice_error("kl_target", self.target, ("ref", "behaviour"))
@@ -238,6 +286,10 @@ class KLConfig:
         if self.warmup_steps > 0 and self.control != "warmup":
             errors.append(f"method.kl_warmup_steps={self.warmup_steps} only acts with "
                           f"kl_control='warmup' (kl_control={self.control!r})")
+        if self.estimator == "is_corrected" and self.coef > 0 and (
+                self.target != "ref" or self.place != "loss"):
+            errors.append("method.kl_estimator='is_corrected' needs kl_target='ref' and "
+                          "kl_place='loss' (it is ρ·k3 to the reference, ρ the behaviour ratio)")
         if self.estimator == "full" and self.coef > 0:
             if self.target != "ref":
                 errors.append("method.kl_estimator='full' needs kl_target='ref': only the "

@@ -36,6 +36,8 @@ class GateInputs:
     - ``age_B``: how many optimizer steps ago each sample was drawn, read by ``freshness``.
     - ``select_BT``: the gate's batch-statistic token selection (1.0 = kept), chosen over the
       whole optimizer minibatch (`rlscope.methods.batch_stats`), read by ``entropy_top``.
+    - ``logp_sampler_BT``: the sampler's log-prob ℓ_s of the sampled token and ``mask_BT``
+      the loss mask, read by ``opsm``.
     """
 
     adv_BT: torch.Tensor
@@ -44,6 +46,8 @@ class GateInputs:
     probs_mean_BT: torch.Tensor | None = None
     age_B: torch.Tensor | None = None
     select_BT: torch.Tensor | None = None
+    logp_sampler_BT: torch.Tensor | None = None
+    mask_BT: torch.Tensor | None = None
 
 
 def probs_mean_BT(logp_BT: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -181,6 +185,27 @@ def entropy_top(x: GateInputs, cfg: GateConfig) -> GateOut:
     """
     keep_BT = _require(x.select_BT, "select_BT", "entropy_top")
     return keep_BT * x.adv_BT, {}
+def opsm(x: GateInputs, cfg: GateConfig) -> GateOut:
+    """DeepSeek-V3.2 off-policy sequence masking: w = 0 on all of row i if A_i < 0 and
+    D_i > δ, else w = A.
+
+    D_i = mean_t (ℓ_s,t − sg ℓ_t) over the row's valid tokens, with the **current** ℓ at every
+    pass (so later inner epochs see the policy move), ℓ_s the sampler's log-prob; A_i is the
+    row's mean advantage over its valid tokens (the sequence advantage of ``grpo``). A dropped
+    row keeps its mask (it still counts in the denominators). δ = ``opsm_delta`` (0.5, TRL's
+    suggestion; the paper gives no value). Source: DeepSeek-V3.2 (2512.02556); TRL.
+    Regime: needs sampler log-probs; δ > 0; with ℓ_s = ℓ on the first pass D = 0 and nothing is
+    masked. Logs ``gate/opsm_masked_seq_frac`` and ``gate/opsm_D_mean`` (per row).
+    """
+    logp_s_BT = _require(x.logp_sampler_BT, "logp_sampler_BT", "opsm")
+    m_BT = _require(x.mask_BT, "mask_BT", "opsm").to(x.adv_BT.dtype)
+    n_B = m_BT.sum(-1).clamp_min(1.0)
+    d_B = ((logp_s_BT - x.logp_BT.detach()) * m_BT).sum(-1) / n_B
+    adv_B = (x.adv_BT * m_BT).sum(-1) / n_B
+    drop_B = (adv_B < 0) & (d_B > cfg.opsm_delta)
+    weight_BT = torch.where(drop_B[:, None], torch.zeros_like(x.adv_BT), x.adv_BT)
+    return weight_BT, {"gate/opsm_masked_seq_frac": _per_token(drop_B, x.adv_BT),
+                       "gate/opsm_D_mean": _per_token(d_B, x.adv_BT)}
 
 
 Gate = Component[[GateInputs, GateConfig], GateOut]
@@ -196,4 +221,5 @@ GATES: dict[str, Gate] = {
     "freshness": Component(freshness, (*_DG, "gate_age_decay")),
     "entropy_top": Component(entropy_top, ("entropy_top_frac",),
                              batch_statistic=entropy_top_select),
+    "opsm": Component(opsm, ("opsm_delta",), sampler_mismatch=True),
 }

@@ -340,6 +340,36 @@ METHODS: dict[str, MethodSpec] = {
         objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.28),
         value=ValueConfig(coef=0.1, clip=0.2, pretrain_steps=10), pos_nll_coef=0.1,
         selection="mixed_groups", grouped=True, requires=("no_kl", "critic_pretrain")),
+    # issue 19: DeepSeek-V3.2 masking and the distillation presets (METHODS_2026.md §3)
+    "dsv32": MethodSpec(
+        description="GRPO, rows with A < 0 and mean log(π_sampler/π) > 0.5 dropped, unbiased "
+        "ρ·k3 KL to the reference (DeepSeek-V3.2).",
+        source="DeepSeek-V3.2 2512.02556; TRL (δ 0.5 and β 0.001 are TRL's: the paper gives "
+        "neither)",
+        regime="a sampler distinct from the learner (inference engine, low precision, "
+        "staleness); grouped sampling; needs the reference policy; equals grpo with the "
+        "is_corrected KL when the learner samples",
+        advantage=AdvantageConfig("group_zscore"), gate=GateConfig("opsm", opsm_delta=0.5),
+        objective=ObjectiveConfig("ppo_clip"),
+        kl=KLConfig(coef=0.001, estimator="is_corrected", target="ref", place="loss"),
+        selection="mixed_groups", grouped=True),
+    "opd": MethodSpec(
+        description="On-policy distillation: per-token advantage −(ℓ_μ − ℓ_teacher), the "
+        "sampled reverse KL to a frozen teacher, capped importance weight.",
+        source="Thinking Machines \"On-Policy Distillation\" (2025); tinker-cookbook (which "
+        "uses the uncapped ratio and sums tokens; cap 10 and token_mean here)",
+        regime="a frozen teacher of the student's tokenizer scoring the student's samples "
+        "(--teacher_path); the task reward only with --teacher_env_coef",
+        advantage=AdvantageConfig("teacher_rkl"), objective=ObjectiveConfig("is_capped", cap=10.0)),
+    "gkd": MethodSpec(
+        description="Generalised knowledge distillation: JSD_β between a frozen teacher's and "
+        "the student's full next-token distributions on the student's samples.",
+        source="Agarwal et al. 2306.13649; TRL GKDTrainer (λ = 1: student samples only)",
+        regime="a frozen teacher with the student's vocabulary and full logits "
+        "(--teacher_path); the task reward is only logged",
+        advantage=AdvantageConfig("zero"),
+        objective=ObjectiveConfig("gkd_jsd", gkd_beta=0.5, gkd_temperature=1.0,
+                                  gkd_lambda=1.0)),
 }
 
 

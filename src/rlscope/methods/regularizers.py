@@ -13,10 +13,11 @@ from collections.abc import Sequence
 import torch
 
 from rlscope.methods.configs import EntropyConfig, KLConfig, ValueConfig
+from rlscope.metrics.estimators import LOG_RATIO_CLAMP
 
 SAMPLED_KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 """Estimators computed by `kl_estimate` from the sampled tokens' log-probs."""
-KL_ESTIMATORS = (*SAMPLED_KL_ESTIMATORS, "full")
+KL_ESTIMATORS = (*SAMPLED_KL_ESTIMATORS, "full", "is_corrected")
 
 
 def kl_estimate(logp_BT: torch.Tensor, logp_target_BT: torch.Tensor,
@@ -33,7 +34,20 @@ def kl_estimate(logp_BT: torch.Tensor, logp_target_BT: torch.Tensor,
         return d_BT.abs()
     raise ValueError(f"unknown KL estimator {estimator!r}; valid: "
                      f"{', '.join(SAMPLED_KL_ESTIMATORS)} (full needs the whole distributions: "
-                     "kl_full)")
+                     "kl_full; is_corrected the behaviour log-probs: kl_is_corrected)")
+
+
+def kl_is_corrected(logp_BT: torch.Tensor, logp_ref_BT: torch.Tensor,
+                    logp_old_BT: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3.2's unbiased KL estimate KL_t = ρ_t·k3_t per token, ``[B, T]``.
+
+    k3_t = exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1 against the reference and ρ_t = exp(ℓ − ℓ_μ) to the
+    behaviour log-probs (log-ratio clamped to ±20), **not** detached: ∂(ρ·k3)/∂ℓ = ρ·(ℓ − ℓ_ref),
+    the importance-weighted gradient of KL(π‖π_ref) from samples of μ; at ρ = 1 the value is
+    k3. Source: DeepSeek-V3.2 (2512.02556); TRL.
+    """
+    rho_BT = torch.exp((logp_BT - logp_old_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return rho_BT * kl_estimate(logp_BT, logp_ref_BT, "k3")
 
 
 def kl_full(logp_BTV: torch.Tensor, logp_target_BTV: torch.Tensor) -> torch.Tensor:

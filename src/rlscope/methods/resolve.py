@@ -176,6 +176,27 @@ class MethodConfig:
     gpg_min_valid: float | None = None
     """GPG resampling: draw more rounds (up to --max_fill_rounds), swapping flat groups for
     mixed ones, until this fraction of rows is in mixed groups (0 = off; GPG's script 0.5)."""
+    opsm_delta: float | None = None
+    """opsm gate (dsv32): δ > 0; rows with A < 0 whose mean log(π_sampler/π) exceeds δ are
+    dropped."""
+    teacher_beta: float | None = None
+    """teacher_rkl advantage (opd): β_T > 0 scaling −(ℓ_μ − ℓ_teacher)."""
+    teacher_gamma: float | None = None
+    """teacher_rkl advantage (opd): γ_T in [0, 1]; > 0 sums the per-token advantage over the
+    future with discount γ_T."""
+    teacher_env_coef: float | None = None
+    """teacher_rkl advantage (opd): c_env, the weight of the task-reward advantage mixed in
+    (0 = pure distillation)."""
+    env_advantage: str | None = None
+    """teacher_rkl advantage (opd): the task-reward estimator mixed in with teacher_env_coef
+    (group_zscore, group_center, rloo, batch_zscore, constant, maxrl, passk)."""
+    gkd_beta: float | None = None
+    """gkd_jsd objective (gkd): β in [0, 1] of JSD_β (0 = forward KL, 1 = reverse KL)."""
+    gkd_temperature: float | None = None
+    """gkd_jsd objective (gkd): temperature τ > 0 of the student's and teacher's
+    distributions."""
+    gkd_lambda: float | None = None
+    """gkd_jsd objective (gkd): fraction λ of student samples; only 1 is supported."""
 
 
 
@@ -247,6 +268,14 @@ FLAGS: dict[str, str] = {
     "pos_nll_coef": "pos_nll_coef",
     "fp32_head": "fp32_head",
     "gpg_min_valid": "advantage.gpg_min_valid",
+    "opsm_delta": "gate.opsm_delta",
+    "teacher_beta": "advantage.teacher_beta",
+    "teacher_gamma": "advantage.teacher_gamma",
+    "teacher_env_coef": "advantage.teacher_env_coef",
+    "env_advantage": "advantage.env_advantage",
+    "gkd_beta": "objective.gkd_beta",
+    "gkd_temperature": "objective.gkd_temperature",
+    "gkd_lambda": "objective.gkd_lambda",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""

@@ -185,6 +185,18 @@ class MethodSpec:
         return self.batch_statistic_component is not None
 
     @property
+    def needs_teacher(self) -> bool:
+        """A component reads a frozen teacher's scores of the student's samples
+        (`rlscope.methods.teacher`; ``--teacher_path``)."""
+        return any(c.needs_teacher or c.needs_teacher_distribution for c in (
+            self.advantage_component, self.objective_component))
+
+    @property
+    def needs_teacher_distribution(self) -> bool:
+        """The objective reads the teacher's whole distribution (top-k teachers rejected)."""
+        return self.objective_component.needs_teacher_distribution
+
+    @property
     def needs_labels(self) -> bool:
         """The learner is teacher-forced on the task's ground truth instead of the rollout."""
         return self.objective_component.teacher_forced

@@ -37,6 +37,8 @@ class PolicyTerms:
     - ``gate_BT``: the gate's factor g (detached), where the gate has one.
     - ``select_BT``: the objective's batch-statistic token selection (1.0 = selected),
       chosen over the whole optimizer minibatch (`rlscope.methods.batch_stats`).
+    - ``teacher_logp_BTV``: a teacher's log-probs over the vocabulary at each position
+      (detached; ``gkd_jsd``).
     """
 
     logp_BT: torch.Tensor
@@ -56,6 +58,7 @@ class PolicyTerms:
     label_mask_BT: torch.Tensor | None = None
     gate_BT: torch.Tensor | None = None
     select_BT: torch.Tensor | None = None
+    teacher_logp_BTV: torch.Tensor | None = None
 
 
 ObjectiveOut = tuple[torch.Tensor, dict[str, torch.Tensor]]

@@ -76,11 +76,30 @@ def pass_metrics(logp_BT: torch.Tensor, logp_old_BT: torch.Tensor, mask_BT: torc
     if not suffix:
         out["policy/approx_kl"] = masked_mean(0.5 * d_BT.square(), mask_BT)
         for name, x_BT in stats.items():
-            if not name.startswith("clipfrac"):
+            if name in ROW_STATS:
+                out[name] = row_mean(x_BT, mask_BT)
+            elif "/" in name:
+                out[name] = masked_mean(x_BT, mask_BT)
+            elif not name.startswith("clipfrac"):
                 prefix = "value" if name == "value_clipfrac" else "policy"
                 key = "clipfrac" if name == "value_clipfrac" else name
                 out[f"{prefix}/{key}"] = masked_mean(x_BT, mask_BT)
     return out
+
+
+ROW_STATS = frozenset({"gate/opsm_masked_seq_frac", "gate/opsm_D_mean"})
+"""Objective/gate statistics that are constant along a row (a per-sequence value broadcast
+to its tokens): `pass_metrics` reports their mean over sequences (`row_mean`), not over
+tokens. A statistic whose name holds a ``/`` is reported under that name as it is."""
+
+
+def row_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Mean over the rows with a valid token of each row's masked mean of ``x_BT``."""
+    m_BT = mask_BT.to(x_BT.dtype)
+    n_B = m_BT.sum(-1)
+    has_B = n_B > 0
+    per_row_B = (x_BT * m_BT).sum(-1) / n_B.clamp_min(1.0)
+    return (per_row_B * has_B).sum() / has_B.sum().clamp_min(1)
 
 
 def sampler_metrics(logp_learner_BT: torch.Tensor, logp_sampler_BT: torch.Tensor,

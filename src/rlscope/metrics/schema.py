@@ -343,6 +343,24 @@ METRICS: tuple[MetricDef, ...] = (
        "critic pre-training: value loss of its last step (logged with step 0)"),
     _m("critic_pretrain/explained_var", "tokens", "value", "rollout",
        "critic pre-training: explained variance of the λ = 1 targets at its last step"),
+    # issue 19, distillation and DeepSeek-V3.2 masking (METHODS_2026.md §3 dsv32, opd, gkd)
+    _m("gate/opsm_masked_seq_frac", "sequences", "frac", "last_pass",
+       "opsm gate (dsv32): rows dropped (A < 0 and D > δ, D = mean_t(ℓ_s − ℓ) with the "
+       "current ℓ)"),
+    _m("gate/opsm_D_mean", "sequences", "seq_mean", "last_pass",
+       "opsm gate (dsv32): mean over rows of D_i = mean_t(ℓ_s − ℓ)"),
+    _m("policy/kl_ref_is", "tokens", "token_mean", "last_pass",
+       "is_corrected KL (dsv32): mean of ρ·k3 to the reference, ρ = π/μ"),
+    _m("distill/teacher_rkl", "tokens", "token_mean", "rollout",
+       "opd: mean sampled-token reverse KL to the teacher, ℓ_μ − ℓ_T"),
+    _m("distill/teacher_rkl_seq", "sequences", "seq_mean", "rollout",
+       "opd: Σ_t (ℓ_μ − ℓ_T) per sequence, mean over rows"),
+    _m("distill/jsd", "tokens", "token_mean", "last_pass",
+       "gkd: mean JSD_β(P_T‖P_θ) over the vocabulary at temperature τ"),
+    _m("distill/rkl", "tokens", "token_mean", "last_pass",
+       "gkd: mean reverse KL(P_θ‖P_T) at temperature τ"),
+    _m("distill/fkl", "tokens", "token_mean", "last_pass",
+       "gkd: mean forward KL(P_T‖P_θ) at temperature τ"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}
