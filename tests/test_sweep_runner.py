@@ -283,3 +283,21 @@ def test_resume_when_killed_between_a_checkpoint_and_its_pointer(tmp_path: Path)
 
     for f, old in before.items():
         assert strip((a / f).read_text()) == strip(old), f
+
+
+def test_builtin_rules2026_manifest_validates(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 19's evidence matrix passes every check before anything runs: each 2025-26 preset
+    beside its parent on three settings, the mismatch presets again under a mismatched sampler,
+    3 seeds."""
+    from rlscope.cli import main
+
+    assert main(["sweep", "--builtin", "rules2026", "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("sweep rules2026: 195 runs (65 ids × 3 seeds)")
+    for run_id, args in [("clean-gmpo", "--method gmpo"),
+                         ("noise-vapo", "--reward_noise 0.2"),
+                         ("masked-opo", "--task masked_reversal"),
+                         ("mismatch-icepop", "--top_p 0.9 --no_replay_sampling_mask")]:
+        line = next(line for line in out.splitlines() if f"--name {run_id}_s0 " in line)
+        assert args in line, (run_id, line)
+    assert "--method opd" not in out and "--method gkd" not in out  # they need a teacher run
