@@ -593,3 +593,33 @@ def test_compile_blocks_is_refused_for_the_tiny_transformer() -> None:
     """The tiny transformer has no Hugging Face blocks: --compile_blocks is a config error."""
     errors = LearnerConfig(compile_blocks=True).validate("tiny")
     assert errors and "compile_blocks" in errors[0]
+
+
+def test_packed_learner_honours_the_fp32_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--fp32_head (`fp32_output_head`) reaches the packed learner, which applies the head
+    weights itself: under bf16 autocast its chunked head multiplies in bf16 before the patch
+    and in float32 (matmul dtype None) after it, and `head_dtype` says which."""
+    import rlscope.learner_packed as lp
+    from rlscope.policy.base import fp32_output_head, head_dtype
+
+    policy = HFPolicy(tiny_hf_model("qwen2", V, seed=3, hidden_size=32, num_heads=4,
+                                    num_layers=2, attn_implementation="sdpa"))
+    policy.autocast_dtype = torch.bfloat16
+    seen: list[torch.dtype | None] = []
+    real = lp.chunked_logp_entropy
+
+    def spy(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append(args[-1])  # type: ignore[arg-type]
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lp, "chunked_logp_entropy", spy)
+    batch, inputs = _batch_inputs()
+    batch = dataclasses.replace(batch, logp_sampler_BT=batch.logp_sampler_BT.float())
+    mask_BT = inputs.mask_BT.float()
+    assert head_dtype(policy) is torch.bfloat16
+    lp.packed_forward(policy, PackedLearner(True, 4), batch, inputs.tokens_BT, mask_BT,
+                      batch.logp_sampler_BT, SampledDistribution(1.0, True), True)
+    assert fp32_output_head(policy) and head_dtype(policy) is None
+    lp.packed_forward(policy, PackedLearner(True, 4), batch, inputs.tokens_BT, mask_BT,
+                      batch.logp_sampler_BT, SampledDistribution(1.0, True), True)
+    assert seen == [torch.bfloat16, None]

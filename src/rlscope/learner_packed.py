@@ -38,7 +38,7 @@ from rlscope.batch import RolloutBatch
 from rlscope.config import LearnerConfig
 from rlscope.methods.regularizers import entropy_from_logp
 from rlscope.methods.spec import MethodSpec
-from rlscope.policy.base import Policy
+from rlscope.policy.base import Policy, head_dtype
 from rlscope.policy.chunked import chunked_logp_entropy
 from rlscope.sampling.processors import SampledDistribution
 
@@ -186,9 +186,9 @@ def packed_forward(policy: Any, options: PackedLearner, batch: RolloutBatch,
     if chunked:
         logp_N, entropy_N = chunked_logp_entropy(
             hidden_ND, W_VD, bias_V, tokens_N, temperature, options.logprob_chunk,
-            getattr(policy, "autocast_dtype", None))
+            head_dtype(policy))
     else:
-        mixed = getattr(policy, "autocast_dtype", None)
+        mixed = head_dtype(policy)  # None: no autocast, or an fp32 head (--fp32_head)
         with torch.autocast(hidden_ND.device.type, dtype=mixed or torch.bfloat16,
                             enabled=mixed is not None, cache_enabled=False):
             logits_NV = torch.nn.functional.linear(hidden_ND.to(W_VD.dtype), W_VD, bias_V)

@@ -818,11 +818,6 @@ def train(cfg: TrainConfig) -> RunResult:
         else RankLog(parts, run_dir)
     for warning in correction_warnings(parts.cfg, spec):
         log.display.alert(f"warning: {warning}")
-    if spec.fp32_head and parts.plan.packed is not None \
-            and getattr(parts.policy, "autocast_dtype", None) is not None:
-        log.display.alert("warning: --fp32_head: the packed learner applies the LM head in the "
-                          "--autocast dtype (only the sampler's head runs in float32); use "
-                          "--packing off for a float32 head in the learner too")
     status, diverged = "completed", {}
     pretrain_m: dict[str, torch.Tensor] = {}
     try:

@@ -111,8 +111,8 @@ def fp32_output_head(policy: Any) -> bool:
     leaves the autocast region and reads float32 hidden states; the log-softmax after it is
     float32 already (`autocast_outputs`). Every call through the module is covered: the
     learner's padded forward and the policy's own prefill/decode (the ``hf`` and ``tiny``
-    samplers). Not covered: the packed learner (``--packing``, ``--logprob_chunk``), which
-    applies the head weights itself, and a static sampler's separate weight copy. Returns
+    samplers), and the packed learner, which applies the head weights itself, reads
+    `head_dtype`. Not covered: a static sampler's separate weight copy. Returns
     whether a plain ``nn.Linear`` head was found and patched (a no-op numerically without
     ``--autocast``). The patch is a bound method, so a deep copy (the KL reference) keeps it
     on its own weights."""
@@ -123,3 +123,15 @@ def fp32_output_head(policy: Any) -> bool:
         return False
     head.forward = types.MethodType(_fp32_linear, head)  # type: ignore[method-assign]
     return True
+
+
+def head_dtype(policy: Any) -> torch.dtype | None:
+    """The dtype the policy's LM head multiplies in under mixed precision: None (float32 at
+    least) once `fp32_output_head` patched it, else the policy's ``autocast_dtype`` (None
+    without autocast). For code that applies the head weights itself (the packed learner)."""
+    head: Any = getattr(policy, "head", None)
+    if head is None and hasattr(policy, "model"):
+        head = policy.model.get_output_embeddings()
+    if getattr(getattr(head, "forward", None), "__func__", None) is _fp32_linear:
+        return None
+    return getattr(policy, "autocast_dtype", None)
