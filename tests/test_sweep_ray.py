@@ -186,30 +186,38 @@ def test_sigterm_cancels_the_ray_tasks_and_records_the_runs_interrupted(tmp_path
 
 
 @pytest.mark.slow
-def test_address_joins_a_running_cluster_and_leaves_it_running(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_address_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path) -> None:
     """A cluster started by another process (without token authentication, which a join by
     address does not turn on): the sweep runs its run there and leaves the cluster up for its
-    owner."""
+    owner. The sweep runs in a process of its own too: Ray keeps its authentication mode per
+    process, and a later local cluster in this one (the env-worker tests) must not inherit
+    the joined cluster's."""
     pytest.importorskip("ray")
     import os
     import subprocess
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
+                                          os.environ.get("PYTHONPATH", "")])}
     owner = subprocess.Popen(
         [sys.executable, "-c", "import ray, sys\n"
          "ray.init(num_cpus=2, include_dashboard=False, logging_level='ERROR')\n"
          "print(ray.get_runtime_context().gcs_address, flush=True)\n"
          "sys.stdin.read()\nprint(len(ray.nodes()), flush=True)\nray.shutdown()\n"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert owner.stdin is not None and owner.stdout is not None
     try:
         address = owner.stdout.readline().strip()
-        text = FOUR.replace("seeds = [0, 1]", "seeds = [0]").split("[runs.dg]")[0]
-        result = run_sweep(parse_manifest(text, output=tmp_path / "out"),
-                           SweepOptions(backend="ray", address=address))
-        assert [(r.run, r.status) for r in result.records] == [("grpo_s0", "completed")]
+        manifest = tmp_path / "one.toml"
+        manifest.write_text(FOUR.replace("seeds = [0, 1]", "seeds = [0]").split("[runs.dg]")[0])
+        out = tmp_path / "out"
+        sweep = subprocess.run(
+            [sys.executable, "-m", "rlscope.cli", "sweep", str(manifest), "--output", str(out),
+             "--backend", "ray", "--address", address, "--no_report"],
+            env=env, capture_output=True, text=True, timeout=300)
+        assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+        runs = json.loads((out / "sweep.json").read_text())["runs"]
+        assert [(r["run"], r["status"]) for r in runs] == [("grpo_s0", "completed")]
         owner.stdin.close()  # the owner's cluster is still up: it counts its node
         assert owner.stdout.readline().strip() == "1"
         assert owner.wait(timeout=60) == 0
