@@ -101,6 +101,19 @@ def test_configuration_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     validate(TrainConfig(run=RunConfig(env_workers=0, device="cpu")))
 
 
+def test_env_workers_are_refused_under_data_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every data-parallel rank scores the whole batch: separate pools could give the ranks
+    different rewards (a timeout on one rank only), so --env_workers with --nproc > 1, or in
+    a torchrun rank, is refused before training."""
+    for run, env in ((RunConfig(env_workers=2, nproc=2, device="cpu"), "1"),
+                     (RunConfig(env_workers=2, device="cpu"), "2")):
+        monkeypatch.setenv("WORLD_SIZE", env)
+        with pytest.raises(ConfigError, match="run.env_workers with data parallel"):
+            validate(TrainConfig(run=run))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    validate(TrainConfig(run=RunConfig(env_workers=0, device="cpu")))
+
+
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
     ray = pytest.importorskip("ray")

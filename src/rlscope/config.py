@@ -8,6 +8,7 @@ Derived values (the effective group size, completion length, micro-batch size) a
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -363,6 +364,12 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
 
     errors += env_worker_errors(PoolOptions(r.env_workers, r.env_timeout_s, r.env_retries,
                                             r.env_chunk_size), cfg.task, task)
+    if r.env_workers and (r.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        # every rank scores the whole batch: pools whose timeouts and retries differ by rank
+        # would give the ranks different rewards, hence different batches and collectives
+        errors.append("run.env_workers with data parallel (--nproc / torchrun): every rank "
+                      "scores the whole batch, and separate worker pools could give the ranks "
+                      "different rewards; drop --env_workers or run one process")
     errors += teacher_config_errors(cfg, spec)
     errors += environment_errors(cfg, errors)
     if not errors:

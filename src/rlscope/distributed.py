@@ -153,8 +153,11 @@ class DataParallel:
         rates = sorted(k for k in values if k.startswith(SLOWEST))
         if not timed and not rates:
             return values
+        # NCCL reduces device tensors only; gloo CPU ones
+        device = torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" \
+            else torch.device("cpu")
         x = torch.tensor([values[k] for k in timed] + [-values[k] for k in rates],
-                         dtype=torch.float64)
+                         dtype=torch.float64, device=device)
         high = x.clone()
         dist.all_reduce(high, op=dist.ReduceOp.MAX)
         total = x[:len(timed)].clone()
