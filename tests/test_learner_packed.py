@@ -623,3 +623,25 @@ def test_packed_learner_honours_the_fp32_head(monkeypatch: pytest.MonkeyPatch) -
     lp.packed_forward(policy, PackedLearner(True, 4), batch, inputs.tokens_BT, mask_BT,
                       batch.logp_sampler_BT, SampledDistribution(1.0, True), True)
     assert seen == [torch.bfloat16, None]
+
+
+def test_rows_without_loss_positions_are_not_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row with no loss position (row 2 of the fixture) puts no token into the packed
+    forward: its packed length is 0, and every row's length is what `row_token_counts` (the
+    token budget's cost) counts."""
+    import rlscope.learner_packed as lp
+
+    seen: list[list[int]] = []
+    real = lp.pack_rows
+
+    def spy(lengths: list[int], one_row: bool) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        seen.append(list(lengths))
+        return real(lengths, one_row)
+
+    monkeypatch.setattr(lp, "pack_rows", spy)
+    batch, inputs = _batch_inputs()
+    lp.packed_forward(_policy(), PackedLearner(True, 3), batch, inputs.tokens_BT,
+                      inputs.mask_BT, batch.logp_sampler_BT, SampledDistribution(1.0, True),
+                      True)
+    assert seen[0][2] == 0 and all(n > 0 for i, n in enumerate(seen[0]) if i != 2)
+    assert seen[0] == row_token_counts(batch, inputs.mask_BT).tolist()

@@ -215,7 +215,10 @@ def prepare(spec: MethodSpec, batch: RolloutBatch, policy: Policy, value_head: V
             metrics |= correction_metrics(fwd.logp_BT, batch.logp_sampler_BT, mask_BT,
                                           is_weight_BT, is_stats)
     if ref is not None:
-        ref_fast = None if packed is None or spec.kl.exact or not hasattr(ref, "final_hidden") \
+        # the reference packs too when it has a plain linear head (`resolve_learner` checked
+        # the policy's only)
+        ref_packs = hasattr(ref, "final_hidden") and ref.output_head() is not None  # type: ignore[attr-defined]
+        ref_fast = None if packed is None or spec.kl.exact or not ref_packs \
             else packed_forward(ref, packed, batch, tokens_BT, mask_BT,
                                 batch.logp_sampler_BT, dist, chunked)
         if ref_fast is None:

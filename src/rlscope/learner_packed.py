@@ -155,7 +155,9 @@ def packed_forward(policy: Any, options: PackedLearner, batch: RolloutBatch,
     # The hidden state at full position P - 1 + t predicts completion token t.
     if options.packing:
         # inputs: real prompt tokens and completion tokens before the last loss position
-        keep_BL = torch.cat([prompt_BP, valid_BT[:, 1:], torch.zeros_like(valid_BT[:, :1])], 1)
+        # (a row without a loss position contributes nothing: none of its tokens go in)
+        keep_BL = torch.cat([prompt_BP & valid_BT.any(-1, keepdim=True), valid_BT[:, 1:],
+                             torch.zeros_like(valid_BT[:, :1])], 1)
         pos_BL = keep_BL.long().cumsum(-1) - 1
         bin_B, start_B, R, C = pack_rows(keep_BL.sum(-1).tolist(), options.varlen)
         bin_B, start_B = bin_B.to(keep_BL.device), start_B.to(keep_BL.device)
