@@ -385,3 +385,11 @@ def test_noise_at_late_steps_matches_the_tensor_path() -> None:
         alone_NV = uniform_noise(seeds_N1[:, 0], step, 11)
         assert torch.equal(alone_NV, together_NTV[:, t]), step
         assert ((alone_NV > 0) & (alone_NV < 1)).all()
+
+
+def test_zero_new_tokens_is_a_clear_error() -> None:
+    """``max_new_tokens`` 0 is refused with a message (it used to fail inside torch.stack)."""
+    policy = TinyTransformer(TinyConfig(vocab_size=8, max_len=16))
+    prompts = PromptBatch(tokens_BP=torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_new_tokens=0 must be >= 1"):
+        generate(policy, prompts, SamplingConfig(), torch.arange(2), 0)

@@ -38,10 +38,12 @@ def generate(policy: Policy, prompts: PromptBatch, cfg: SamplingConfig,
     ``with_sum_p2`` records Σ_v μ(v | prefix)² of the sampling distribution
     (``sum_p2_sampler_BT``, kondo selection's behaviour baseline). ``group_id_B`` marks rows
     sharing a prompt (the static backend prefills it once per group). ``cfg.backend`` picks the
-    engine; ``use_cache=False`` and ``max_new_tokens == 0`` always run the eager loop.
+    engine; ``use_cache=False`` always runs the eager loop. ``max_new_tokens`` must be >= 1.
     """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     device = prompts.tokens_BP.device
-    name = cfg.backend if cfg.use_cache and max_new_tokens > 0 else "eager"
+    name = cfg.backend if cfg.use_cache else "eager"
     backend = backends.resolve(name, policy, device)
     return backend.generate(policy, prompts, cfg, row_seeds_B, max_new_tokens, pad_token_id,
                             group_id_B, with_entropy, with_sum_p2)
