@@ -179,7 +179,7 @@ def sample_rollouts(policy: Policy, task: Task, cfg: TrainConfig, generator: tor
     group_B = torch.arange(num_prompts).repeat_interleave(group_size)
     if parallel is not None:  # the whole batch's prompts and seeds were drawn: streams agree
         rows = parallel.sample_rows(prompts.batch_size, group_size)
-        prompts = _prompt_rows(prompts, rows)
+        prompts = prompts.select(rows)
         seeds_B, group_B = seeds_B[rows], group_B[rows]
     prompts, seeds_B, group_B = prompts.to(device), seeds_B.to(device), group_B.to(device)
     policy.eval()
@@ -188,15 +188,6 @@ def sample_rollouts(policy: Policy, task: Task, cfg: TrainConfig, generator: tor
     rollout = generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B,
                        with_sum_p2=with_sum_p2)
     return rollout if parallel is None else parallel.gather_rollouts(rollout)
-
-
-def _prompt_rows(prompts: PromptBatch, rows: slice) -> PromptBatch:
-    return PromptBatch(
-        tokens_BP=prompts.tokens_BP[rows],
-        attention_mask_BP=None if prompts.attention_mask_BP is None
-        else prompts.attention_mask_BP[rows],
-        targets_BT=None if prompts.targets_BT is None else prompts.targets_BT[rows],
-        score_mask_BT=None if prompts.score_mask_BT is None else prompts.score_mask_BT[rows])
 
 
 def score_rollouts(rollout: RolloutBatch, policy: Policy, task: Task, cfg: TrainConfig,

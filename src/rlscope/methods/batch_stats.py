@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rlscope.methods.configs import GateConfig, ObjectiveConfig
+from rlscope.metrics.estimators import masked_mean
 
 BatchStatOut = tuple[torch.Tensor, dict[str, torch.Tensor]]
 BatchStatistic = Callable[["BatchStatInputs", Any], BatchStatOut]
@@ -50,9 +51,7 @@ def covariance_BT(adv_BT: torch.Tensor, logp_BT: torch.Tensor,
                   mask_BT: torch.Tensor) -> torch.Tensor:
     """C_t = (A_t − Ā)(ℓ_t − ℓ̄), means over valid tokens; 0 at masked positions."""
     valid_BT = mask_BT > 0
-    n = valid_BT.sum().clamp_min(1)
-    adv_mean = (adv_BT * valid_BT).sum() / n
-    logp_mean = (logp_BT * valid_BT).sum() / n
+    adv_mean, logp_mean = masked_mean(adv_BT, valid_BT), masked_mean(logp_BT, valid_BT)
     return torch.where(valid_BT, (adv_BT - adv_mean) * (logp_BT - logp_mean),
                        torch.zeros_like(adv_BT))
 
@@ -63,10 +62,9 @@ def _count(ratio: float, n_valid: int) -> int:
 
 def _cov_metrics(cov_BT: torch.Tensor, select_BT: torch.Tensor,
                  valid_BT: torch.Tensor) -> dict[str, torch.Tensor]:
-    n = valid_BT.sum().clamp_min(1).to(cov_BT.dtype)
-    n_sel = select_BT.sum()
-    return {"cov/selected_frac": n_sel / n, "cov/mean": (cov_BT * valid_BT).sum() / n,
-            "cov/selected_mean": (cov_BT * select_BT).sum() / n_sel.clamp_min(1.0)}
+    return {"cov/selected_frac": masked_mean(select_BT, valid_BT),
+            "cov/mean": masked_mean(cov_BT, valid_BT),
+            "cov/selected_mean": masked_mean(cov_BT, select_BT)}
 
 
 def clip_cov_select(x: BatchStatInputs, cfg: ObjectiveConfig) -> BatchStatOut:
@@ -127,5 +125,5 @@ def entropy_top_select(x: BatchStatInputs, cfg: GateConfig) -> BatchStatOut:
     return keep_BT.to(h_BT.dtype), {
         "gate/kept_frac": keep_BT.sum().to(h_BT.dtype) / valid_BT.sum(),
         "gate/entropy_threshold": tau,
-        "policy/entropy_kept": (h_BT * keep_BT).sum() / keep_BT.sum().clamp_min(1),
-        "policy/entropy_dropped": (h_BT * drop_BT).sum() / drop_BT.sum().clamp_min(1)}
+        "policy/entropy_kept": masked_mean(h_BT, keep_BT),
+        "policy/entropy_dropped": masked_mean(h_BT, drop_BT)}

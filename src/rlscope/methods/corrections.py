@@ -217,10 +217,9 @@ def correction_metrics(logp_old_BT: torch.Tensor, logp_sampler_BT: torch.Tensor,
         "sampler/is_min": masked_min(rho_BT, mask_BT),
         "sampler/chi2_token": masked_mean(rho_BT.square(), mask_BT) - 1.0,
         "sampler/k3": masked_mean(torch.expm1(log_rho_BT) - log_rho_BT, mask_BT),
-        "sampler/seq_log_ratio": log_rho_BT.sum(-1)[valid_B].sum()
-        / valid_B.sum().clamp_min(1),
+        "sampler/seq_log_ratio": log_rho_BT.sum() / valid_B.sum().clamp_min(1),
         "sampler/masked_frac": masked_mean(dropped_BT, mask_BT),
-        "sampler/seq_masked_frac": (dropped_BT.sum(-1) > 0)[valid_B].to(mask_BT.dtype).sum()
+        "sampler/seq_masked_frac": (dropped_BT.sum(-1) > 0).to(mask_BT.dtype).sum()
         / valid_B.sum().clamp_min(1),
         "sampler/correction_weight_mean": masked_mean(weight_BT, mask_BT),
         "sampler/correction_ess": weight_ess(weight_BT, mask_BT),

@@ -223,12 +223,13 @@ def verify_run(spec: RunSpec, status: dict[str, Any]) -> str:
 
 
 def checkpoint_step(run_dir: Path) -> int:
-    """The step a resumed run continues from: its newest ``checkpoints/step_<N>.pt``, as
-    `rlscope.checkpoint.newest_intact` chooses it (every such file is complete, see
-    `rlscope.files.atomic_save`). Not ``latest.pt``'s pointer: a kill between writing a
-    checkpoint and moving the pointer leaves the pointer one checkpoint behind, and trimming
-    the logs at the pointer's step would lose the steps in between. `Corrupt` when there is
-    no checkpoint to resume from."""
+    """The step a resumed run continues from: its newest ``checkpoints/step_<N>.pt`` (every
+    such file is complete, see `rlscope.files.atomic_save`; should it not load,
+    `rlscope.checkpoint.newest_intact` falls back to an older one and `train` trims the logs
+    at that step, so checking them up to this one is only stricter). Not ``latest.pt``'s
+    pointer: a kill between writing a checkpoint and moving the pointer leaves the pointer one
+    checkpoint behind, and trimming the logs at the pointer's step would lose the steps in
+    between. `Corrupt` when there is no checkpoint to resume from."""
     files = checkpoint_files(run_dir)
     if not files:
         raise Corrupt("no checkpoint")
