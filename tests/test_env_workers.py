@@ -108,7 +108,7 @@ def test_env_workers_are_refused_under_data_parallel(monkeypatch: pytest.MonkeyP
     for run, env in ((RunConfig(env_workers=2, nproc=2, device="cpu"), "1"),
                      (RunConfig(env_workers=2, device="cpu"), "2")):
         monkeypatch.setenv("WORLD_SIZE", env)
-        with pytest.raises(ConfigError, match="run.env_workers with data parallel"):
+        with pytest.raises(ConfigError, match=r"run\.env_workers with data parallel"):
             validate(TrainConfig(run=run))
     monkeypatch.setenv("WORLD_SIZE", "2")
     validate(TrainConfig(run=RunConfig(env_workers=0, device="cpu")))
