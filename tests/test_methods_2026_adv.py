@@ -28,7 +28,7 @@ from rlscope.methods.advantages import (
 from rlscope.methods.aggregation import aggregate, count_groups, group_token_counts
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
 from rlscope.methods.selection import top_up_mixed_groups
-from rlscope.methods.spec import AdvantageConfig, MethodSpec, ObjectiveConfig
+from rlscope.methods.spec import AdvantageConfig, ObjectiveConfig
 from rlscope.metrics.schema import unregistered
 from rlscope.policy.base import fp32_output_head
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
@@ -366,8 +366,9 @@ def test_prompt_mean_needs_groups() -> None:
 
 @pytest.mark.parametrize("method", ["opo", "gpg", "scalerl", "vapo"])
 def test_default_presets_validate(method: str) -> None:
+    """Each preset passes validation in its regime and comes out as registered, grouped."""
     spec, _, _ = validate(_cfg(method))
-    assert isinstance(spec, MethodSpec) and spec.needs_groups
+    assert spec == METHODS[method] and spec.needs_groups
 
 
 # ------------------------------------------------------------------------------------ the loop
