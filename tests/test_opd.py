@@ -110,6 +110,13 @@ def test_rejected_without_a_teacher_or_with_a_useless_one(tmp_path: Path) -> Non
         validate(_cfg("reinforce", str(_teacher_file(tmp_path))))
     with pytest.raises(ConfigError, match="no such file"):
         validate(_cfg("opd", str(tmp_path / "missing.pt")))
+    (tmp_path / "empty").mkdir()  # neither a run, an sft output nor a Hugging Face model
+    with pytest.raises(ConfigError, match="is a directory that holds no teacher"):
+        validate(_cfg("opd", str(tmp_path / "empty")))
+    (tmp_path / "bad_hf").mkdir()  # a config.json that is not a model: refused at setup
+    (tmp_path / "bad_hf" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError):
+        setup(_cfg("opd", str(tmp_path / "bad_hf")))
     with pytest.raises(ConfigError, match=r"method.teacher_beta=0.0 must be > 0"):
         validate(_cfg("opd", "x", MethodConfig(teacher_beta=0.0)))
     with pytest.raises(ConfigError, match=r"so --teacher_env_coef needs run.group_size > 1"):

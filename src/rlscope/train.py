@@ -321,7 +321,7 @@ def setup(cfg: TrainConfig) -> RunParts:
     ref = reference_of(policy) if spec.needs_reference else None
     try:  # the teacher's weights, vocabulary and distribution: before anything is written
         teacher = load_teacher(cfg, task, device, policy, spec) if spec.needs_teacher else None
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # a path that holds no loadable teacher
         raise ConfigError(str(e)) from None
     if cfg.learner.compile_blocks:  # after the reference's copy: only the trained policy
         cast("HFPolicy", policy).compile_blocks()
