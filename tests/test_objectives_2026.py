@@ -436,3 +436,22 @@ def test_dapo_forking_with_rho_one_is_dapo_through_the_loop(tmp_path: Path) -> N
     assert all(r["gate/kept_frac"] == 1.0 for r in m_fork)
     for k, v in p_dapo.items():
         assert torch.equal(p_fork[k], v), k
+
+
+def test_entropy_threshold_quantile_equals_torch_and_takes_any_size() -> None:
+    """`linear_quantile` (the entropy_top gate's τ) is torch.quantile bit for bit on float32
+    and float64, and also takes what torch.quantile refuses: more than 2^24 entropies (a
+    minibatch of ~16.7M valid tokens) and bf16."""
+    from rlscope.methods.batch_stats import linear_quantile
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for n in (1, 2, 10, 1001):
+            h_N = torch.rand(n, generator=g, dtype=dtype)
+            for q in (0.0, 0.37, 0.8, 1.0):
+                assert torch.equal(linear_quantile(h_N, q), torch.quantile(h_N, q))
+    big_N = torch.arange(2**24 + 1, dtype=torch.float32)
+    with pytest.raises(RuntimeError):
+        torch.quantile(big_N, 0.5)
+    assert linear_quantile(big_N, 0.5).item() == 2**23
+    assert linear_quantile(torch.tensor([0.0, 1.0], dtype=torch.bfloat16), 0.25).item() == 0.25

@@ -106,6 +106,19 @@ def kl_cov_select(x: BatchStatInputs, cfg: ObjectiveConfig) -> BatchStatOut:
     return select_BT, _cov_metrics(cov_BT, select_BT, valid_BT)
 
 
+def linear_quantile(x_N: torch.Tensor, q: float) -> torch.Tensor:
+    """``torch.quantile(x_N, q)`` (linear interpolation between the two nearest ranks) from a
+    sort, so any size and dtype works: ``torch.quantile`` refuses more than 2^24 numbers (a
+    minibatch of ~16.7M valid tokens) and low-precision floats."""
+    sorted_N = x_N.float().sort().values if x_N.dtype in (torch.float16, torch.bfloat16) \
+        else x_N.sort().values
+    # the rank in the input's dtype, as torch.quantile computes it (the same bits)
+    rank = torch.tensor(q, dtype=sorted_N.dtype) * (sorted_N.numel() - 1)
+    lo = int(rank.floor())
+    hi = min(lo + 1, sorted_N.numel() - 1)
+    return torch.lerp(sorted_N[lo], sorted_N[hi], (rank - lo).to(sorted_N.device))
+
+
 def entropy_top_select(x: BatchStatInputs, cfg: GateConfig) -> BatchStatOut:
     """The high-entropy ("forking") tokens (Wang et al. 2506.01939): H_t ≥ τ, τ the linearly
     interpolated (1 − ρ_H)-quantile of H over the valid tokens (ρ_H = ``entropy_top_frac``;
@@ -118,7 +131,7 @@ def entropy_top_select(x: BatchStatInputs, cfg: GateConfig) -> BatchStatOut:
         return torch.zeros_like(x.entropy_BT), {
             "gate/kept_frac": zero, "gate/entropy_threshold": zero,
             "policy/entropy_kept": zero, "policy/entropy_dropped": zero}
-    tau = torch.quantile(h_N, 1.0 - cfg.entropy_top_frac)
+    tau = linear_quantile(h_N, 1.0 - cfg.entropy_top_frac)
     keep_BT = valid_BT & (x.entropy_BT >= tau)
     drop_BT = valid_BT & ~keep_BT
     h_BT = x.entropy_BT
