@@ -121,6 +121,7 @@ def test_rejected_outside_its_regime(tmp_path: Path, components: MethodConfig,
 
 
 def test_a_replayed_top_k_set_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")  # looks like a Hugging Face teacher directory
     cfg = dataclasses.replace(_cfg(MethodConfig(), str(tmp_path)),
                               sampling=SamplingConfig(top_k=2))
     with pytest.raises(ConfigError, match="truncates the student's"):

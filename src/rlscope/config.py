@@ -555,12 +555,12 @@ def teacher_config_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
                 "(opd, gkd do)"]
     if path and not Path(path).exists():
         return [f"teacher.teacher_path={path!r}: no such file or directory"]
+    errors = []
     if path and Path(path).is_dir() and not any(
             (Path(path) / name).exists() for name in ("checkpoints", "sft.pt", "config.json")):
-        return [f"teacher.teacher_path={path!r} is a directory that holds no teacher: give an "
-                "rlscope run (checkpoints/), an rlscope sft output (sft.pt) or a Hugging Face "
-                "model directory (config.json)"]
-    errors = []
+        errors.append(f"teacher.teacher_path={path!r} is a directory that holds no teacher: "
+                      "give an rlscope run (checkpoints/), an rlscope sft output (sft.pt) or a "
+                      "Hugging Face model directory (config.json)")
     s = cfg.sampling
     if spec.needs_teacher_distribution and (s.top_k > 0 or s.top_p < 1) \
             and s.replay_sampling_mask:
