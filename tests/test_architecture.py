@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "__init__.py": 0, "utils.py": 0, "files.py": 0, "paths.py": 0, "checks.py": 0,
     "tokenizer.py": 0, "data/": 0, "sandbox/": 0, "ray_cluster.py": 0,
     # 1 records: batch contracts, metric estimators / schema / sinks, tidy results
-    "batch.py": 1, "metrics/": 1, "results.py": 1,
+    "batch.py": 1, "metrics/": 1, "results.py": 1, "envs/": 1,
     # 2 the doctor: torch-free, so the training loop may run its rules live
     "doctor/": 2,
     # 3-6 the model stack, in the order of ARCHITECTURE.md
