@@ -293,7 +293,7 @@ def test_builtin_rules2026_manifest_validates(capsys: pytest.CaptureFixture[str]
 
     assert main(["sweep", "--builtin", "rules2026", "--dry_run"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("sweep rules2026: 195 runs (65 ids × 3 seeds)")
+    assert out.startswith("sweep rules2026: 210 runs (70 ids × 3 seeds)")
     for run_id, args in [("clean-gmpo", "--method gmpo"),
                          ("noise-vapo", "--reward_noise 0.2"),
                          ("masked-opo", "--task masked_reversal"),
