@@ -20,8 +20,8 @@ import torch
 import rlscope.learner as learner
 import rlscope.train as train_module
 from rlscope.cli import _tyro_parse
-from rlscope.distributed import full
 from rlscope.config import TrainConfig
+from rlscope.distributed import full
 
 
 def run_job(args: list[str]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rlscope.distributed import DataParallel, local
 from rlscope.files import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -28,7 +29,6 @@ from rlscope.files import (
     atomic_write_text,
     safe_load,
 )
-from rlscope.distributed import DataParallel, local
 from rlscope.policy.base import Policy
 
 LATEST = "latest.pt"
@@ -157,10 +157,8 @@ def _load_sharded(path: Path, policy: Policy, value_head: torch.nn.Module | None
 
     trained = _trained(policy, value_head)
     model_sd, optim_sd = get_state_dict(trained, optimizer)
-    loaded = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(loaded, checkpoint_id=path)
-    set_state_dict(trained, optimizer, model_state_dict=loaded["model"],
-                   optim_state_dict=loaded["optimizer"])
+    dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path)  # in place
+    set_state_dict(trained, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 
 def _load_whole_into_sharded(payload: dict[str, Any], policy: Policy,
@@ -177,7 +175,7 @@ def _load_whole_into_sharded(payload: dict[str, Any], policy: Policy,
     names = [f"{prefix}.{n}" for prefix, module in trained.items()
              for n, p in module.named_parameters() if p.requires_grad]
     optim = payload["optimizer"]
-    named = {"state": {names[i]: v for i, v in optim["state"].items()},
+    named: dict[str, Any] = {"state": {names[i]: v for i, v in optim["state"].items()},
              "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
                               for g in optim["param_groups"]]}
     set_state_dict(trained, optimizer, model_state_dict=weights, optim_state_dict=named,

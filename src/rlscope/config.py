@@ -389,7 +389,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
 
 def fsdp_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
     """Why ``--fsdp`` cannot shard this run (empty without --fsdp or when it can)."""
-    r, out = cfg.run, []
+    r, out = cfg.run, list[str]()
     if not r.fsdp:
         return out
     if r.nproc < 2 and int(os.environ.get("WORLD_SIZE", "1")) < 2:
