@@ -238,8 +238,28 @@ def fsdp_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     jobs.append({"name": "half", "args": [*COMMON, *METHODS["grpo"], "--num_steps", "2",
                                           "--fsdp", "--runs_dir", str(out / "runs2"),
                                           "--name", "half"]})
+    jobs.append({"name": "bf16", "args": [*BF16, "--fsdp", "--runs_dir", str(out / "runs2"),
+                                          "--name", "bf16"]})
     _torchrun(jobs, out)
     return out
+
+
+BF16 = [*COMMON, *METHODS["grpo"], "--num_steps", "2", "--dtype", "float32", "--autocast",
+        "bf16"]
+"""Mixed precision: float32 master weights, bf16 forwards (FSDP reduces float32 gradients)."""
+
+
+@pytest.mark.slow
+def test_fsdp_mixed_precision_follows_one_process(fsdp_runs: Path, tmp_path: Path) -> None:
+    one = run_job([*BF16, "--runs_dir", str(tmp_path)])
+    for rank in (_load(fsdp_runs, "bf16", r) for r in (0, 1)):
+        assert rank["status"] == "completed"
+        for s_one, s_dp in zip(one["steps"], rank["steps"], strict=True):
+            for x, y in zip(s_one["params"], s_dp["params"], strict=True):
+                assert y.dtype == torch.float32
+                torch.testing.assert_close(x, y, rtol=0, atol=1e-3)
+        assert rank["metrics"][-1]["loss/total"] == pytest.approx(
+            one["metrics"][-1]["loss/total"], abs=1e-2)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,9 @@ def _load_sharded(path: Path, policy: Policy, value_head: torch.nn.Module | None
 
     trained = _trained(policy, value_head)
     model_sd, optim_sd = get_state_dict(trained, optimizer)
-    dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path)  # in place
+    with warnings.catch_warnings():  # one process reading a sharded checkpoint is intended
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path)  # in place
     set_state_dict(trained, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 

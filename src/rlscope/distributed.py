@@ -237,28 +237,23 @@ def sampling_copy(policy: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(policy)
 
 
-def shard(modules: list[torch.nn.Module], autocast_dtype: torch.dtype | None) -> None:
+def shard(modules: list[torch.nn.Module]) -> None:
     """FSDP2 over the data-parallel ranks: ``fully_shard`` each transformer block, then each
     module in ``modules`` (the policy, the value head) as a root, in place.
 
     Gradients are reduce-scattered as SUMS (divide factor 1): each rank's gradient is its
-    share of the global loss (`rlscope.learner.Denominators`). Under ``--autocast`` the blocks'
-    weights are all-gathered in ``autocast_dtype`` and their gradients reduced in float32; the
-    root (embeddings, final norm, LM head) keeps its float32 weights, as the single-process
-    autocast reads them. Other runs gather in the weights' own dtype (fp32, fp64)."""
-    from torch.distributed.fsdp import (
-        FSDPModule,
-        MixedPrecisionPolicy,
-        fully_shard,
-        register_fsdp_forward_method,
-    )
+    share of the global loss (`rlscope.learner.Denominators`). Mixed precision is the
+    single-process one: the weights are gathered in their own dtype (float32 master weights
+    under ``--autocast bf16``, whose forward then multiplies in bf16 as in one process; fp32 and
+    fp64 runs keep theirs), gradients reduced in it. Gathering in bf16
+    (``MixedPrecisionPolicy(param_dtype=bf16)``) would halve the gather traffic but makes the
+    norms read bf16-rounded weights, and on CPU fails ("mixed dtype (CPU): expect parameter to
+    have scalar type of Float")."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
-    blocks_mp = MixedPrecisionPolicy(param_dtype=autocast_dtype, reduce_dtype=torch.float32,
-                                     cast_forward_inputs=False) \
-        if autocast_dtype is not None else MixedPrecisionPolicy()
     for module in modules:
         for block in transformer_blocks(module):
-            fully_shard(block, mp_policy=blocks_mp)
+            fully_shard(block)
             if hasattr(block, "forward_shared_prefix"):
                 register_fsdp_forward_method(block, "forward_shared_prefix")
         fully_shard(module)
@@ -269,6 +264,9 @@ def shard(modules: list[torch.nn.Module], autocast_dtype: torch.dtype | None) ->
         for sub in module.modules():
             if isinstance(sub, FSDPModule):
                 sub.set_gradient_divide_factor(1.0)
+                # plain SUM reductions: a divide factor otherwise selects NCCL's PREMUL_SUM
+                # for fp32/bf16, which gloo lacks ("Cannot use ReduceOp.PREMUL_SUM with Gloo")
+                sub.set_force_sum_reduction_for_comms(True)
 
 
 def full(x: torch.Tensor) -> torch.Tensor:

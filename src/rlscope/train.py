@@ -338,7 +338,7 @@ def setup(cfg: TrainConfig) -> RunParts:
     if dp is not None and dp.sharded:  # --fsdp: shard after the reference's and sampler's copies
         sampler = cast(Policy, distributed.sampling_copy(cast(torch.nn.Module, policy)))
         distributed.shard([cast(torch.nn.Module, m) for m in (policy, value_head)
-                           if m is not None], getattr(policy, "autocast_dtype", None))
+                           if m is not None])
     # Frozen weights (a LoRA policy's base) stay out of the optimizer.
     params = [p for m in (policy, value_head) if m is not None for p in m.parameters()
               if p.requires_grad]
@@ -350,7 +350,8 @@ def setup(cfg: TrainConfig) -> RunParts:
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
                                   capturable=use_graphs, fused=not use_graphs)
     try:  # what the built model allows (--packing on on a model it cannot pack: an error)
-        packed = resolve_learner(cfg.learner, policy)
+        # --fsdp: the padded learner (the packed one reads the head's weights outside a forward)
+        packed = None if sampler is not None else resolve_learner(cfg.learner, policy)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     # The kept set describes the sampled prefixes; label-trained methods read other tokens.
