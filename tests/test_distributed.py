@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -296,16 +296,17 @@ def test_fsdp_two_ranks_equal_one_process(fsdp_runs: Path, tmp_path: Path, metho
 
 @pytest.mark.slow
 def test_fsdp_checkpoint_resumes_on_one_and_two_ranks(fsdp_runs: Path, tmp_path: Path) -> None:
-    """2 -> 1 (a sharded checkpoint into one process), 2 -> 2 (into sharded ranks) and
-    1 -> 2 (an ordinary checkpoint into sharded ranks) all continue as the uninterrupted run."""
+    """2 -> 1 (a sharded checkpoint into one process), 2 -> 2 (into sharded ranks, and into
+    replicated ranks without --fsdp) and 1 -> 2 (an ordinary checkpoint into sharded ranks)
+    all continue as the uninterrupted run."""
     grpo = [*COMMON, *METHODS["grpo"]]
     whole = run_job([*grpo, "--num_steps", "4", "--runs_dir", str(tmp_path / "whole"),
                      "--name", "whole"])
     half = Path(_load(fsdp_runs, "half", 0)["run_dir"])
     assert (half / "checkpoints" / "step_2" / ".metadata").is_file()
-    on_one, on_two = tmp_path / "on_one", tmp_path / "on_two"
-    shutil.copytree(half, on_one)
-    shutil.copytree(half, on_two)
+    on_one, on_two, replicated = (tmp_path / n for n in ("on_one", "on_two", "replicated"))
+    for copy in (on_one, on_two, replicated):
+        shutil.copytree(half, copy)
     one_proc = run_job([*grpo, "--num_steps", "2", "--runs_dir", str(tmp_path),
                         "--name", "plain"])  # an ordinary step_2.pt
     plain = Path(one_proc["run_dir"])
@@ -314,13 +315,16 @@ def test_fsdp_checkpoint_resumes_on_one_and_two_ranks(fsdp_runs: Path, tmp_path:
     _torchrun([{"name": "two", "args": [*grpo, "--num_steps", "4", "--fsdp", "--resume",
                                         str(on_two)]},
                {"name": "plain", "args": [*grpo, "--num_steps", "4", "--fsdp", "--resume",
-                                          str(plain)]}], tmp_path)
+                                          str(plain)]},
+               {"name": "replicated", "args": [*grpo, "--num_steps", "4", "--resume",
+                                               str(replicated)]}], tmp_path)
     for run, what in ((one, "2 -> 1"), (_load(tmp_path, "two", 0), "2 -> 2"),
-                      (_load(tmp_path, "plain", 1), "1 -> 2")):
+                      (_load(tmp_path, "plain", 1), "1 -> 2"),
+                      (_load(tmp_path, "replicated", 1), "2 sharded -> 2 replicated")):
         assert [r["step"] for r in run["metrics"]] == [2, 3], what
         _assert_rows_close(whole["metrics"][2:], run["metrics"], what)
         _assert_tensors_close(whole["steps"][-1]["params"], run["steps"][-1]["params"], what)
-    for directory in (on_one, on_two, plain):  # the logs read as one uninterrupted run's
+    for directory in (on_one, on_two, plain, replicated):  # as one uninterrupted run's logs
         logged = [json.loads(line)
                   for line in (directory / "metrics.jsonl").read_text().splitlines()]
         _assert_rows_close(whole["metrics"], logged, f"{directory.name} metrics.jsonl")
@@ -328,6 +332,7 @@ def test_fsdp_checkpoint_resumes_on_one_and_two_ranks(fsdp_runs: Path, tmp_path:
     assert (on_one / "checkpoints" / "step_4.pt").is_file()
     assert (on_two / "checkpoints" / "step_4" / ".metadata").is_file()
     assert (plain / "checkpoints" / "step_4" / ".metadata").is_file()
+    assert (replicated / "checkpoints" / "step_4.pt").is_file()
 
 
 def test_fsdp_refuses_what_it_cannot_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -384,3 +389,16 @@ def test_sharded_checkpoint_directories_in_the_newest_intact_logic(tmp_path: Pat
     (folder / "latest.pt").write_text("step_5")
     with pytest.raises(FileNotFoundError, match=r"step_5 is sharded .* --resume"):
         checkpoint.init_weights_path(run["run_dir"])
+
+
+def test_fsdp_units_are_the_transformer_blocks() -> None:
+    from rlscope.distributed import transformer_blocks
+    from rlscope.policy import ModelConfig, build_policy
+
+    tiny = build_policy(ModelConfig(d_model=8, n_layers=3), 5, 16)
+    assert transformer_blocks(cast(torch.nn.Module, tiny)) == list(
+        cast(Any, tiny).blocks)
+    qwen = build_policy(ModelConfig(arch="qwen2", d_model=8, n_heads=2, n_layers=2), 5, 16)
+    layers = transformer_blocks(cast(torch.nn.Module, qwen))
+    assert [type(b).__name__ for b in layers] == ["Qwen2DecoderLayer"] * 2
+    assert transformer_blocks(torch.nn.Linear(2, 2)) == []  # the root is the only unit
