@@ -3,8 +3,8 @@
 ``python dp_worker.py JOBS.json OUT_DIR``: JOBS.json lists ``{"name", "args"}`` (`rlscope
 train` arguments); for each, ``OUT_DIR/<name>.rank<RANK>.pt`` holds the run's metrics and
 evaluations, and, after every update, the trainable parameters and the gradients of the
-update's last optimizer step (the summed global gradient under data parallel), and how many
-rows this rank's learner computed.
+update's last optimizer step (the summed global gradient under data parallel; whole tensors,
+gathered from the shards under --fsdp), and how many rows this rank's learner computed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import rlscope.learner as learner
 import rlscope.train as train_module
 from rlscope.cli import _tyro_parse
 from rlscope.config import TrainConfig
+from rlscope.distributed import full
 
 
 def run_job(args: list[str]) -> dict[str, Any]:
@@ -37,8 +38,9 @@ def run_job(args: list[str]) -> dict[str, Any]:
                  **k: Any) -> Any:
         result = real_update(plan, policy, value_head, optimizer, *a, **k)
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        steps.append({"grads": [None if p.grad is None else p.grad.clone() for p in params],
-                      "params": [p.detach().clone() for p in params]})
+        steps.append({"grads": [None if p.grad is None else full(p.grad).clone()
+                                for p in params],
+                      "params": [full(p.detach()).clone() for p in params]})
         return result
 
     train_module.update, learner.micro_batch_loss = recorded, counted  # type: ignore[assignment]

@@ -14,12 +14,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlscope.distributed import DataParallel, local
 from rlscope.files import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -37,6 +40,13 @@ FORMAT = 2
 ``weights_only=True``. Format 1 (no ``format`` key) holds the same kinds of objects and loads
 the same way."""
 STEP_FILE = re.compile(r"step_(\d+)\.pt")
+STEP_DIR = re.compile(r"step_(\d+)")
+"""A sharded checkpoint (``--fsdp``, `save_sharded`): a torch.distributed.checkpoint
+directory of the policy's and value head's weights and the optimizer state, with
+`SHARDED_STATE` beside them."""
+SHARDED_STATE = "state.pt"
+"""Inside a sharded checkpoint: everything else (reference weights, generator, loop state),
+as in a ``step_<N>.pt`` file."""
 RESUME_KEYS = ("policy", "optimizer", "generator", "step", "beta", "fallback_streak", "queue")
 """What a training checkpoint must hold to be resumed."""
 SFT_FILE = "sft.pt"
@@ -82,11 +92,106 @@ def save(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
     return path
 
 
+def _loop_payload(ref: Policy | None, generator: torch.Generator, state: Any
+                  ) -> dict[str, Any]:
+    """What a checkpoint holds besides the trained modules and the optimizer."""
+    return {
+        "format": FORMAT, "ref": _state(ref), "generator": generator.get_state(),
+        "step": state.step, "beta": state.beta, "fallback_streak": state.fallback_streak,
+        "entropy_coef": state.entropy_coef, "entropy_history": list(state.entropy_history),
+        **state.source.state_dict(),  # the batch source: "queue" and "replay"
+    }
+
+
+def _trained(policy: Policy, value_head: torch.nn.Module | None) -> torch.nn.ModuleDict:
+    """The optimizer's modules under one root (keys ``policy.*``, ``value_head.*``)."""
+    modules: dict[str, Any] = {"policy": policy}
+    if value_head is not None:
+        modules["value_head"] = value_head
+    return torch.nn.ModuleDict(modules)
+
+
+def is_sharded(module: Policy | torch.nn.Module) -> bool:
+    """Whether ``module``'s weights are sharded over ranks (FSDP2's DTensors)."""
+    return any(local(p) is not p for p in module.parameters())
+
+
+def save_sharded(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
+                 ref: Policy | None, optimizer: torch.optim.Optimizer,
+                 generator: torch.Generator, state: Any, parallel: DataParallel) -> Path:
+    """Every rank writes its shards of the weights and optimizer state with
+    torch.distributed.checkpoint into ``checkpoints/step_<N>.tmp/``, rank 0 adds
+    `SHARDED_STATE`; after a barrier rank 0 renames the directory ``step_<N>`` and points
+    ``latest.pt`` at it, so a ``step_<N>`` directory is always complete. Collective."""
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = run_dir / "checkpoints"
+    final, tmp = folder / f"step_{state.step}", folder / f"step_{state.step}.tmp"
+    if parallel.is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    parallel.barrier()
+    model_sd, optim_sd = get_state_dict(_trained(policy, value_head), optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+    if parallel.is_main:
+        atomic_save(_loop_payload(ref, generator, state) | {"sharded": True},
+                    tmp / SHARDED_STATE)
+    parallel.barrier()
+    if parallel.is_main:
+        old = folder / f"step_{state.step}.old"
+        if final.exists():  # the same step saved again (the final save)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        atomic_write_text(folder / LATEST, final.name)
+    parallel.barrier()
+    return final
+
+
+def _load_sharded(path: Path, policy: Policy, value_head: torch.nn.Module | None,
+                  optimizer: torch.optim.Optimizer) -> None:
+    """Read a sharded checkpoint's weights and optimizer state into the modules as they are
+    laid out now: sharded over any number of ranks, or whole in one process (DCP reshards)."""
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    trained = _trained(policy, value_head)
+    model_sd, optim_sd = get_state_dict(trained, optimizer)
+    with warnings.catch_warnings():  # one process reading a sharded checkpoint is intended
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path)  # in place
+    set_state_dict(trained, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
+def _load_whole_into_sharded(payload: dict[str, Any], policy: Policy,
+                             value_head: torch.nn.Module | None,
+                             optimizer: torch.optim.Optimizer) -> None:
+    """An ordinary checkpoint's (whole) weights and optimizer state into sharded modules: the
+    optimizer's tensors, numbered in parameter order, named as the modules' parameters."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    trained = _trained(policy, value_head)
+    weights = {f"policy.{k}": v for k, v in payload["policy"].items()}
+    if value_head is not None:
+        weights |= {f"value_head.{k}": v for k, v in payload["value_head"].items()}
+    names = [f"{prefix}.{n}" for prefix, module in trained.items()
+             for n, p in module.named_parameters() if p.requires_grad]
+    optim = payload["optimizer"]
+    named: dict[str, Any] = {"state": {names[i]: v for i, v in optim["state"].items()},
+             "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
+                              for g in optim["param_groups"]]}
+    set_state_dict(trained, optimizer, model_state_dict=weights, optim_state_dict=named,
+                   options=StateDictOptions(full_state_dict=True))
+
+
 def checkpoint_files(run_dir: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``checkpoints/step_<N>.pt``, newest step first."""
+    """``(step, path)`` of every ``checkpoints/step_<N>.pt`` and sharded ``step_<N>/``
+    directory, newest step first."""
     found = []
-    for path in (run_dir / "checkpoints").glob("step_*.pt"):
-        match = STEP_FILE.fullmatch(path.name)
+    for path in (run_dir / "checkpoints").glob("step_*"):
+        match = STEP_FILE.fullmatch(path.name) or (
+            STEP_DIR.fullmatch(path.name) if path.is_dir() else None)
         if match:
             found.append((int(match.group(1)), path))
     return sorted(found, reverse=True)
@@ -103,14 +208,20 @@ def newest_intact(run_dir: Path, device: torch.device | str
                               "checkpoints/step_<N>.pt; set --checkpoint_every to write them)")
     notices: list[str] = []
     for step, path in files:
+        sharded = path.is_dir()
+        if sharded and not (path / ".metadata").is_file():
+            notices.append(f"skipping checkpoint {path}: no .metadata (an incomplete sharded "
+                           "checkpoint)")
+            continue
         try:
-            payload = safe_load(path, "--resume", device)
+            payload = safe_load(path / SHARDED_STATE if sharded else path, "--resume", device)
         except UnsafeCheckpointError:
             raise
         except CheckpointError as error:
             notices.append(f"skipping checkpoint {path}: {error.reason}")
             continue
-        missing = [k for k in RESUME_KEYS if k not in payload]
+        missing = [k for k in RESUME_KEYS
+                   if k not in payload and not (sharded and k in ("policy", "optimizer"))]
         if missing or payload["step"] != step:
             notices.append(f"skipping checkpoint {path}: not a training checkpoint of step "
                            f"{step} (missing {missing})" if missing else
@@ -128,12 +239,18 @@ def load(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
     """Restore everything `save` wrote from the newest intact checkpoint (`newest_intact`);
     returns the restored loop state and the notices about skipped files. Nothing on disk
     changes (see `adopt`)."""
-    payload, _, notices = newest_intact(run_dir, device)
-    policy.load_state_dict(payload["policy"])
-    for module, key in ((value_head, "value_head"), (ref, "ref")):
-        if module is not None:
-            module.load_state_dict(payload[key])
-    optimizer.load_state_dict(payload["optimizer"])
+    payload, path, notices = newest_intact(run_dir, device)
+    if payload.get("sharded"):  # a --fsdp checkpoint, onto any number of ranks
+        _load_sharded(path, policy, value_head, optimizer)
+    elif is_sharded(policy):  # an ordinary checkpoint onto --fsdp ranks
+        _load_whole_into_sharded(payload, policy, value_head, optimizer)
+    else:
+        policy.load_state_dict(payload["policy"])
+        if value_head is not None:
+            value_head.load_state_dict(payload["value_head"])
+        optimizer.load_state_dict(payload["optimizer"])
+    if ref is not None:
+        ref.load_state_dict(payload["ref"])
     generator.set_state(payload["generator"])
     state.source.load_state_dict(payload)
     return dataclasses.replace(
@@ -153,7 +270,12 @@ def init_weights_path(path: str) -> Path:
             return p / SFT_FILE
         latest = p / "checkpoints" / LATEST
         if latest.exists():
-            return p / "checkpoints" / latest.read_text().strip()
+            found = p / "checkpoints" / latest.read_text().strip()
+            if found.is_dir():
+                raise FileNotFoundError(f"--init {path}: its latest checkpoint {found.name} is "
+                                        "sharded (a --fsdp run): continue that run with "
+                                        "--resume, or give a step_<N>.pt file")
+            return found
         raise FileNotFoundError(f"--init {path}: the directory holds neither {SFT_FILE} nor "
                                 f"checkpoints/{LATEST}")
     if not p.exists():
@@ -191,12 +313,18 @@ def adopt(run_dir: Path, step: int) -> None:
     removed and ``latest.pt`` points at it, so the directory says what the run continues
     from."""
     folder = run_dir / "checkpoints"
+    name = f"step_{step}.pt"
     for other_step, other in checkpoint_files(run_dir):
         if other_step > step:
             os.replace(other, other.with_name(other.name + ".corrupt"))
-    for stale in folder.glob("*.tmp"):
-        stale.unlink()
-    atomic_write_text(folder / LATEST, f"step_{step}.pt")
+        elif other_step == step:
+            name = other.name  # a file or a sharded directory
+    for stale in (*folder.glob("*.tmp"), *folder.glob("*.old")):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
+    atomic_write_text(folder / LATEST, name)
 
 
 RESUME_MAY_CHANGE: dict[str, str] = {
@@ -207,6 +335,8 @@ RESUME_MAY_CHANGE: dict[str, str] = {
     "run.jobs": "worker processes for several seeds; a resumed run is one seed",
     "run.nproc": "data-parallel ranks: every rank count gives the same update (the weights are "
                  "replicated; docs/scaling.md)",
+    "run.fsdp": "whether the ranks shard the weights: the same update either way; a sharded "
+                "checkpoint loads onto any number of ranks, sharded or not (docs/scaling.md)",
     "run.threads": "CPU threads: how the same computation is scheduled (PyTorch's CPU "
                    "reductions may round differently in the last bits, as in sweeps)",
     "run.progress": "the console progress bar only",

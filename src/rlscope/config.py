@@ -196,6 +196,13 @@ class RunConfig:
     """Data-parallel ranks on this node: above 1, `rlscope train` relaunches itself through
     torchrun (torch.distributed.run) with this many processes (one per GPU on CUDA, gloo on
     CPU); under torchrun the launcher's count is used. docs/scaling.md."""
+    fsdp: bool = False
+    """With data parallel (--nproc 2 or more, or torchrun): shard the policy's (and value
+    head's) weights, gradients and optimizer state over the ranks with FSDP2 (fully_shard per
+    transformer block, then the root), for models whose training state does not fit one device;
+    the update is the same as without it. Each rank keeps a full copy of the weights for
+    sampling, evaluation and the no-grad forwards (refreshed after every update), and
+    checkpoints are sharded (torch.distributed.checkpoint directories). docs/scaling.md."""
     cuda_graphs: bool = True
     """On CUDA with the tiny transformer, replay the sampler's decode step and the learner's
     optimizer step from CUDA graphs (same results up to float rounding, several times faster
@@ -370,6 +377,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
         errors.append("run.env_workers with data parallel (--nproc / torchrun): every rank "
                       "scores the whole batch, and separate worker pools could give the ranks "
                       "different rewards; drop --env_workers or run one process")
+    errors += fsdp_errors(cfg, spec, task)
     errors += teacher_config_errors(cfg, spec)
     errors += environment_errors(cfg, errors)
     if not errors:
@@ -377,6 +385,29 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     if errors:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
     return spec, task, d
+
+
+def fsdp_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
+    """Why ``--fsdp`` cannot shard this run (empty without --fsdp or when it can)."""
+    r, out = cfg.run, list[str]()
+    if not r.fsdp:
+        return out
+    if r.nproc < 2 and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        out.append("run.fsdp shards the model over data-parallel ranks: give --nproc 2 or "
+                   "more (or launch with torchrun --nproc_per_node N), or drop --fsdp")
+    blocked = [(cfg.model.lora_rank > 0, "--lora_rank (LoRA adapters: train them without "
+                "--fsdp, the frozen base needs no optimizer state)"),
+               (cfg.learner.compile_blocks, "--compile_blocks"),
+               (cfg.learner.packing == "on", "--packing on (the packed learner reads the head "
+                "weights outside a forward; use --packing off or auto)"),
+               (cfg.diagnostics.grad_diagnostics, "--grad_diagnostics"),
+               (cfg.diagnostics.entropy_diagnostics, "--entropy_diagnostics"),
+               (spec.value.pretrain_steps > 0, f"method {cfg.method!r}'s critic pre-training"),
+               (hasattr(task, "attach_policy"), f"task {cfg.task!r}, which reads the trained "
+                "policy while scoring")]
+    out += [f"run.fsdp cannot be combined with {what}: drop --fsdp (every rank then holds the "
+            "whole model) or that option" for bad, what in blocked if bad]
+    return out
 
 
 def environment_errors(cfg: TrainConfig, errors: list[str]) -> list[str]:
@@ -468,6 +499,11 @@ def step_memory(cfg: TrainConfig, task: Task, d: Derived) -> list[MemoryTerm]:
                        params * width * (1 if m.lora_rank else 4),
                        "train LoRA adapters (--lora_rank 16) or use a smaller model"
                        if m.arch == "hf" else "lower --d_model or --n_layers")
+    ranks = max(cfg.run.nproc, int(os.environ.get("WORLD_SIZE", "1")))
+    if cfg.run.fsdp and ranks > 1:  # a shard of the training state, plus the sampling copy
+        model = MemoryTerm(f"the model's shard of weights, gradients and Adam state over "
+                           f"{ranks} ranks and its full sampling copy",
+                           int(params * width * (1 + 4 / ranks)), "use more ranks (--nproc)")
     rows, eval_rows = cfg.run.batch_size, cfg.task_options.eval_batch_size
     sample_rows = max(rows, eval_rows)
     sample_flag = "lower --batch_size" if rows >= eval_rows else "lower --eval_batch_size"

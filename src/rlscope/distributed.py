@@ -21,10 +21,22 @@ one process on the whole batch:
 - **files**: only rank 0 (`DataParallel.is_main`) writes the run directory, logs and
   checkpoints; the weights are replicated, so rank 0's ordinary checkpoint resumes on any
   number of ranks.
+
+With ``--fsdp`` (`DataParallel.sharded`) the policy and value head are sharded by FSDP2
+(`shard`): each rank holds a slice of every weight, gradient and Adam moment, the blocks'
+weights are all-gathered for each forward and the gradients reduce-scattered as SUMS (the
+divide factor is 1), and clipping reads the global norm of the sharded gradients. Every rank
+must then run the same number of forwards and backwards per optimizer step (the learner pads
+a rank with fewer micro-batches with zero-weighted ones). Everything outside the learner
+(sampling, scoring, evaluation, the no-grad forwards of the preparation) reads a plain full
+copy of the policy (`sampling_copy`), refreshed after each update (`sync_copy`), so the decode
+loop, which ranks end at different steps, runs no collective. Checkpoints are sharded
+(`rlscope.checkpoint.save_sharded`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -76,6 +88,9 @@ class DataParallel:
     rank: int
     world_size: int
     local_rank: int
+    sharded: bool = False
+    """``--fsdp``: the trained modules are sharded by FSDP2 (`shard`), which reduces their
+    gradients itself."""
 
     @property
     def is_main(self) -> bool:
@@ -180,9 +195,10 @@ class DataParallel:
         dist.barrier()
 
 
-def init(device_kind: str) -> DataParallel | None:
+def init(device_kind: str, sharded: bool = False) -> DataParallel | None:
     """Join the process group torchrun describes in the environment (gloo on CPU, NCCL on
-    CUDA; a CUDA rank uses ``cuda:LOCAL_RANK``), or None in a single-process run."""
+    CUDA; a CUDA rank uses ``cuda:LOCAL_RANK``), or None in a single-process run.
+    ``sharded``: the run shards its model (``--fsdp``)."""
     if not launched():
         return None
     if not dist.is_initialized():
@@ -191,7 +207,101 @@ def init(device_kind: str) -> DataParallel | None:
     if device_kind == "cuda":
         torch.cuda.set_device(local_rank)
     return DataParallel(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                        local_rank=local_rank)
+                        local_rank=local_rank, sharded=sharded)
+
+
+FORWARD_METHODS = ("forward", "forward_shared_prefix", "final_hidden")
+"""The policy methods that run a forward (`rlscope.policy.base.Policy`): FSDP gathers the
+root's weights around each (FSDP's own hook covers ``__call__`` only)."""
+
+
+def transformer_blocks(policy: torch.nn.Module) -> list[torch.nn.Module]:
+    """The policy's transformer blocks, each its own FSDP unit: the tiny transformer's
+    ``blocks``, a Hugging Face decoder's ``layers``; empty for other models (then the root is
+    the only unit)."""
+    blocks = getattr(policy, "blocks", None)
+    if isinstance(blocks, torch.nn.ModuleList):
+        return list(blocks)
+    model = getattr(policy, "model", None)  # HFPolicy -> the causal LM -> its decoder
+    decoder = getattr(model, "model", None) or getattr(model, "transformer", None)
+    for name in ("layers", "h"):
+        layers = getattr(decoder, name, None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return list(layers)
+    return []
+
+
+def sampling_copy(policy: torch.nn.Module) -> torch.nn.Module:
+    """A plain deep copy of ``policy`` (taken before `shard`): the full weights every rank
+    samples, scores and evaluates with."""
+    return copy.deepcopy(policy)
+
+
+def shard(modules: list[torch.nn.Module]) -> None:
+    """FSDP2 over the data-parallel ranks: ``fully_shard`` each transformer block, then each
+    module in ``modules`` (the policy, the value head) as a root, in place.
+
+    Gradients are reduce-scattered as SUMS (divide factor 1): each rank's gradient is its
+    share of the global loss (`rlscope.learner.Denominators`). Mixed precision is the
+    single-process one: the weights are gathered in their own dtype (float32 master weights
+    under ``--autocast bf16``, whose forward then multiplies in bf16 as in one process; fp32 and
+    fp64 runs keep theirs), gradients reduced in it. Gathering in bf16
+    (``MixedPrecisionPolicy(param_dtype=bf16)``) would halve the gather traffic but makes the
+    norms read bf16-rounded weights, and on CPU fails ("mixed dtype (CPU): expect parameter to
+    have scalar type of Float")."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+    for module in modules:
+        for block in transformer_blocks(module):
+            fully_shard(block)
+            if hasattr(block, "forward_shared_prefix"):
+                register_fsdp_forward_method(block, "forward_shared_prefix")
+        fully_shard(module)
+        if hasattr(module, "init_cache"):  # a policy: rlscope calls its methods directly
+            for name in FORWARD_METHODS:  # (``policy.forward(...)``, never ``policy(...)``)
+                if hasattr(module, name):
+                    register_fsdp_forward_method(module, name)
+        for sub in module.modules():
+            if isinstance(sub, FSDPModule):
+                sub.set_gradient_divide_factor(1.0)
+                # plain SUM reductions: a divide factor otherwise selects NCCL's PREMUL_SUM
+                # for fp32/bf16, which gloo lacks ("Cannot use ReduceOp.PREMUL_SUM with Gloo")
+                sub.set_force_sum_reduction_for_comms(True)
+
+
+def full(x: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a sharded (DTensor) parameter or gradient (a collective: every
+    rank calls it), or ``x`` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def local(x: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded (DTensor) tensor, or ``x`` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return x.to_local() if isinstance(x, DTensor) else x
+
+
+@torch.no_grad()
+def sync_copy(copy_: torch.nn.Module, sharded: torch.nn.Module) -> None:
+    """Copy the sharded module's weights into its full copy (`sampling_copy`): one
+    all-gather per tensor, on every rank."""
+    own = dict(copy_.named_parameters())
+    for name, p in sharded.named_parameters():
+        own[name].copy_(full(p.detach()))
+
+
+def nonfinite_any(params: list[torch.Tensor]) -> torch.Tensor:
+    """Per tensor of ``params`` (sharded or not), 1 where any rank's part holds a NaN or an
+    infinity, else 0 (``[len(params)]`` float64 on the first tensor's device)."""
+    device = local(params[0]).device
+    bad = torch.stack([(~torch.isfinite(local(p))).any() for p in params]).to(
+        device, torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bad
 
 
 def shutdown() -> None:
@@ -248,4 +358,6 @@ def _all_gather(obj: _T, world_size: int) -> list[_T]:
     return out
 
 
-__all__ = ["DataParallel", "check_layout", "init", "launched", "shutdown", "split", "world_size"]
+__all__ = ["DataParallel", "check_layout", "full", "init", "launched", "local", "nonfinite_any",
+           "sampling_copy", "shard", "shutdown", "split", "sync_copy", "transformer_blocks",
+           "world_size"]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlscope.batch import CandidateBatch, RolloutBatch, _map_tensors
+from rlscope.distributed import full
 from rlscope.learner_packed import (
     PackedForward,
     PackedLearner,
@@ -576,19 +577,35 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
                                                  plan.group_size, len(grad_norms))
                 stat_metrics = stat_metrics or m
             optimizer.zero_grad(set_to_none=True)
-            for rows in (
-                    [slice(s, min(s + micro, hi)) for s in range(lo, hi, micro)]
-                    if counts_B is None else
-                    token_budget_slices(counts_B, lo, hi, plan.token_budget, unit)):
+
+            def micro_slices(lo: int, hi: int) -> list[slice]:
+                return [slice(s, min(s + micro, hi)) for s in range(lo, hi, micro)] \
+                    if counts_B is None else \
+                    token_budget_slices(counts_B, lo, hi, plan.token_budget, unit)
+
+            slices = micro_slices(lo, hi)
+            for rows in slices:
                 res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
                                        step_inputs.select(rows), den, beta, plan.dist,
                                        group, entropy_coef, plan.packed)
                 res.loss.backward()
                 last.append((rows.start, res))
-            if dp is not None:  # each rank holds its share of the global gradient: sum them
+            if dp is not None and dp.sharded:
+                # FSDP's gathers and reductions are collectives: every rank runs as many
+                # forwards and backwards as the busiest, the extra ones weighted zero
+                busiest = max(len(micro_slices(*dataclasses.replace(dp, rank=r).rank_rows(
+                    start, stop, plan.group_size))) for r in range(dp.world_size))
+                for _ in range(busiest - len(slices)):
+                    rows = slice(start, start + 1)
+                    res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
+                                           step_inputs.select(rows), den, beta, plan.dist, 1,
+                                           entropy_coef, plan.packed)
+                    (res.loss * 0).backward()
+            elif dp is not None:  # each rank holds its share of the global gradient: sum them
                 dp.sum_grads(params)
-            norm = torch.nn.utils.clip_grad_norm_(
-                params, plan.grad_clip if plan.grad_clip > 0 else float("inf"))
+            # sharded gradients (FSDP, reduced as sums): the norm is the global one
+            norm = full(torch.nn.utils.clip_grad_norm_(
+                params, plan.grad_clip if plan.grad_clip > 0 else float("inf")))
             grad_norms.append(norm)
             # A non-finite gradient would turn every weight into NaN for good: skip that step
             # (as loss scalers do) and let optim/nonfinite_steps report it. One host read per

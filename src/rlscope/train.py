@@ -284,6 +284,10 @@ class RunParts:
     parallel: distributed.DataParallel | None = None
     """This process's rank in a data-parallel run (`rlscope.distributed`); None = one
     process."""
+    sampler: Policy | None = None
+    """Under ``--fsdp``: the full copy of the sharded policy that samples, scores, evaluates
+    and runs the no-grad forwards (`rlscope.distributed.sampling_copy`, refreshed after each
+    update); None = ``policy`` itself."""
     teacher: Teacher | None = None
     """The frozen teacher of the distillation methods (`load_teacher`); None = none."""
 
@@ -291,6 +295,11 @@ class RunParts:
     def is_main(self) -> bool:
         """Whether this process writes the run's files (rank 0, or the only process)."""
         return self.parallel is None or self.parallel.is_main
+
+    @property
+    def acting(self) -> Policy:
+        """The policy with whole weights: everything but the update reads it."""
+        return self.policy if self.sampler is None else self.sampler
 
 
 def setup(cfg: TrainConfig) -> RunParts:
@@ -306,7 +315,7 @@ def setup(cfg: TrainConfig) -> RunParts:
     if r.resume:  # before anything is built or written
         check_resume_config(cfg)
     device = resolve_device(r.device)
-    dp = distributed.init(device.type)
+    dp = distributed.init(device.type, r.fsdp)
     if dp is not None and device.type == "cuda":
         device = torch.device("cuda", dp.local_rank)
     if r.threads:
@@ -325,6 +334,11 @@ def setup(cfg: TrainConfig) -> RunParts:
         raise ConfigError(str(e)) from None
     if cfg.learner.compile_blocks:  # after the reference's copy: only the trained policy
         cast("HFPolicy", policy).compile_blocks()
+    sampler = None
+    if dp is not None and dp.sharded:  # --fsdp: shard after the reference's and sampler's copies
+        sampler = cast(Policy, distributed.sampling_copy(cast(torch.nn.Module, policy)))
+        distributed.shard([cast(torch.nn.Module, m) for m in (policy, value_head)
+                           if m is not None])
     # Frozen weights (a LoRA policy's base) stay out of the optimizer.
     params = [p for m in (policy, value_head) if m is not None for p in m.parameters()
               if p.requires_grad]
@@ -336,7 +350,8 @@ def setup(cfg: TrainConfig) -> RunParts:
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
                                   capturable=use_graphs, fused=not use_graphs)
     try:  # what the built model allows (--packing on on a model it cannot pack: an error)
-        packed = resolve_learner(cfg.learner, policy)
+        # --fsdp: the padded learner (the packed one reads the head's weights outside a forward)
+        packed = None if sampler is not None else resolve_learner(cfg.learner, policy)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     # The kept set describes the sampled prefixes; label-trained methods read other tokens.
@@ -359,7 +374,7 @@ def setup(cfg: TrainConfig) -> RunParts:
         record_sum_p2=spec.needs_behaviour_sum_p2 or (
             cfg.replay.replay_capacity > 0
             and cfg.replay.replay_priority in ADVANTAGE_PRIORITIES),
-        parallel=dp, teacher=teacher)
+        parallel=dp, teacher=teacher, sampler=sampler)
 
 
 def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy:
@@ -416,6 +431,9 @@ def open_run(parts: RunParts, state: LoopState) -> tuple[Path, LoopState, list[s
     if r.resume:
         state, notices = checkpoint.load(run_dir, parts.policy, parts.value_head, parts.ref,
                                          parts.optimizer, parts.generator, state, parts.device)
+        if parts.sampler is not None:
+            distributed.sync_copy(cast(torch.nn.Module, parts.sampler),
+                                  cast(torch.nn.Module, parts.policy))
         if r.num_steps < state.step:
             raise ConfigError(f"run.num_steps={r.num_steps} is below the step of the checkpoint "
                               f"resumed ({state.step}): set --num_steps {state.step} or more")
@@ -469,8 +487,8 @@ class RunLog:
         """Greedy held-out evaluation, logged at ``step``."""
         p, r = self.parts, self.parts.cfg.run
         t0 = time.perf_counter()
-        p.policy.eval()
-        values = _floats(evaluate(p.policy, p.task, [self.eval_prompts], p.d.max_new_tokens,
+        p.acting.eval()
+        values = _floats(evaluate(p.acting, p.task, [self.eval_prompts], p.d.max_new_tokens,
                                   p.cfg.sampling.stop_token_ids,
                                   decode_graphs=p.cfg.sampling.decode_graphs and r.cuda_graphs))
         _sync(p.device)
@@ -561,7 +579,7 @@ def shape_rewards(batch: RolloutBatch, parts: RunParts, step: int) -> RolloutBat
     if OVERLONG[p.overlong.name].shapes_reward:
         batch = overlong_shaped(batch, p.d.max_new_tokens, p.overlong)
     if p.spec.needs_greedy_baseline:
-        greedy_B = greedy_rewards(batch, p.policy, p.task, p.cfg, p.overlong, p.d.group_size,
+        greedy_B = greedy_rewards(batch, p.acting, p.task, p.cfg, p.overlong, p.d.group_size,
                                   p.d.max_new_tokens, step)
         batch = dataclasses.replace(batch, greedy_rewards_B=greedy_B)
     return batch
@@ -585,13 +603,13 @@ class Collector:
 
     def _sample(self) -> RolloutBatch:
         p = self.parts
-        return sample_rollouts(p.policy, p.task, p.cfg, p.generator, p.device, p.d.num_prompts,
+        return sample_rollouts(p.acting, p.task, p.cfg, p.generator, p.device, p.d.num_prompts,
                                p.d.group_size, p.d.max_new_tokens, p.record_sum_p2,
                                p.parallel)
 
     def _scored(self, rollout: RolloutBatch, step: int) -> RolloutBatch:
         p = self.parts
-        return shape_rewards(score_rollouts(rollout, p.policy, p.task, p.cfg, p.want_expected,
+        return shape_rewards(score_rollouts(rollout, p.acting, p.task, p.cfg, p.want_expected,
                                             step), p, step)
 
     def __call__(self, step: int) -> RolloutBatch:
@@ -691,11 +709,11 @@ def prepare_stage(parts: RunParts, batch: RolloutBatch, state: LoopState
     """Candidates where the objective reads them, then `rlscope.learner.prepare` (advantages
     and every fixed per-row input of the update) and the advantage metrics."""
     p, plan = parts, parts.plan
-    p.policy.eval()
-    candidates = sample_candidates(p.policy, batch, p.d.group_size, p.generator,
+    p.acting.eval()
+    candidates = sample_candidates(p.acting, batch, p.d.group_size, p.generator,
                                    plan.dist) \
         if p.spec.needs_candidates else None
-    inputs, m = prepare(p.spec, batch, p.policy, p.value_head, p.ref, state.beta,
+    inputs, m = prepare(p.spec, batch, p.acting, p.value_head, p.ref, state.beta,
                         p.d.group_size, plan.dist, candidates, plan.packed, p.teacher)
     assert batch.rewards_B is not None
     m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B, p.d.group_size)
@@ -720,6 +738,8 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
         inputs = dataclasses.replace(inputs, draw_seed=torch.tensor(
             (p.cfg.run.seed * 1_000_003 + state.step) % 2**62))
     updated = p.learn(batch, inputs, state.beta, state.entropy_coef)
+    if p.sampler is not None:  # the updated shards into the full copy
+        distributed.sync_copy(cast(torch.nn.Module, p.sampler), cast(torch.nn.Module, p.policy))
     if before is not None:
         after = snapshot(p.policy, batch, inputs, plan.dist)
         m |= entropy_diagnostics(before, after, inputs)
@@ -770,8 +790,13 @@ def eval_due(step: int, r: RunConfig) -> bool:
 
 
 def save_checkpoint(parts: RunParts, run_dir: Path, state: LoopState) -> None:
-    """Rank 0's checkpoint (the weights are replicated: it resumes on any number of ranks)."""
+    """Rank 0's checkpoint (the weights are replicated: it resumes on any number of ranks);
+    under ``--fsdp`` every rank writes its shards (`rlscope.checkpoint.save_sharded`)."""
     p = parts
+    if p.parallel is not None and p.parallel.sharded:
+        checkpoint.save_sharded(run_dir, p.policy, p.value_head, p.ref, p.optimizer,
+                                p.generator, state, p.parallel)
+        return
     if not p.is_main:
         return
     checkpoint.save(run_dir, p.policy, p.value_head, p.ref, p.optimizer, p.generator, state)
@@ -895,6 +920,8 @@ def nonfinite_count(params: list[torch.Tensor]) -> torch.Tensor:
     """How many of ``params`` hold a NaN or an infinity (a 0-dim tensor, on their device)."""
     if not params:
         return torch.zeros(())
+    if any(distributed.local(p) is not p for p in params):  # sharded: every rank's parts
+        return distributed.nonfinite_any(params).sum()
     return (~torch.stack([torch.isfinite(p).all() for p in params])).sum()
 
 
@@ -912,7 +939,8 @@ def divergence(values: dict[str, float], bad_params: float, params: list[torch.T
     elif bad_params:
         names = {id(p): f"{prefix}{n}" for prefix, m in (("", policy), ("value_head.", value_head))
                  if m is not None for n, p in m.named_parameters()}
-        first = next(names.get(id(p), "?") for p in params if not torch.isfinite(p).all())
+        first = next((names.get(id(p), "?") for p in params
+                      if not torch.isfinite(distributed.local(p)).all()), "?")
         metric = "parameters"
         reason = (f"{int(bad_params)} parameter tensors non-finite after step {step} "
                   f"(first: {first})")
