@@ -35,10 +35,16 @@ from rlscope.files import atomic_write_text
 from rlscope.metrics.sinks import JsonlWriter
 from rlscope.policy.hf import HFPolicy
 from rlscope.sampling.sampler import SamplingConfig
-from rlscope.serve import checkpoints
+from rlscope.serve import checkpoints, hf_export
 from rlscope.serve.config import ServeConfig
 from rlscope.serve.losses import check_loss_request, tinker_loss
-from rlscope.serve.sampling import SampledRow, SampleRow, prompt_logprobs, sample_rows
+from rlscope.serve.sampling import (
+    PromptScores,
+    SampledRow,
+    SampleRow,
+    prompt_scores,
+    sample_rows,
+)
 from rlscope.serve.state import (
     TINY_SPECS,
     LoadedWeights,
@@ -78,6 +84,12 @@ class Engine:
         self._rng = np.random.default_rng(cfg.seed)
         if cfg.write_tokenizer:
             write_tokenizer_dir(cfg.write_tokenizer)
+        self.hf_cache: dict[str, Path] = {}
+        """Hub id → snapshot directory written by ``--write_hf_cache``."""
+        if cfg.write_hf_cache:
+            for name in self.aliases:
+                self.resolve(name)
+            self.hf_cache = hf_export.write_hf_cache(cfg, self.aliases, cfg.write_hf_cache)
 
     # ------------------------------------------------------------------ models
 
@@ -252,7 +264,10 @@ class Engine:
         inputs_N: dict[str, torch.Tensor] = {
             name: torch.from_numpy(np.concatenate([d.inputs[name].astype(np.float32)
                                                    for d in data])).to(dev)
-            for name in ("weights", "logprobs", "advantages") if name in data[0].inputs}
+            for name in ("weights", "logprobs", "advantages", "sequence_ratio_mask")
+            if name in data[0].inputs}
+        inputs_N["datum"] = torch.repeat_interleave(torch.arange(len(data)),
+                                                    torch.tensor(lengths)).to(dev)
         with torch.set_grad_enabled(not req.forward_only):
             logits_BTV = model.policy(tokens_BT, None if bool(valid_BT.all()) else mask_BT)[0]
             logp_BT = logits_BTV.log_softmax(-1).gather(-1, targets_BT[..., None])[..., 0]
@@ -391,10 +406,10 @@ class Engine:
         return weights
 
     def sample_batch(self, weights: Weights, requests: list[dict[str, Any]]
-                     ) -> list[tuple[list[SampledRow], list[float] | None]]:
+                     ) -> list[tuple[list[SampledRow], PromptScores | None]]:
         """Every request (same weights and sampling parameters, each a dict from
         `rlscope.serve.sampling.parse_sample_request`) in one decode batch; per request, its
-        sampled rows and its prompt log-probs (None unless asked for)."""
+        sampled rows and its prompt scores (log-probs and/or top-k; None unless asked for)."""
         first = requests[0]
         cfg = SamplingConfig(temperature=first["temperature"], top_k=first["top_k"],
                              top_p=first["top_p"])
@@ -405,8 +420,10 @@ class Engine:
         t0 = time.perf_counter()
         with LoadedWeights(weights) as policy:
             sampled = sample_rows(policy, rows, cfg, weights.codec)
-            prompt_lps = [prompt_logprobs(policy, r["prompt"], r["prompt_logprobs_last_n"])
-                          if r["prompt_logprobs"] else None for r in requests]
+            prompt_lps = [prompt_scores(policy, r["prompt"], r["prompt_logprobs_last_n"],
+                                        r["prompt_logprobs"], r.get("topk_prompt_logprobs", 0))
+                          if r["prompt_logprobs"] or r.get("topk_prompt_logprobs", 0) else None
+                          for r in requests]
         if weights.owner is not None:
             weights.owner.stats.add_samples([len(s.tokens) for s in sampled],
                                             sum(s.stop_reason == "length" for s in sampled),
@@ -433,6 +450,11 @@ class Engine:
         model.last_checkpoint = checkpoints.record(path)
         checkpoints.write_run(model)
         return {"type": "save_weights", "path": path}
+
+    def save_weights_external(self, model_id: str, name: str,
+                              recipients: object = None) -> dict[str, Any]:
+        """``save_weights_external``: the weights as a Hugging Face model directory."""
+        return hf_export.save_external(self.cfg, self.model(model_id), name, recipients)
 
     def load_weights(self, path: str, optimizer: bool, model_id: str | None = None,
                      session_id: str | None = None, model_seq_id: int | None = None,

@@ -184,9 +184,14 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]],
 
 
 def encode_sample_response(sequences: Sequence[SampledSequenceOut],
-                           prompt_logprobs: Sequence[float] | None = None) -> bytes:
+                           prompt_logprobs: Sequence[float] | None = None,
+                           topk_ids: Sequence[Sequence[int]] | None = None,
+                           topk_logprobs: Sequence[Sequence[float]] | None = None) -> bytes:
     """A ``SampleResponse`` protobuf. ``prompt_logprobs`` (NaN where unscored, always at 0)
-    is sent only when given; sampled log-probs are always sent."""
+    is sent only when given; sampled log-probs are always sent. ``topk_ids`` /
+    ``topk_logprobs`` (one row of ``k`` per prompt position; empty cells token 0 with
+    log-prob −99999) become ``topk_prompt_logprobs``: two row-major ``length × k`` matrices,
+    int32 and float32."""
     msg = pb.SampleResponse()
     for seq in sequences:
         if len(seq.tokens) != len(seq.logprobs):
@@ -200,6 +205,18 @@ def encode_sample_response(sequences: Sequence[SampledSequenceOut],
         out.logprobs = np.asarray(seq.logprobs, dtype="<f4").tobytes()
     if prompt_logprobs is not None:
         msg.prompt_logprobs = np.asarray(prompt_logprobs, dtype="<f4").tobytes()
+    if (topk_ids is None) != (topk_logprobs is None):
+        raise ValueError("topk_ids and topk_logprobs come together")
+    if topk_ids is not None and topk_logprobs is not None:
+        ids_TK = np.asarray(topk_ids, dtype="<i4")
+        lps_TK = np.asarray(topk_logprobs, dtype="<f4")
+        if ids_TK.ndim != 2 or ids_TK.shape != lps_TK.shape:
+            raise ValueError(f"top-k ids {ids_TK.shape} and log-probs {lps_TK.shape} must be "
+                             "two matrices of the same shape")
+        topk = msg.topk_prompt_logprobs
+        topk.length, topk.k = int(ids_TK.shape[0]), int(ids_TK.shape[1])
+        topk.token_ids = ids_TK.tobytes()
+        topk.logprobs = lps_TK.tobytes()
     return bytes(msg.SerializeToString())
 
 
