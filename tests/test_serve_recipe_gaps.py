@@ -1,0 +1,201 @@
+"""What cookbook recipes need from `rlscope serve` beyond the basic loop (issue 20): top-k
+prompt log-probs (distillation), the gspo loss and stable_reinforce's refusal,
+``save_weights_external``, and ``max_tokens`` clamped to the model's context."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+tinker = pytest.importorskip("tinker")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from serve_util import Server, running_server  # noqa: E402
+from tinker import types  # noqa: E402
+
+from rlscope.serve.checkpoints import run_key  # noqa: E402
+from rlscope.serve.sampling import SampleLimits, parse_sample_request  # noqa: E402
+from rlscope.serve.state import UserError  # noqa: E402
+
+MAX_LEN = 96
+"""The tiny models' context here (``--tiny_max_len``), small so the clamp is cheap to hit."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(tmp_path_factory.mktemp("gaps"), long_poll_s=1.0,
+                        tiny_max_len=MAX_LEN) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def service(server: Server) -> Iterator[Any]:
+    sc = tinker.ServiceClient(base_url=server.base_url, api_key="tml-local")
+    yield sc
+    sc.close("success")
+
+
+@pytest.fixture(scope="module")
+def trainer(server: Server, service: Any) -> Any:
+    return service.create_lora_training_client(base_model=str(server.tokenizer_dir),
+                                               rank=4).result()
+
+
+PROMPT = list(b"User: What is 3 + 4?\n\nAssistant:")
+
+
+def _rl_datum(prompt: list[int], seq: Any, advantage: float, mask: bool) -> types.Datum:
+    tokens = prompt + list(seq.tokens)
+    pad = [0.0] * (len(prompt) - 1)
+    inputs = {"target_tokens": np.array(tokens[1:], dtype=np.int64),
+              "logprobs": np.array(pad + list(seq.logprobs), dtype=np.float32),
+              "advantages": np.array(pad + [advantage] * len(seq.tokens), dtype=np.float32)}
+    if mask:
+        inputs["sequence_ratio_mask"] = np.array(pad + [1.0] * len(seq.tokens),
+                                                 dtype=np.float32)
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs=inputs)
+
+
+def test_topk_prompt_logprobs_are_the_top_of_each_prompt_position(trainer: Any) -> None:
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    res = sampler.sample(types.ModelInput.from_ints(PROMPT), num_samples=1,
+                         sampling_params=types.SamplingParams(max_tokens=1),
+                         include_prompt_logprobs=True, topk_prompt_logprobs=5).result()
+    topk, lps = res.topk_prompt_logprobs, res.prompt_logprobs
+    assert topk is not None and lps is not None
+    assert len(topk) == len(lps) == len(PROMPT)
+    assert topk[0] is None and lps[0] is None
+    for i in range(1, len(PROMPT)):
+        row = topk[i]
+        assert row is not None and len(row) == 5
+        values = [lp for _, lp in row]
+        assert values == sorted(values, reverse=True)
+        assert sum(math.exp(v) for v in values) <= 1 + 1e-5
+        ids = [t for t, _ in row]
+        assert len(set(ids)) == 5
+        # the prompt token's own log-prob is in the row when it is among the top 5, else
+        # below the fifth
+        if PROMPT[i] in ids:
+            assert values[ids.index(PROMPT[i])] == pytest.approx(lps[i], abs=1e-5)
+        else:
+            assert lps[i] <= values[-1] + 1e-6
+    # top-k alone (no prompt_logprobs), scored over the last 3 positions only
+    last = sampler.sample(types.ModelInput.from_ints(PROMPT), num_samples=1,
+                          sampling_params=types.SamplingParams(max_tokens=1),
+                          include_prompt_logprobs=True, topk_prompt_logprobs=2,
+                          prompt_logprobs_last_n=3).result()
+    assert last.topk_prompt_logprobs is not None
+    assert all(r is None for r in last.topk_prompt_logprobs[:-3])
+    assert [r[0] for r in last.topk_prompt_logprobs[-3:]] == \
+        [r[0] for r in topk[-3:]]  # type: ignore[index]
+    alone = sampler.sample(types.ModelInput.from_ints(PROMPT), num_samples=1,
+                           sampling_params=types.SamplingParams(max_tokens=1),
+                           topk_prompt_logprobs=1).result()
+    assert alone.prompt_logprobs is None
+    assert alone.topk_prompt_logprobs is not None
+    assert [r and r[0][0] for r in alone.topk_prompt_logprobs[1:]] == \
+        [r and r[0][0] for r in topk[1:]]
+
+
+def test_topk_prompt_logprobs_is_bounded() -> None:
+    body = {"topk_prompt_logprobs": 65, "sampling_params": {"max_tokens": 1}}
+    with pytest.raises(UserError, match="topk_prompt_logprobs' must be <= 64"):
+        parse_sample_request(body, 257, 258, None, [1, 2, 3])
+    with pytest.raises(UserError, match="must be <= 11"):  # never above the vocabulary
+        parse_sample_request({"topk_prompt_logprobs": 12}, 9, 11, None, [1, 2])
+    with pytest.raises(UserError, match="max_batch_tokens"):
+        parse_sample_request({"topk_prompt_logprobs": 8}, 257, 258, None, list(range(100)),
+                             SampleLimits(max_batch_tokens=500))
+    with pytest.raises(UserError, match="must be an integer"):
+        parse_sample_request({"topk_prompt_logprobs": "5"}, 257, 258, None, [1, 2])
+    with pytest.raises(UserError, match="topk_sample_logprobs > 0 is not supported"):
+        parse_sample_request({"topk_sample_logprobs": 2}, 257, 258, None, [1, 2])
+
+
+def test_gspo_on_policy_equals_importance_sampling_and_stable_reinforce_is_refused(
+        trainer: Any) -> None:
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    seqs = sampler.sample(types.ModelInput.from_ints(PROMPT), num_samples=3,
+                          sampling_params=types.SamplingParams(max_tokens=6, stop=[],
+                                                               seed=3)).result().sequences
+    advs = [1.0, -0.5, 0.25]
+    gspo_data = [_rl_datum(PROMPT, s, a, mask=True) for s, a in zip(seqs, advs, strict=True)]
+    is_data = [_rl_datum(PROMPT, s, a, mask=False) for s, a in zip(seqs, advs, strict=True)]
+    # forward only: the weights do not move between the two
+    gspo_out = trainer.forward(gspo_data, "gspo").result()
+    is_out = trainer.forward(is_data, "importance_sampling").result()
+    # on-policy every ratio is 1: both losses are −Σ A over the sampled tokens
+    expected = -sum(a * len(s.tokens) for s, a in zip(seqs, advs, strict=True))
+    assert gspo_out.metrics["loss:sum"] == pytest.approx(expected, abs=1e-3)
+    assert is_out.metrics["loss:sum"] == pytest.approx(expected, abs=1e-3)
+    assert [o["logprobs"].to_numpy().shape for o in gspo_out.loss_fn_outputs] == \
+        [(len(PROMPT) - 1 + len(s.tokens),) for s in seqs]
+    with pytest.raises(tinker.RequestFailedError) as err:
+        trainer.forward_backward(is_data, "gspo").result()  # no sequence_ratio_mask
+    assert err.value.category == types.RequestErrorCategory.User
+    assert "sequence_ratio_mask" in str(err.value)
+    with pytest.raises(tinker.RequestFailedError) as err:
+        trainer.forward_backward(is_data, "stable_reinforce").result()
+    assert err.value.category == types.RequestErrorCategory.User
+    assert "record_stability_info" in str(err.value)
+
+
+def test_save_weights_external_writes_a_loadable_merged_model(server: Server,
+                                                              service: Any) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tc = service.create_lora_training_client(base_model=str(server.tokenizer_dir),
+                                             rank=4).result()
+    tokens = PROMPT + list(b" 7")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": np.array(tokens[1:], dtype=np.int64)})
+    before = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    tc.forward_backward([datum], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # LoRA B leaves zero
+    path = tc.save_weights_external("exported").result().path
+    run = tc.get_info().model_id
+    assert path == f"tinker://{run}/external_weights/exported"
+    out = server.root / run_key(run) / "checkpoints" / "external_weights" / "exported"
+    model = AutoModelForCausalLM.from_pretrained(out).float().eval()
+    assert not hasattr(model, "peft_config")  # merged: a plain transformers model
+    assert AutoTokenizer.from_pretrained(out).encode("hi") == [104, 105]
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens[:-1]])).logits[0]
+    local = logits.log_softmax(-1).gather(-1, torch.tensor(tokens[1:])[:, None])[:, 0]
+    served = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"]
+    np.testing.assert_allclose(local.numpy(), served.to_numpy(), atol=1e-4)
+    # the step moved the adapter, so matching means the merge carried it
+    assert np.abs(served.to_numpy() - before.to_numpy()).max() > 1e-3
+    with pytest.raises(tinker.RequestFailedError) as err:
+        tc.save_weights_external("enc", age_encryption_recipients=["age1xyz"]).result()
+    assert err.value.category == types.RequestErrorCategory.User
+    assert "age_encryption_recipients is not supported" in str(err.value)
+    # the training client goes on (its seq_id order survived the refusal)
+    assert tc.forward([datum], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_max_tokens_past_the_context_is_clamped_with_one_warning(
+        trainer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=2048, stop=[])
+    with caplog.at_level(logging.WARNING, logger="rlscope.serve"):
+        for _ in range(2):
+            seq = sampler.sample(types.ModelInput.from_ints(PROMPT), num_samples=1,
+                                 sampling_params=params).result().sequences[0]
+            assert len(seq.tokens) == MAX_LEN - len(PROMPT)
+            assert seq.stop_reason == "length"
+    warnings = [r.getMessage() for r in caplog.records if "does not fit" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"max_tokens=2048 does not fit the model's {MAX_LEN} positions" in warnings[0]
+    with pytest.raises(UserError, match="fills the model's 96 positions"):
+        parse_sample_request({"sampling_params": {"max_tokens": 4}}, 257, 258, MAX_LEN,
+                             [1] * MAX_LEN)
