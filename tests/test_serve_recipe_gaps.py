@@ -199,3 +199,83 @@ def test_max_tokens_past_the_context_is_clamped_with_one_warning(
     with pytest.raises(UserError, match="fills the model's 96 positions"):
         parse_sample_request({"sampling_params": {"max_tokens": 4}}, 257, 258, MAX_LEN,
                              [1] * MAX_LEN)
+
+
+def test_topk_distillation_cross_entropy_takes_n_by_k_targets_dense_or_sparse(
+        trainer: Any) -> None:
+    import torch
+
+    tokens = PROMPT + list(b" 7")
+    n, k = len(tokens) - 1, 8
+    rng = np.random.default_rng(0)
+    targets_NK = rng.integers(1, 256, size=(n, k))
+    weights_NK = rng.random((n, k)).astype(np.float32)
+    weights_NK[: n - 6] = 0.0  # prompt rows carry no targets, as sdft builds them
+    targets_NK[: n - 6] = 0
+    model_input = types.ModelInput.from_ints(tokens[:-1])
+    dense = types.Datum(model_input=model_input, loss_fn_inputs={
+        "target_tokens": types.TensorData.from_numpy(targets_NK.astype(np.int64)),
+        "weights": types.TensorData.from_numpy(weights_NK)})
+    # torch 2-D tensors under these keys go out as sparse CSR when that is smaller (here)
+    sparse = types.Datum(model_input=model_input, loss_fn_inputs={
+        "target_tokens": torch.from_numpy(targets_NK.astype(np.int64)),
+        "weights": torch.from_numpy(weights_NK)})
+    assert sparse.loss_fn_inputs["weights"].sparse_crow_indices is not None
+    assert sparse.loss_fn_inputs["target_tokens"].sparse_crow_indices is not None
+    columns = [types.Datum(model_input=model_input, loss_fn_inputs={
+        "target_tokens": targets_NK[:, j].astype(np.int64), "weights": weights_NK[:, j]})
+        for j in range(k)]
+    one_d = trainer.forward(columns, "cross_entropy").result()
+    expected_loss = one_d.metrics["loss:sum"]
+    expected_NK = np.stack([o["logprobs"].to_numpy() for o in one_d.loss_fn_outputs], axis=1)
+    for datum in (dense, sparse):
+        out = trainer.forward([datum, datum], "cross_entropy").result()
+        assert out.metrics["loss:sum"] == pytest.approx(2 * expected_loss, rel=1e-5)
+        for o in out.loss_fn_outputs:
+            np.testing.assert_allclose(o["logprobs"].to_numpy(), expected_NK, atol=1e-5)
+    rl_2d = types.Datum(model_input=model_input, loss_fn_inputs={
+        **dense.loss_fn_inputs, "logprobs": np.zeros(n, np.float32),
+        "advantages": np.ones(n, np.float32)})
+    with pytest.raises(tinker.RequestFailedError) as err:
+        trainer.forward([rl_2d], "importance_sampling").result()
+    assert "only cross_entropy takes [N, K]" in str(err.value)
+    wide = types.Datum(model_input=model_input, loss_fn_inputs={
+        "target_tokens": np.zeros((n, 65), dtype=np.int64)})
+    with pytest.raises(tinker.RequestFailedError) as err:
+        trainer.forward([wide], "cross_entropy").result()
+    assert "1 <= K <= 64" in str(err.value)
+    with pytest.raises(tinker.RequestFailedError) as err:
+        trainer.forward([dense, columns[0]], "cross_entropy").result()
+    assert "mix [N] and [N, K]" in str(err.value)
+
+
+def test_sparse_csr_inputs_are_checked_before_densifying() -> None:
+    from tinker.proto import tinker_public_pb2 as pb
+
+    from rlscope.serve.wire import WireError, decode_forward_backward
+
+    def request(shape: list[int], crow: list[int], col: list[int], values: list[float],
+                key: str = "weights") -> bytes:
+        msg = pb.ForwardBackwardRequest(model_id="m", loss_fn="cross_entropy")
+        datum = msg.data.add()
+        datum.model_input.add().encoded_text.tokens = np.array([1, 2], "<i4").tobytes()
+        t = datum.loss_fn_inputs[key]
+        t.dtype = pb.DTYPE_FLOAT32
+        t.shape.extend(shape)
+        t.sparse_csr.values = np.array(values, "<f4").tobytes()
+        t.sparse_csr.crow_indices = np.array(crow, "<i8").tobytes()
+        t.sparse_csr.col_indices = np.array(col, "<i8").tobytes()
+        return bytes(msg.SerializeToString())
+
+    ok = decode_forward_backward(request([2, 3], [0, 1, 2], [2, 0], [0.5, 0.25]))
+    assert ok.data[0].shapes["weights"] == (2, 3)
+    assert ok.data[0].inputs["weights"].tolist() == [0, 0, 0.5, 0.25, 0, 0]
+    for bad, why in [(request([2, 3], [0, 1, 2], [3, 0], [1, 1]), "inconsistent"),
+                     (request([2, 3], [0, 2, 1], [0, 1], [1, 1]), "inconsistent"),
+                     (request([2, 3], [0, 1], [0], [1]), "inconsistent"),
+                     (request([2**20, 2**20], [0], [], []), "at most"),
+                     (request([6], [0, 1], [0], [1]), "2-D shape"),
+                     (request([2, 3], [0, 1, 2], [2, 0], [1, 1], key="advantages"),
+                      "only target_tokens and weights")]:
+        with pytest.raises(WireError, match=why):
+            decode_forward_backward(bad)

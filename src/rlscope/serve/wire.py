@@ -69,10 +69,50 @@ class SampledSequenceOut:
     """``"stop"`` (a stop token or string ended it) or ``"length"`` (max_tokens)."""
 
 
+MAX_CSR_DENSE_ELEMENTS = 2**25
+"""Most elements a sparse CSR tensor may declare (it is densified on arrival)."""
+
+SPARSE_KEYS = ("target_tokens", "weights")
+"""The only inputs the SDK sends as sparse CSR (2-D top-k targets and their weights)."""
+
+
+def _csr_to_dense(msg: Any, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A 2-D sparse CSR tensor as a dense array (absent cells 0, as the SDK's default
+    ``pad_value``); every index is checked before anything is allocated."""
+    shape = tuple(int(s) for s in msg.shape)
+    if name not in SPARSE_KEYS:
+        raise WireError(f"loss_fn_inputs[{name!r}]: only {' and '.join(SPARSE_KEYS)} may be "
+                        "sparse")
+    if len(shape) != 2 or min(shape) < 0 or math.prod(shape) > MAX_CSR_DENSE_ELEMENTS:
+        raise WireError(f"loss_fn_inputs[{name!r}]: a sparse tensor needs a 2-D shape of at "
+                        f"most {MAX_CSR_DENSE_ELEMENTS} elements, got {list(shape)}")
+    if msg.dtype not in _DTYPE_TO_NUMPY:
+        raise WireError(f"loss_fn_inputs[{name!r}]: unsupported sparse dtype enum {msg.dtype}")
+    csr = msg.sparse_csr
+    dtype = _DTYPE_TO_NUMPY[msg.dtype]
+    if len(csr.values) % dtype.itemsize or len(csr.crow_indices) % 8 \
+            or len(csr.col_indices) % 8:
+        raise WireError(f"loss_fn_inputs[{name!r}]: sparse buffers of the wrong byte length")
+    values = np.frombuffer(csr.values, dtype=dtype)
+    crow = np.frombuffer(csr.crow_indices, dtype="<i8")
+    col = np.frombuffer(csr.col_indices, dtype="<i8")
+    rows, cols = shape
+    if len(crow) != rows + 1 or len(col) != len(values) or (len(crow) and crow[0] != 0) \
+            or (len(crow) and crow[-1] != len(values)) or bool((np.diff(crow) < 0).any()) \
+            or bool(((col < 0) | (col >= cols)).any()):
+        raise WireError(f"loss_fn_inputs[{name!r}]: inconsistent sparse CSR indices for shape "
+                        f"{list(shape)}")
+    dense = np.zeros(shape, dtype=dtype)
+    row_of = np.repeat(np.arange(rows), np.diff(crow))
+    dense[row_of, col] = values
+    return dense, shape
+
+
 def _tensor_from_proto(msg: Any, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
     if msg.HasField("sparse_csr"):
-        raise WireError(f"loss_fn_inputs[{name!r}]: sparse CSR tensors are not supported; "
-                        "send dense 1-D tensors")
+        dense, shape = _csr_to_dense(msg, name)
+        out = dense.astype(np.int64) if dense.dtype.kind == "i" else dense.astype(np.float32)
+        return out.reshape(-1), shape
     if msg.dtype == pb.DTYPE_BFLOAT16:
         raw = np.frombuffer(msg.dense, dtype="<u2")
         arr: np.ndarray = (raw.astype(np.uint32) << 16).view(np.float32)
@@ -139,7 +179,8 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]],
                                    float_dtype: str = "float32") -> bytes:
     """A ``ForwardBackwardOutput`` protobuf: one ``ArrayRecord`` holding every datum.
 
-    ``outputs[i]`` maps field names (e.g. ``"logprobs"``) to 1-D arrays of datum ``i``; every
+    ``outputs[i]`` maps field names (e.g. ``"logprobs"``) to arrays of datum ``i``: 1-D, or
+    2-D ``[N, K]`` with the same ``K`` for every datum (sent with ``trailing_shape [K]``); every
     datum must carry the same fields. Float arrays go out as ``float_dtype`` (``float32``, or
     ``bfloat16``, which the SDK widens back), integer arrays as int64. Metric keys must read
     ``name:reduction``.
@@ -163,7 +204,12 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]],
     record.type_tag = "ArrayRecord"
     record.num_datums = len(outputs)
     for name in names:
-        arrays = [np.asarray(out[name]).reshape(-1) for out in outputs]
+        raw = [np.asarray(out[name]) for out in outputs]
+        trailing = {a.shape[1:] for a in raw}
+        if len(trailing) != 1 or len(next(iter(trailing))) > 1:
+            raise ValueError(f"field {name!r}: datums must be all 1-D or all [N, K] with one K, "
+                             f"got trailing shapes {sorted(trailing)}")
+        arrays = [a.reshape(-1) for a in raw]
         integer = all(a.dtype.kind in "iub" for a in arrays)
         parts: list[bytes] = []
         if integer:
@@ -180,6 +226,7 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]],
         bt.data = b"".join(parts)
         bt.offsets = offsets.tobytes()
         bt.dtype = dtype
+        bt.trailing_shape.extend(next(iter(trailing)))
     return bytes(msg.SerializeToString())
 
 
