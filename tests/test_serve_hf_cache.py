@@ -59,6 +59,27 @@ def test_the_cache_is_what_huggingface_hub_reads(tmp_path: Path) -> None:
     assert len(list((tmp_path / "hub" / "models--Qwen--Qwen3.5-9B" / "snapshots").iterdir())) == 1
 
 
+def test_a_local_hugging_face_model_gets_its_own_tokenizer_and_config(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from rlscope.policy.hf import tiny_hf_model
+    from rlscope.serve.tokenizer_dir import CHAT_SPECIALS, write_tokenizer_dir
+
+    model_dir = tmp_path / "models" / "local-qwen"
+    tiny_hf_model("qwen2", 256 + len(CHAT_SPECIALS), seed=1, hidden_size=32, num_heads=2,
+                  max_len=512).save_pretrained(str(model_dir))
+    write_tokenizer_dir(model_dir, "tiny-qwen2-chat", marker=False)
+    written = write_hf_cache(ServeConfig(), {"acme/local-7b": str(model_dir)}, tmp_path / "hf")
+    snapshot = written["acme/local-7b"]
+    assert AutoConfig.from_pretrained(snapshot).to_dict()["hidden_size"] == 32
+    assert AutoConfig.from_pretrained(snapshot).max_position_embeddings == 512
+    tok = AutoTokenizer.from_pretrained(snapshot)
+    assert tok.encode("<|im_start|>a", add_special_tokens=False) == [257, 97]
+    assert not any(p.name.endswith(".safetensors") for p in snapshot.iterdir())  # no weights
+    with pytest.raises(UserError, match="neither a tiny model"):
+        write_hf_cache(ServeConfig(), {"acme/x": str(tmp_path / "nowhere")}, tmp_path / "hf")
+
+
 def test_two_specs_for_one_remapped_id_are_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="alias those names to one model"):
         write_hf_cache(ServeConfig(), {"meta-llama/Llama-3.2-1B": "tiny-llama",

@@ -175,6 +175,11 @@ def test_save_weights_external_writes_a_loadable_merged_model(server: Server,
     np.testing.assert_allclose(local.numpy(), served.to_numpy(), atol=1e-4)
     # the step moved the adapter, so matching means the merge carried it
     assert np.abs(served.to_numpy() - before.to_numpy()).max() > 1e-3
+    # the export directory is a base_model the server itself serves
+    exported = service.create_sampling_client(base_model=str(out))
+    scored = exported.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    np.testing.assert_allclose(np.array(scored[1:], dtype=np.float32), served.to_numpy(),
+                               atol=1e-4)
     with pytest.raises(tinker.RequestFailedError) as err:
         tc.save_weights_external("enc", age_encryption_recipients=["age1xyz"]).result()
     assert err.value.category == types.RequestErrorCategory.User

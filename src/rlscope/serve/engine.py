@@ -87,8 +87,6 @@ class Engine:
         self.hf_cache: dict[str, Path] = {}
         """Hub id → snapshot directory written by ``--write_hf_cache``."""
         if cfg.write_hf_cache:
-            for name in self.aliases:
-                self.resolve(name)
             self.hf_cache = hf_export.write_hf_cache(cfg, self.aliases, cfg.write_hf_cache)
 
     # ------------------------------------------------------------------ models
