@@ -254,22 +254,25 @@ def test_topk_distillation_cross_entropy_takes_n_by_k_targets_dense_or_sparse(
     assert "mix [N] and [N, K]" in str(err.value)
 
 
-def test_sparse_csr_inputs_are_checked_before_densifying() -> None:
+def test_sparse_csr_inputs_are_checked_before_densifying(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from tinker.proto import tinker_public_pb2 as pb
 
+    from rlscope.serve import wire
     from rlscope.serve.wire import WireError, decode_forward_backward
 
     def request(shape: list[int], crow: list[int], col: list[int], values: list[float],
-                key: str = "weights") -> bytes:
+                key: str = "weights", datums: int = 1) -> bytes:
         msg = pb.ForwardBackwardRequest(model_id="m", loss_fn="cross_entropy")
-        datum = msg.data.add()
-        datum.model_input.add().encoded_text.tokens = np.array([1, 2], "<i4").tobytes()
-        t = datum.loss_fn_inputs[key]
-        t.dtype = pb.DTYPE_FLOAT32
-        t.shape.extend(shape)
-        t.sparse_csr.values = np.array(values, "<f4").tobytes()
-        t.sparse_csr.crow_indices = np.array(crow, "<i8").tobytes()
-        t.sparse_csr.col_indices = np.array(col, "<i8").tobytes()
+        for _ in range(datums):
+            datum = msg.data.add()
+            datum.model_input.add().encoded_text.tokens = np.array([1, 2], "<i4").tobytes()
+            t = datum.loss_fn_inputs[key]
+            t.dtype = pb.DTYPE_FLOAT32
+            t.shape.extend(shape)
+            t.sparse_csr.values = np.array(values, "<f4").tobytes()
+            t.sparse_csr.crow_indices = np.array(crow, "<i8").tobytes()
+            t.sparse_csr.col_indices = np.array(col, "<i8").tobytes()
         return bytes(msg.SerializeToString())
 
     ok = decode_forward_backward(request([2, 3], [0, 1, 2], [2, 0], [0.5, 0.25]))
@@ -284,6 +287,14 @@ def test_sparse_csr_inputs_are_checked_before_densifying() -> None:
                       "only target_tokens and weights")]:
         with pytest.raises(WireError, match=why):
             decode_forward_backward(bad)
+
+    # each tensor within the cap, together over it (a few bytes each on the wire): refused
+    # before the last one is densified
+    monkeypatch.setattr(wire, "MAX_CSR_DENSE_ELEMENTS", 1000)
+    ok3 = decode_forward_backward(request([2, 150], [0, 0, 0], [], [], datums=3))
+    assert len(ok3.data) == 3
+    with pytest.raises(WireError, match="at most 1000 elements in all"):
+        decode_forward_backward(request([2, 150], [0, 0, 0], [], [], datums=4))
 
 
 def test_the_cookbooks_topk_distillation_runs_against_the_server(server: Server,

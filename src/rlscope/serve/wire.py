@@ -70,22 +70,28 @@ class SampledSequenceOut:
 
 
 MAX_CSR_DENSE_ELEMENTS = 2**25
-"""Most elements a sparse CSR tensor may declare (it is densified on arrival)."""
+"""Most elements the sparse CSR tensors of one request may declare together (they are
+densified on arrival; a few bytes of CSR must not turn into gigabytes)."""
 
 SPARSE_KEYS = ("target_tokens", "weights")
 """The only inputs the SDK sends as sparse CSR (2-D top-k targets and their weights)."""
 
 
-def _csr_to_dense(msg: Any, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
+def _csr_to_dense(msg: Any, name: str, budget: int) -> tuple[np.ndarray, tuple[int, ...]]:
     """A 2-D sparse CSR tensor as a dense array (absent cells 0, as the SDK's default
-    ``pad_value``); every index is checked before anything is allocated."""
+    ``pad_value``); every index is checked, and the shape against the request's remaining
+    ``budget`` of dense elements, before anything is allocated."""
     shape = tuple(int(s) for s in msg.shape)
     if name not in SPARSE_KEYS:
         raise WireError(f"loss_fn_inputs[{name!r}]: only {' and '.join(SPARSE_KEYS)} may be "
                         "sparse")
-    if len(shape) != 2 or min(shape) < 0 or math.prod(shape) > MAX_CSR_DENSE_ELEMENTS:
-        raise WireError(f"loss_fn_inputs[{name!r}]: a sparse tensor needs a 2-D shape of at "
-                        f"most {MAX_CSR_DENSE_ELEMENTS} elements, got {list(shape)}")
+    if len(shape) != 2 or min(shape) < 0:
+        raise WireError(f"loss_fn_inputs[{name!r}]: a sparse tensor needs a 2-D shape, got "
+                        f"{list(shape)}")
+    if math.prod(shape) > budget:
+        raise WireError(f"loss_fn_inputs[{name!r}]: the sparse tensors of one request may "
+                        f"hold at most {MAX_CSR_DENSE_ELEMENTS} elements in all; send fewer "
+                        "datums per request")
     if msg.dtype not in _DTYPE_TO_NUMPY:
         raise WireError(f"loss_fn_inputs[{name!r}]: unsupported sparse dtype enum {msg.dtype}")
     csr = msg.sparse_csr
@@ -108,9 +114,10 @@ def _csr_to_dense(msg: Any, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
     return dense, shape
 
 
-def _tensor_from_proto(msg: Any, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
+def _tensor_from_proto(msg: Any, name: str, budget: int = MAX_CSR_DENSE_ELEMENTS
+                       ) -> tuple[np.ndarray, tuple[int, ...]]:
     if msg.HasField("sparse_csr"):
-        dense, shape = _csr_to_dense(msg, name)
+        dense, shape = _csr_to_dense(msg, name, budget)
         out = dense.astype(np.int64) if dense.dtype.kind == "i" else dense.astype(np.float32)
         return out.reshape(-1), shape
     if msg.dtype == pb.DTYPE_BFLOAT16:
@@ -148,6 +155,7 @@ def decode_forward_backward(body: bytes) -> WireForwardBackward:
     else:
         config = {k: float(v) for k, v in msg.loss_fn_config.items()}
     data = []
+    sparse_budget = MAX_CSR_DENSE_ELEMENTS
     for i, datum in enumerate(msg.data):
         tokens: list[int] = []
         for chunk in datum.model_input:
@@ -158,7 +166,9 @@ def decode_forward_backward(body: bytes) -> WireForwardBackward:
         inputs: dict[str, np.ndarray] = {}
         shapes: dict[str, tuple[int, ...]] = {}
         for name, tensor in datum.loss_fn_inputs.items():
-            inputs[name], shapes[name] = _tensor_from_proto(tensor, name)
+            inputs[name], shapes[name] = _tensor_from_proto(tensor, name, sparse_budget)
+            if tensor.HasField("sparse_csr"):
+                sparse_budget -= inputs[name].size
         data.append(WireDatum(tokens=tokens, inputs=inputs, shapes=shapes))
     return WireForwardBackward(model_id=msg.model_id, seq_id=int(msg.seq_id),
                                loss_fn=msg.loss_fn, loss_fn_config=config,
