@@ -118,3 +118,38 @@ def server_process(tmp: Path, *flags: str, api_key: str = "") -> Iterator[Server
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=30)
+
+
+def plant_hf_dataset(hf_home: Path, repo_id: str, config: str,
+                     splits: dict[str, dict[str, list[Any]]]) -> Path:
+    """A synthetic data set in the `datasets` cache of ``hf_home`` (``HF_HOME``), as
+    ``datasets.load_dataset(repo_id, config)`` finds it offline (``HF_HUB_OFFLINE=1``: "Using
+    the latest cached version"): built by datasets' own parquet builder from ``splits``
+    (split → column → values), then moved to ``datasets/<org>___<name>/<config>/``, where the
+    offline loader looks. For running unmodified recipes that load a hub data set, with no
+    network; the content is whatever the test gives."""
+    import shutil
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    org, name = repo_id.split("/")
+    cache = hf_home / "datasets"
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for split, columns in splits.items():
+            path = Path(tmp) / f"{split}.parquet"
+            pq.write_table(pa.table(columns), path)
+            files[split] = [str(path)]
+        builder = Parquet(cache_dir=str(Path(tmp) / "cache"), dataset_name=name,
+                          config_name=config, data_files=files, hash="0" * 16)
+        builder.download_and_prepare()
+        built = Path(builder.cache_dir)  # .../<name>/<config>-<hash>/<version>/<hash>
+        target = cache / f"{org}___{name}" / config / built.parent.name / built.name
+        if target.exists():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(built, target)
+    return target

@@ -14,6 +14,7 @@ from rlscope.serve.losses import (
     cispo,
     cross_entropy,
     dro,
+    gspo,
     importance_sampling,
     ppo,
     tinker_loss,
@@ -99,8 +100,14 @@ def test_check_loss_request_validates_names_keys_and_inputs() -> None:
                                                         "clip_high_threshold": 1.2}
     assert check_loss_request("cispo", {"clip_high_threshold": 2.0}, rl_inputs) == \
         {"clip_low_threshold": 0.0, "clip_high_threshold": 2.0}
-    with pytest.raises(ValueError, match="unknown loss_fn 'gspo'"):
+    with pytest.raises(ValueError, match="unknown loss_fn 'nope'"):
+        check_loss_request("nope", {}, rl_inputs)
+    with pytest.raises(ValueError, match="missing \\['sequence_ratio_mask'\\]"):
         check_loss_request("gspo", {}, rl_inputs)
+    assert check_loss_request("gspo", {}, rl_inputs | {"sequence_ratio_mask"}) == \
+        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    with pytest.raises(ValueError, match=r"stable_reinforce' is not supported.*record_stab"):
+        check_loss_request("stable_reinforce", {}, rl_inputs)
     with pytest.raises(ValueError, match="not valid for importance_sampling"):
         check_loss_request("importance_sampling", {"beta": 1.0}, rl_inputs)
     with pytest.raises(ValueError, match="needs loss_fn_config keys"):
@@ -114,3 +121,60 @@ def test_check_loss_request_validates_names_keys_and_inputs() -> None:
 def test_tinker_loss_defaults_cross_entropy_weights_to_one() -> None:
     loss, _ = tinker_loss("cross_entropy", t(-1.0, -2.0), {}, {})
     assert loss.item() == pytest.approx(3.0)
+
+
+def test_gspo_hand_values_sequence_ratio_value_and_token_gradients() -> None:
+    # datum 0: positions 0-2, mask marks 1 and 2; datum 1: positions 3-4, mask marks 3 and 4
+    logp = t(-5.0, math.log(0.5), math.log(0.2), math.log(0.3), math.log(0.9)).requires_grad_()
+    sampler = t(-1.0, math.log(0.25), math.log(0.1), math.log(0.6), math.log(0.9))
+    adv = t(0.0, 1.0, 1.0, -2.0, -2.0)
+    mask = t(0.0, 1.0, 1.0, 1.0, 1.0)
+    datum = torch.tensor([0, 0, 0, 1, 1])
+    loss, metrics = gspo(logp, sampler, adv, mask, datum, ClipConfig(0.8, 1.2))
+    # datum 0: log-ratios over the mask (log 2, log 2) → s = 2, clipped to 1.2 for A = 1:
+    #   min(2·1, 1.2·1) = 1.2 on each of the two tokens; position 0 has A = 0.
+    # datum 1: log-ratios (log 0.5, 0) → s = exp(mean) = sqrt(0.5) ≈ 0.7071; A = −2:
+    #   min(0.7071·−2, 0.8·−2) = −1.6 on each token (the clipped branch wins).
+    assert loss.item() == pytest.approx(-(1.2 * 2 - 1.6 * 2))
+    assert metrics["loss:sum"].item() == pytest.approx(loss.item())
+    loss.backward()
+    # both datums sit on their clipped branch: no gradient anywhere
+    assert logp.grad is not None
+    assert logp.grad.tolist() == pytest.approx([0.0] * 5)
+
+
+def test_gspo_unclipped_token_gradient_is_minus_s_times_a() -> None:
+    # one datum, s = exp(mean(log 1.1, log 1.0)) inside [0.8, 1.2]: each token's gradient is
+    # −s·A (the sequence ratio's value times the token's own ∂ℓ); an unmasked position keeps
+    # the same ratio value
+    logp = t(math.log(1.1), 0.0, -0.5).requires_grad_()
+    sampler = t(0.0, 0.0, -3.0)
+    adv = t(1.0, 2.0, 0.5)
+    loss, _ = gspo(logp, sampler, adv, t(1.0, 1.0, 0.0), torch.tensor([0, 0, 0]),
+                   ClipConfig(0.8, 1.2))
+    s = math.sqrt(1.1)
+    assert loss.item() == pytest.approx(-s * (1.0 + 2.0 + 0.5))
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad.tolist() == pytest.approx([-s * 1.0, -s * 2.0, -s * 0.5])
+
+
+def test_gspo_on_policy_is_the_reinforce_gradient_and_an_empty_mask_means_ratio_one() -> None:
+    logp = t(math.log(0.3), math.log(0.6), math.log(0.9)).requires_grad_()
+    adv = t(1.0, -0.5, 2.0)
+    loss, _ = gspo(logp, logp.detach(), adv, t(0.0, 0.0, 0.0), torch.tensor([0, 0, 1]),
+                   ClipConfig(0.8, 1.2))
+    assert loss.item() == pytest.approx(-(1.0 - 0.5 + 2.0))
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad.tolist() == pytest.approx((-adv).tolist())
+
+
+def test_tinker_loss_dispatches_gspo_with_datum_indices() -> None:
+    logp, sampler = t(math.log(2.0), 0.0), t(0.0, 0.0)
+    inputs = {"logprobs": sampler, "advantages": t(1.0, 1.0),
+              "sequence_ratio_mask": t(1.0, 1.0), "datum": torch.tensor([0, 1])}
+    loss, _ = tinker_loss("gspo", logp, inputs, {"clip_low_threshold": 0.5,
+                                                 "clip_high_threshold": 3.0})
+    # two one-token datums: ratios 2 and 1, inside the bounds
+    assert loss.item() == pytest.approx(-3.0)

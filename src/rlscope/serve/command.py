@@ -32,7 +32,13 @@ def run(cfg: ServeConfig) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(cfg)
+    from rlscope.serve.state import UserError
+
+    try:
+        app = create_app(cfg)
+    except UserError as e:
+        console.print("[red]error:[/red] " + escape(str(e)), soft_wrap=True)
+        return 2
     key_hint = ("TINKER_API_KEY=<the server's api_key>" if cfg.resolved_api_key()
                 else "TINKER_API_KEY=tml-local (no key required on loopback)")
     console.print(f"rlscope serve: models {', '.join(cfg.models)}; runs and checkpoints under "
@@ -40,6 +46,11 @@ def run(cfg: ServeConfig) -> int:
     if cfg.write_tokenizer:
         console.print(f"wrote the byte-level tokenizer to {cfg.write_tokenizer} (use it as "
                       "model_name / base_model)")
+    hf_cache = app.state.context.engine.hf_cache
+    if hf_cache:
+        console.print(f"wrote the tokenizers of {', '.join(sorted(hf_cache))} to the Hugging Face "
+                      f"cache {cfg.write_hf_cache}/hub (clients: HF_HOME={cfg.write_hf_cache} "
+                      "HF_HUB_OFFLINE=1)", soft_wrap=True)
     begin_shutdown: Callable[[], None] = app.state.begin_shutdown
 
     class GracefulServer(uvicorn.Server):

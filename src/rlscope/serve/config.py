@@ -31,7 +31,8 @@ class ServeConfig:
     models: tuple[str, ...] = ("tiny=tiny-llama",)
     """Base models the server accepts, each ``NAME=SPEC``. SPEC is ``tiny-llama`` or
     ``tiny-qwen2`` (a small randomly initialised architecture with the byte-level tokenizer,
-    no download) or a local Hugging Face model directory. NAME is what clients pass as
+    no download), ``tiny-qwen2-chat`` (the same with ChatML special tokens, for the cookbook's
+    Qwen chat renderers) or a local Hugging Face model directory. NAME is what clients pass as
     ``base_model``; several names may share a SPEC, e.g. ``meta-llama/Llama-3.2-1B=tiny-llama``
     (an alias so names the cookbook knows resolve to a local model). A ``base_model`` that is a
     directory written by ``--write_tokenizer`` or holding a Hugging Face model is accepted too."""
@@ -43,6 +44,13 @@ class ServeConfig:
     """If set, write the tiny models' byte-level tokenizer (tokenizer.json,
     tokenizer_config.json, loadable by transformers.AutoTokenizer) to this directory at start;
     pass the directory as ``model_name`` to cookbook recipes. It resolves to ``tiny-llama``."""
+    write_hf_cache: str = ""
+    """If set, write a Hugging Face hub cache to this directory at start: for every
+    ``--models`` alias whose NAME is a hub id (``org/name``), the served model's tokenizer files
+    and ``config.json`` under ``DIR/hub/models--org--name/`` (plus the ungated Llama 3
+    tokenizer copy the cookbook reads for ``meta-llama/Llama-3*`` names). Run clients with
+    ``HF_HOME=DIR HF_HUB_OFFLINE=1`` and an unmodified ``AutoTokenizer.from_pretrained("org/name")``
+    (the cookbook's ``get_tokenizer``) finds them offline."""
     device: str = "auto"
     """Torch device: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."""
     seed: int = 0
@@ -82,6 +90,9 @@ class ServeConfig:
     """Largest ``num_samples`` of one sample request; larger → 400."""
     max_sample_tokens: int = 4096
     """Largest ``max_tokens`` of one sample request; larger → 400."""
+    max_topk_logprobs: int = 64
+    """Largest ``topk_prompt_logprobs`` of one sample request (the top-k next tokens and
+    their log-probs at each prompt position, for distillation); larger → 400."""
     max_batch_tokens: int = 2_000_000
     """Most tokens one request may carry: the datums of a ``forward_backward`` (summed), or
     ``num_samples`` × (prompt + ``max_tokens``) of a sample request; more → 400."""
@@ -132,6 +143,7 @@ class ServeConfig:
                           f"${API_KEY_ENV}) so only clients with the key can use the server")
         for name in ("max_body_bytes", "max_decompressed_bytes", "max_num_samples",
                      "max_sample_tokens", "max_batch_tokens", "sample_chunk_rows",
+                     "max_topk_logprobs",
                      "max_futures"):
             if getattr(self, name) < 1:
                 errors.append(f"{name}={getattr(self, name)} must be >= 1")
@@ -139,6 +151,13 @@ class ServeConfig:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 errors.append(f"{name}={value} must be a finite number > 0")
+        if self.write_hf_cache:
+            from rlscope.serve.hf_export import hub_cache_ids
+
+            names = [e.split("=", 1)[0] for e in self.models]
+            if not any(hub_cache_ids(n) for n in names):
+                errors.append(f"write_hf_cache: no --models NAME is a hub id (org/name), so "
+                              f"there is nothing to cache; got {names}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             errors.append(f"log_level={self.log_level!r}: use debug, info, warning or error")
         return errors

@@ -65,7 +65,7 @@ class ServerContext:
         self.orderer = SeqOrderer(cfg.seq_gap_timeout_s)
         self.worker = Worker(engine, self.store)
         self.limits = SampleLimits(cfg.max_num_samples, cfg.max_sample_tokens,
-                                   cfg.max_batch_tokens)
+                                   cfg.max_batch_tokens, cfg.max_topk_logprobs)
         self.warm = threading.Event()
         """Set once the warm-up job has run (`warm_up`)."""
         self._create_keys: OrderedDict[tuple[str, int], str] = OrderedDict()

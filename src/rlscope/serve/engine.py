@@ -35,10 +35,16 @@ from rlscope.files import atomic_write_text
 from rlscope.metrics.sinks import JsonlWriter
 from rlscope.policy.hf import HFPolicy
 from rlscope.sampling.sampler import SamplingConfig
-from rlscope.serve import checkpoints
+from rlscope.serve import checkpoints, hf_export
 from rlscope.serve.config import ServeConfig
 from rlscope.serve.losses import check_loss_request, tinker_loss
-from rlscope.serve.sampling import SampledRow, SampleRow, prompt_logprobs, sample_rows
+from rlscope.serve.sampling import (
+    PromptScores,
+    SampledRow,
+    SampleRow,
+    prompt_scores,
+    sample_rows,
+)
 from rlscope.serve.state import (
     TINY_SPECS,
     LoadedWeights,
@@ -78,6 +84,10 @@ class Engine:
         self._rng = np.random.default_rng(cfg.seed)
         if cfg.write_tokenizer:
             write_tokenizer_dir(cfg.write_tokenizer)
+        self.hf_cache: dict[str, Path] = {}
+        """Hub id → snapshot directory written by ``--write_hf_cache``."""
+        if cfg.write_hf_cache:
+            self.hf_cache = hf_export.write_hf_cache(cfg, self.aliases, cfg.write_hf_cache)
 
     # ------------------------------------------------------------------ models
 
@@ -192,7 +202,10 @@ class Engine:
 
     # ------------------------------------------------------------------ training
 
-    def _check_data(self, req: WireForwardBackward, vocab: int) -> dict[str, float]:
+    def _check_data(self, req: WireForwardBackward, vocab: int) -> tuple[dict[str, float], int]:
+        """The loss config with defaults, and K: 0 for per-token (``[N]``) inputs, else the
+        width of ``cross_entropy``'s ``[N, K]`` ``target_tokens`` / ``weights`` (top-k
+        distillation: −Σ w[n, k]·log p(target[n, k])), one K for every datum."""
         if not req.data:
             raise UserError("forward_backward needs at least one datum")
         names = set.intersection(*(set(d.inputs) for d in req.data))
@@ -200,70 +213,104 @@ class Engine:
             config = check_loss_request(req.loss_fn, req.loss_fn_config, names)
         except ValueError as e:
             raise UserError(str(e)) from e
+        widths: set[int] = set()
         for i, d in enumerate(req.data):
             n = len(d.tokens)
             if n == 0:
                 raise UserError(f"datum {i} has an empty model_input")
+            k = 0
             for name, arr in d.inputs.items():
-                if arr.size != n:
+                shape = d.shapes.get(name, ())
+                if len(shape) == 2 and name in ("target_tokens", "weights"):
+                    if req.loss_fn != "cross_entropy":
+                        raise UserError(f"datum {i}: loss_fn_inputs[{name!r}] is 2-D "
+                                        f"{list(shape)}; only cross_entropy takes [N, K] "
+                                        "targets and weights")
+                    if shape[0] != n or not 1 <= shape[1] <= self.cfg.max_topk_logprobs:
+                        raise UserError(f"datum {i}: loss_fn_inputs[{name!r}] has shape "
+                                        f"{list(shape)}; [N, K] inputs need N = {n} (the "
+                                        "model_input's tokens) and 1 <= K <= "
+                                        f"{self.cfg.max_topk_logprobs} (--max_topk_logprobs)")
+                    if k and shape[1] != k:
+                        raise UserError(f"datum {i}: target_tokens and weights have different "
+                                        "widths K")
+                    k = shape[1]
+                elif arr.size != n or len(shape) > 1:
                     raise UserError(f"datum {i}: loss_fn_inputs[{name!r}] has {arr.size} "
                                     f"entries but model_input has {n} tokens (they must match:"
                                     " position i predicts target_tokens[i])")
+            if k and not all(len(d.shapes.get(name, ())) == 2 for name in
+                             ("target_tokens", "weights") if name in d.inputs):
+                raise UserError(f"datum {i}: [N, K] target_tokens and weights come together "
+                                "(one is 2-D, the other is not)")
+            widths.add(k)
             targets = d.inputs["target_tokens"]
             if min(d.tokens) < 0 or max(d.tokens) >= vocab or targets.min() < 0 \
                     or targets.max() >= vocab:
                 raise UserError(f"datum {i}: token ids must lie in 0..{vocab - 1}")
-        return config
+        if len(widths) > 1:
+            raise UserError("datums mix [N] and [N, K] targets (or several K); send one kind "
+                            "per request")
+        return config, widths.pop()
 
     def forward_backward(self, req: WireForwardBackward) -> bytes:
         """A ``forward_backward`` (or, with ``forward_only``, a ``forward``) request; returns
         the protobuf ``ForwardBackwardOutput`` (per-datum ``logprobs`` and ``loss:sum``)."""
         model = self.model(req.model_id)
-        config = self._check_data(req, model.policy.vocab_size)
+        config, k = self._check_data(req, model.policy.vocab_size)
         t0 = time.perf_counter()
         logprobs: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(req.data)
         loss_total = 0.0
         for batch in _microbatches(req.data, self.cfg.max_tokens_per_microbatch):
-            loss_total += self._run_microbatch(model, req, batch, config, logprobs)
+            loss_total += self._run_microbatch(model, req, batch, config, logprobs, k)
         if not req.forward_only:
             model.stats.add_forward_backward(
-                [d.inputs.get("logprobs") for d in req.data], logprobs,
+                [None if k else d.inputs.get("logprobs") for d in req.data], logprobs,
                 sum(len(d.tokens) for d in req.data), loss_total, time.perf_counter() - t0)
         return encode_forward_backward_output([{"logprobs": lp} for lp in logprobs],
                                               {"loss:sum": loss_total})
 
     def _run_microbatch(self, model: TrainingModel, req: WireForwardBackward,
                         batch: list[int], config: dict[str, float],
-                        logprobs: list[np.ndarray]) -> float:
+                        logprobs: list[np.ndarray], k: int = 0) -> float:
         """Right-padded teacher-forced forward of ``batch``'s datums, the loss summed over
-        their target tokens, and (unless ``forward_only``) its backward."""
+        their target tokens, and (unless ``forward_only``) its backward. With ``k`` > 0 the
+        targets (and weights) are ``[N, k]`` and so are the returned log-probs."""
         data = [req.data[i] for i in batch]
         lengths = [len(d.tokens) for d in data]
+        width = max(k, 1)
         tokens_BT = torch.zeros(len(data), max(lengths), dtype=torch.long)
-        targets_BT = torch.zeros_like(tokens_BT)
+        targets_BTK = torch.zeros(len(data), max(lengths), width, dtype=torch.long)
         mask_BT = torch.zeros_like(tokens_BT)
         for b, d in enumerate(data):
             tokens_BT[b, :lengths[b]] = torch.tensor(d.tokens)
-            targets_BT[b, :lengths[b]] = torch.from_numpy(d.inputs["target_tokens"].copy())
+            targets_BTK[b, :lengths[b]] = torch.from_numpy(
+                d.inputs["target_tokens"].copy()).reshape(lengths[b], width)
             mask_BT[b, :lengths[b]] = 1
         dev = self.device
-        tokens_BT, targets_BT, mask_BT = tokens_BT.to(dev), targets_BT.to(dev), mask_BT.to(dev)
+        tokens_BT, targets_BTK, mask_BT = (tokens_BT.to(dev), targets_BTK.to(dev),
+                                           mask_BT.to(dev))
         valid_BT = mask_BT.bool()
         inputs_N: dict[str, torch.Tensor] = {
             name: torch.from_numpy(np.concatenate([d.inputs[name].astype(np.float32)
                                                    for d in data])).to(dev)
-            for name in ("weights", "logprobs", "advantages") if name in data[0].inputs}
+            for name in ("weights", "logprobs", "advantages", "sequence_ratio_mask")
+            if name in data[0].inputs}
+        inputs_N["datum"] = torch.repeat_interleave(torch.arange(len(data)),
+                                                    torch.tensor(lengths)).to(dev)
         with torch.set_grad_enabled(not req.forward_only):
             logits_BTV = model.policy(tokens_BT, None if bool(valid_BT.all()) else mask_BT)[0]
-            logp_BT = logits_BTV.log_softmax(-1).gather(-1, targets_BT[..., None])[..., 0]
-            logp_N = logp_BT[valid_BT]  # row-major: datum by datum, as inputs_N
+            logp_BTK = logits_BTV.log_softmax(-1).gather(-1, targets_BTK)
+            # row-major: datum by datum, as inputs_N (with k, N·k values: row by row)
+            logp_N = logp_BTK[valid_BT].reshape(-1)
             loss, _ = tinker_loss(req.loss_fn, logp_N, inputs_N, config)
             if not req.forward_only:
                 loss.backward()
-        logp_cpu = logp_N.detach().float().cpu().numpy()
+        logp_cpu = logp_N.detach().float().cpu().numpy().reshape(-1, width)
         offsets = np.cumsum([0, *lengths])
-        for k, i in enumerate(batch):
-            logprobs[i] = logp_cpu[offsets[k]:offsets[k + 1]]
+        for j, i in enumerate(batch):
+            rows = logp_cpu[offsets[j]:offsets[j + 1]]
+            logprobs[i] = rows if k else rows[:, 0]
         return float(loss.detach())
 
     def optim_step(self, model_id: str, adam: dict[str, Any]) -> dict[str, Any]:
@@ -391,10 +438,10 @@ class Engine:
         return weights
 
     def sample_batch(self, weights: Weights, requests: list[dict[str, Any]]
-                     ) -> list[tuple[list[SampledRow], list[float] | None]]:
+                     ) -> list[tuple[list[SampledRow], PromptScores | None]]:
         """Every request (same weights and sampling parameters, each a dict from
         `rlscope.serve.sampling.parse_sample_request`) in one decode batch; per request, its
-        sampled rows and its prompt log-probs (None unless asked for)."""
+        sampled rows and its prompt scores (log-probs and/or top-k; None unless asked for)."""
         first = requests[0]
         cfg = SamplingConfig(temperature=first["temperature"], top_k=first["top_k"],
                              top_p=first["top_p"])
@@ -405,8 +452,10 @@ class Engine:
         t0 = time.perf_counter()
         with LoadedWeights(weights) as policy:
             sampled = sample_rows(policy, rows, cfg, weights.codec)
-            prompt_lps = [prompt_logprobs(policy, r["prompt"], r["prompt_logprobs_last_n"])
-                          if r["prompt_logprobs"] else None for r in requests]
+            prompt_lps = [prompt_scores(policy, r["prompt"], r["prompt_logprobs_last_n"],
+                                        r["prompt_logprobs"], r.get("topk_prompt_logprobs", 0))
+                          if r["prompt_logprobs"] or r.get("topk_prompt_logprobs", 0) else None
+                          for r in requests]
         if weights.owner is not None:
             weights.owner.stats.add_samples([len(s.tokens) for s in sampled],
                                             sum(s.stop_reason == "length" for s in sampled),
@@ -433,6 +482,11 @@ class Engine:
         model.last_checkpoint = checkpoints.record(path)
         checkpoints.write_run(model)
         return {"type": "save_weights", "path": path}
+
+    def save_weights_external(self, model_id: str, name: str,
+                              recipients: object = None) -> dict[str, Any]:
+        """``save_weights_external``: the weights as a Hugging Face model directory."""
+        return hf_export.save_external(self.cfg, self.model(model_id), name, recipients)
 
     def load_weights(self, path: str, optimizer: bool, model_id: str | None = None,
                      session_id: str | None = None, model_seq_id: int | None = None,

@@ -119,23 +119,53 @@ def sample_rows(policy: Policy, rows: Sequence[SampleRow], cfg: SamplingConfig,
     return [SampledRow(out_tokens[i], out_logps[i], reasons[i]) for i in range(B)]
 
 
+TOPK_EMPTY_LOGPROB = -99999.0
+"""The log-prob of an empty top-k cell (with token 0), as Tinker's ``TopkLogprobs`` marks it."""
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """What a sample request asked for about its prompt."""
+
+    logprobs: list[float] | None
+    """``log p(prompt[i] | prompt[:i])`` per position, NaN where unscored (always at 0);
+    None unless ``prompt_logprobs`` was asked for."""
+    topk_ids: list[list[int]] | None = None
+    """Per position, the ``k`` most likely next-token ids (most likely first); rows not
+    scored hold token 0 (position 0 always). None unless ``topk_prompt_logprobs`` > 0."""
+    topk_logprobs: list[list[float]] | None = None
+    """Their log-probs; `TOPK_EMPTY_LOGPROB` in rows not scored."""
+
+
 @torch.no_grad()
-def prompt_logprobs(policy: Policy, prompt: list[int], last_n: int | None = None
-                    ) -> list[float]:
-    """``log p(prompt[i] | prompt[:i])`` for every position; NaN at 0 (nothing predicts the
-    first token) and, with ``last_n``, before the last ``last_n`` positions."""
+def prompt_scores(policy: Policy, prompt: list[int], last_n: int | None = None,
+                  with_logprobs: bool = True, topk: int = 0) -> PromptScores:
+    """One teacher-forced forward over ``prompt``: the log-prob of each prompt token (NaN at 0,
+    which nothing predicts, and, with ``last_n``, before the last ``last_n`` positions) and, with
+    ``topk`` > 0, the ``topk`` most likely tokens and their log-probs at each position
+    (position i: the distribution that predicts ``prompt[i]``; empty rows where unscored)."""
     if not prompt:
-        return []
+        return PromptScores([] if with_logprobs else None,
+                            [] if topk else None, [] if topk else None)
     device = next(iter(policy.parameters())).device
     tokens_1T = torch.tensor([prompt], dtype=torch.long, device=device)
     logits_1TV = policy.forward(tokens_1T, None)[0]
-    logp_T = logits_1TV[0, :-1].float().log_softmax(-1).gather(
-        -1, tokens_1T[0, 1:, None])[:, 0]
-    values = [math.nan, *logp_T.tolist()]
-    if last_n is not None:
-        start = max(0, len(prompt) - last_n)
+    logp_TV = logits_1TV[0, :-1].float().log_softmax(-1)  # row i predicts prompt[i + 1]
+    start = 1 if last_n is None else max(1, len(prompt) - last_n)
+    values: list[float] | None = None
+    if with_logprobs:
+        logp_T = logp_TV.gather(-1, tokens_1T[0, 1:, None])[:, 0]
+        values = [math.nan, *logp_T.tolist()]
         values = [math.nan if i < start else v for i, v in enumerate(values)]
-    return values
+    if not topk:
+        return PromptScores(values)
+    top = logp_TV.topk(topk, dim=-1)
+    empty_ids, empty_lps = [0] * topk, [TOPK_EMPTY_LOGPROB] * topk
+    ids = [empty_ids, *top.indices.tolist()]
+    lps = [empty_lps, *top.values.tolist()]
+    ids = [row if i >= start else empty_ids for i, row in enumerate(ids)]
+    lps = [row if i >= start else empty_lps for i, row in enumerate(lps)]
+    return PromptScores(values, ids, lps)
 
 
 @dataclass(frozen=True)
@@ -146,6 +176,7 @@ class SampleLimits:
     max_num_samples: int = 1024
     max_tokens: int = 4096
     max_batch_tokens: int = 2_000_000
+    max_topk_logprobs: int = 64
 
 
 def parse_sample_request(body: dict[str, Any], codec_eos: int | None, vocab: int,
@@ -161,11 +192,16 @@ def parse_sample_request(body: dict[str, Any], codec_eos: int | None, vocab: int
     if min(prompt) < 0 or max(prompt) >= vocab:
         raise UserError(f"prompt token ids must lie in 0..{vocab - 1}")
     max_tokens = get_int(params, "max_tokens", None, lo=0, hi=limits.max_tokens)
+    if max_len is not None and len(prompt) >= max_len:
+        raise UserError(f"the prompt ({len(prompt)} tokens) fills the model's {max_len} "
+                        "positions; nothing can be sampled (shorten the prompt, or serve a "
+                        "model with a longer context, e.g. --tiny_max_len)")
+    requested = max_tokens
     if max_tokens is None:
         max_tokens = max(0, min((max_len or 2048) - len(prompt), limits.max_tokens))
-    if max_len is not None and len(prompt) + max_tokens > max_len:
-        raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds "
-                        f"the model's {max_len} positions")
+    elif max_len is not None and len(prompt) + max_tokens > max_len:
+        # like a served model's context limit: sample what fits, and say so in the log
+        max_tokens = max_len - len(prompt)
     total = num_samples * (len(prompt) + max_tokens)
     if total > limits.max_batch_tokens:
         raise UserError(f"num_samples × (prompt + max_tokens) = {total} tokens exceeds this "
@@ -204,9 +240,14 @@ def parse_sample_request(body: dict[str, Any], codec_eos: int | None, vocab: int
         raise UserError(f"field 'top_p' must lie in (0, 1], got {top_p}")
     if top_k == 0:
         raise UserError("field 'top_k' must be -1 (off) or >= 1, got 0")
-    for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+    for key in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
         if (get_int(body, key, 0) or 0) > 0:
             raise UserError(f"{key} > 0 is not supported by rlscope serve")
+    topk = int(get_int(body, "topk_prompt_logprobs", 0,
+                       lo=0, hi=min(limits.max_topk_logprobs, vocab)) or 0)
+    if topk and len(prompt) * topk > limits.max_batch_tokens:
+        raise UserError(f"len(prompt) × topk_prompt_logprobs = {len(prompt) * topk} exceeds "
+                        f"this server's cap of {limits.max_batch_tokens} (--max_batch_tokens)")
     if body.get("target_prompt_logprobs") is not None:
         raise UserError("target_prompt_logprobs is not supported by rlscope serve")
     seed = get_int(params, "seed", None)
@@ -218,4 +259,6 @@ def parse_sample_request(body: dict[str, Any], codec_eos: int | None, vocab: int
         "seed": seed,
         "prompt_logprobs": bool(get_bool(body, "prompt_logprobs", False)),
         "prompt_logprobs_last_n": last_n,
+        "topk_prompt_logprobs": topk,
+        "max_tokens_requested": requested,
     }

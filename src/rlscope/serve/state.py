@@ -26,9 +26,9 @@ import torch
 from rlscope.metrics.sinks import JsonlWriter
 from rlscope.policy.hf import HFPolicy, load_hf_model, tiny_hf_model
 from rlscope.serve.config import ServeConfig
-from rlscope.serve.tokenizer_dir import VOCAB_SIZE, TextCodec, byte_codec, hf_codec
+from rlscope.serve.tokenizer_dir import TINY_TOKENS, TextCodec, byte_codec, hf_codec
 
-TINY_SPECS = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}
+TINY_SPECS = {"tiny-llama": "llama", "tiny-qwen2": "qwen2", "tiny-qwen2-chat": "qwen2"}
 LORA_GROUPS = {
     "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
     "mlp": ("gate_proj", "up_proj", "down_proj"),
@@ -105,12 +105,12 @@ def build_policy(cfg: ServeConfig, device: torch.device, spec: str,
     """
     with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
         if spec in TINY_SPECS:
-            model = tiny_hf_model(TINY_SPECS[spec], VOCAB_SIZE, seed=None,
+            model = tiny_hf_model(TINY_SPECS[spec], TINY_TOKENS[spec].vocab_size, seed=None,
                                   hidden_size=cfg.tiny_d_model, num_layers=cfg.tiny_layers,
                                   num_heads=cfg.tiny_heads, max_len=cfg.tiny_max_len)
             _init_base(model, torch.Generator().manual_seed(cfg.seed),
                        float(getattr(model.config, "initializer_range", 0.02)))
-            codec = byte_codec()
+            codec = byte_codec(spec)
         else:
             model = load_hf_model(spec)
             codec = hf_codec(spec)

@@ -1,9 +1,13 @@
 """The tiny models' byte-level tokenizer, as rlscope uses it and as a Hugging Face directory.
 
 Ids 0..255 are the UTF-8 bytes (as in `rlscope.tokenizer.ByteTokenizer`), 256 is ``<|bos|>``
-and 257 is ``<|eos|>``. `write_tokenizer_dir` writes the same tokenizer as ``tokenizer.json``
-and ``tokenizer_config.json`` (a byte-level BPE with no merges, so every byte is one token),
-loadable by ``transformers.AutoTokenizer.from_pretrained(dir)`` and therefore by the cookbook's
+and 257 is ``<|eos|>``. The ``tiny-qwen2-chat`` model's tokenizer has the ChatML special tokens
+instead (`CHAT_SPECIALS`: ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``, ``<think>``,
+``</think>`` at 256..260, EOS ``<|im_end|>``), so the cookbook's Qwen chat renderers, which need
+``<|im_end|>`` and ``</think>`` to be single tokens, work with it. `write_tokenizer_dir`
+writes the same tokenizer as ``tokenizer.json`` and ``tokenizer_config.json`` (a byte-level BPE
+with no merges, so every byte is one token), loadable by
+``transformers.AutoTokenizer.from_pretrained(dir)`` and therefore by the cookbook's
 ``get_tokenizer(dir)``. A marker file ``rlscope_model.json`` tells the server which model spec
 the directory stands for when a client passes the directory as ``base_model``.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlscope.tokenizer import ByteTokenizer
@@ -20,6 +25,29 @@ BOS, EOS = "<|bos|>", "<|eos|>"
 SPECIALS = (BOS, EOS)
 VOCAB_SIZE = 256 + len(SPECIALS)
 MARKER = "rlscope_model.json"
+CHAT_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+"""The ChatML special tokens of ``tiny-qwen2-chat`` (ids 256..260)."""
+
+
+@dataclass(frozen=True)
+class ByteTokens:
+    """The special tokens of one tiny model's byte-level tokenizer."""
+
+    specials: tuple[str, ...]
+    bos: str | None
+    eos: str
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 + len(self.specials)
+
+
+TINY_TOKENS: dict[str, ByteTokens] = {
+    "tiny-llama": ByteTokens(SPECIALS, BOS, EOS),
+    "tiny-qwen2": ByteTokens(SPECIALS, BOS, EOS),
+    "tiny-qwen2-chat": ByteTokens(CHAT_SPECIALS, None, "<|im_end|>"),
+}
+"""The byte tokenizer of each tiny model spec."""
 
 
 class TextCodec:
@@ -33,10 +61,11 @@ class TextCodec:
         return str(self._decode(list(ids)))
 
 
-def byte_codec() -> TextCodec:
-    """The tiny models' codec."""
-    tok = ByteTokenizer(SPECIALS)
-    return TextCodec(tok.decode, tok.special_id(EOS))
+def byte_codec(spec: str = "tiny-llama") -> TextCodec:
+    """The codec of a tiny model spec."""
+    tokens = TINY_TOKENS[spec]
+    tok = ByteTokenizer(tokens.specials)
+    return TextCodec(tok.decode, tok.special_id(tokens.eos))
 
 
 def hf_codec(path: str) -> TextCodec:
@@ -62,8 +91,9 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(printable, (chr(c) for c in chars), strict=True))
 
 
-def write_tokenizer_dir(path: str | Path, spec: str = "tiny-llama") -> Path:
-    """Write the byte-level tokenizer (and the model marker naming ``spec``) to ``path``."""
+def write_tokenizer_dir(path: str | Path, spec: str = "tiny-llama", marker: bool = True) -> Path:
+    """Write the byte-level tokenizer of the tiny model ``spec`` to ``path``, with the model
+    marker naming ``spec`` unless ``marker`` is False."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -73,10 +103,13 @@ def write_tokenizer_dir(path: str | Path, spec: str = "tiny-llama") -> Path:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIALS))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS)
+    tokens = TINY_TOKENS[spec]
+    tok.add_special_tokens(list(tokens.specials))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=tokens.bos,
+                                   eos_token=tokens.eos)
     fast.save_pretrained(str(out))
-    (out / MARKER).write_text(json.dumps({"spec": spec}) + "\n")
+    if marker:
+        (out / MARKER).write_text(json.dumps({"spec": spec}) + "\n")
     return out
 
 

@@ -69,10 +69,57 @@ class SampledSequenceOut:
     """``"stop"`` (a stop token or string ended it) or ``"length"`` (max_tokens)."""
 
 
-def _tensor_from_proto(msg: Any, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
+MAX_CSR_DENSE_ELEMENTS = 2**25
+"""Most elements the sparse CSR tensors of one request may declare together (they are
+densified on arrival; a few bytes of CSR must not turn into gigabytes)."""
+
+SPARSE_KEYS = ("target_tokens", "weights")
+"""The only inputs the SDK sends as sparse CSR (2-D top-k targets and their weights)."""
+
+
+def _csr_to_dense(msg: Any, name: str, budget: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """A 2-D sparse CSR tensor as a dense array (absent cells 0, as the SDK's default
+    ``pad_value``); every index is checked, and the shape against the request's remaining
+    ``budget`` of dense elements, before anything is allocated."""
+    shape = tuple(int(s) for s in msg.shape)
+    if name not in SPARSE_KEYS:
+        raise WireError(f"loss_fn_inputs[{name!r}]: only {' and '.join(SPARSE_KEYS)} may be "
+                        "sparse")
+    if len(shape) != 2 or min(shape) < 0:
+        raise WireError(f"loss_fn_inputs[{name!r}]: a sparse tensor needs a 2-D shape, got "
+                        f"{list(shape)}")
+    if math.prod(shape) > budget:
+        raise WireError(f"loss_fn_inputs[{name!r}]: the sparse tensors of one request may "
+                        f"hold at most {MAX_CSR_DENSE_ELEMENTS} elements in all; send fewer "
+                        "datums per request")
+    if msg.dtype not in _DTYPE_TO_NUMPY:
+        raise WireError(f"loss_fn_inputs[{name!r}]: unsupported sparse dtype enum {msg.dtype}")
+    csr = msg.sparse_csr
+    dtype = _DTYPE_TO_NUMPY[msg.dtype]
+    if len(csr.values) % dtype.itemsize or len(csr.crow_indices) % 8 \
+            or len(csr.col_indices) % 8:
+        raise WireError(f"loss_fn_inputs[{name!r}]: sparse buffers of the wrong byte length")
+    values = np.frombuffer(csr.values, dtype=dtype)
+    crow = np.frombuffer(csr.crow_indices, dtype="<i8")
+    col = np.frombuffer(csr.col_indices, dtype="<i8")
+    rows, cols = shape
+    if len(crow) != rows + 1 or len(col) != len(values) or (len(crow) and crow[0] != 0) \
+            or (len(crow) and crow[-1] != len(values)) or bool((np.diff(crow) < 0).any()) \
+            or bool(((col < 0) | (col >= cols)).any()):
+        raise WireError(f"loss_fn_inputs[{name!r}]: inconsistent sparse CSR indices for shape "
+                        f"{list(shape)}")
+    dense = np.zeros(shape, dtype=dtype)
+    row_of = np.repeat(np.arange(rows), np.diff(crow))
+    dense[row_of, col] = values
+    return dense, shape
+
+
+def _tensor_from_proto(msg: Any, name: str, budget: int = MAX_CSR_DENSE_ELEMENTS
+                       ) -> tuple[np.ndarray, tuple[int, ...]]:
     if msg.HasField("sparse_csr"):
-        raise WireError(f"loss_fn_inputs[{name!r}]: sparse CSR tensors are not supported; "
-                        "send dense 1-D tensors")
+        dense, shape = _csr_to_dense(msg, name, budget)
+        out = dense.astype(np.int64) if dense.dtype.kind == "i" else dense.astype(np.float32)
+        return out.reshape(-1), shape
     if msg.dtype == pb.DTYPE_BFLOAT16:
         raw = np.frombuffer(msg.dense, dtype="<u2")
         arr: np.ndarray = (raw.astype(np.uint32) << 16).view(np.float32)
@@ -108,6 +155,7 @@ def decode_forward_backward(body: bytes) -> WireForwardBackward:
     else:
         config = {k: float(v) for k, v in msg.loss_fn_config.items()}
     data = []
+    sparse_budget = MAX_CSR_DENSE_ELEMENTS
     for i, datum in enumerate(msg.data):
         tokens: list[int] = []
         for chunk in datum.model_input:
@@ -118,7 +166,9 @@ def decode_forward_backward(body: bytes) -> WireForwardBackward:
         inputs: dict[str, np.ndarray] = {}
         shapes: dict[str, tuple[int, ...]] = {}
         for name, tensor in datum.loss_fn_inputs.items():
-            inputs[name], shapes[name] = _tensor_from_proto(tensor, name)
+            inputs[name], shapes[name] = _tensor_from_proto(tensor, name, sparse_budget)
+            if tensor.HasField("sparse_csr"):
+                sparse_budget -= inputs[name].size
         data.append(WireDatum(tokens=tokens, inputs=inputs, shapes=shapes))
     return WireForwardBackward(model_id=msg.model_id, seq_id=int(msg.seq_id),
                                loss_fn=msg.loss_fn, loss_fn_config=config,
@@ -139,7 +189,8 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]],
                                    float_dtype: str = "float32") -> bytes:
     """A ``ForwardBackwardOutput`` protobuf: one ``ArrayRecord`` holding every datum.
 
-    ``outputs[i]`` maps field names (e.g. ``"logprobs"``) to 1-D arrays of datum ``i``; every
+    ``outputs[i]`` maps field names (e.g. ``"logprobs"``) to arrays of datum ``i``: 1-D, or
+    2-D ``[N, K]`` with the same ``K`` for every datum (sent with ``trailing_shape [K]``); every
     datum must carry the same fields. Float arrays go out as ``float_dtype`` (``float32``, or
     ``bfloat16``, which the SDK widens back), integer arrays as int64. Metric keys must read
     ``name:reduction``.
@@ -163,7 +214,12 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]],
     record.type_tag = "ArrayRecord"
     record.num_datums = len(outputs)
     for name in names:
-        arrays = [np.asarray(out[name]).reshape(-1) for out in outputs]
+        raw = [np.asarray(out[name]) for out in outputs]
+        trailing = {a.shape[1:] for a in raw}
+        if len(trailing) != 1 or len(next(iter(trailing))) > 1:
+            raise ValueError(f"field {name!r}: datums must be all 1-D or all [N, K] with one K, "
+                             f"got trailing shapes {sorted(trailing)}")
+        arrays = [a.reshape(-1) for a in raw]
         integer = all(a.dtype.kind in "iub" for a in arrays)
         parts: list[bytes] = []
         if integer:
@@ -180,13 +236,19 @@ def encode_forward_backward_output(outputs: Sequence[Mapping[str, np.ndarray]],
         bt.data = b"".join(parts)
         bt.offsets = offsets.tobytes()
         bt.dtype = dtype
+        bt.trailing_shape.extend(next(iter(trailing)))
     return bytes(msg.SerializeToString())
 
 
 def encode_sample_response(sequences: Sequence[SampledSequenceOut],
-                           prompt_logprobs: Sequence[float] | None = None) -> bytes:
+                           prompt_logprobs: Sequence[float] | None = None,
+                           topk_ids: Sequence[Sequence[int]] | None = None,
+                           topk_logprobs: Sequence[Sequence[float]] | None = None) -> bytes:
     """A ``SampleResponse`` protobuf. ``prompt_logprobs`` (NaN where unscored, always at 0)
-    is sent only when given; sampled log-probs are always sent."""
+    is sent only when given; sampled log-probs are always sent. ``topk_ids`` /
+    ``topk_logprobs`` (one row of ``k`` per prompt position; empty cells token 0 with
+    log-prob −99999) become ``topk_prompt_logprobs``: two row-major ``length × k`` matrices,
+    int32 and float32."""
     msg = pb.SampleResponse()
     for seq in sequences:
         if len(seq.tokens) != len(seq.logprobs):
@@ -200,6 +262,18 @@ def encode_sample_response(sequences: Sequence[SampledSequenceOut],
         out.logprobs = np.asarray(seq.logprobs, dtype="<f4").tobytes()
     if prompt_logprobs is not None:
         msg.prompt_logprobs = np.asarray(prompt_logprobs, dtype="<f4").tobytes()
+    if (topk_ids is None) != (topk_logprobs is None):
+        raise ValueError("topk_ids and topk_logprobs come together")
+    if topk_ids is not None and topk_logprobs is not None:
+        ids_TK = np.asarray(topk_ids, dtype="<i4")
+        lps_TK = np.asarray(topk_logprobs, dtype="<f4")
+        if ids_TK.ndim != 2 or ids_TK.shape != lps_TK.shape:
+            raise ValueError(f"top-k ids {ids_TK.shape} and log-probs {lps_TK.shape} must be "
+                             "two matrices of the same shape")
+        topk = msg.topk_prompt_logprobs
+        topk.length, topk.k = int(ids_TK.shape[0]), int(ids_TK.shape[1])
+        topk.token_ids = ids_TK.tobytes()
+        topk.logprobs = lps_TK.tobytes()
     return bytes(msg.SerializeToString())
 
 

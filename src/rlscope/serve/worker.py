@@ -27,7 +27,7 @@ from typing import Any
 
 from rlscope.serve.engine import Engine
 from rlscope.serve.futures import FutureStore, Result
-from rlscope.serve.sampling import SampledRow
+from rlscope.serve.sampling import PromptScores, SampledRow
 from rlscope.serve.state import UserError, Weights
 from rlscope.serve.wire import SampledSequenceOut, encode_sample_response
 
@@ -68,7 +68,7 @@ class _Assembly:
     """The chunks of one sample request, collected until the last one is done."""
 
     parts: list[list[SampledRow] | None]
-    prompt_logprobs: list[float] | None = None
+    prompt_scores: PromptScores | None = None
     failed: bool = False
 
 
@@ -83,7 +83,9 @@ class _Chunk:
     def request(self) -> dict[str, Any]:
         """The request dict `Engine.sample_batch` reads, for this chunk's rows only."""
         return {**self.job.request, "num_samples": self.rows, "row_offset": self.start,
-                "prompt_logprobs": self.job.request["prompt_logprobs"] and self.index == 0}
+                "prompt_logprobs": self.job.request["prompt_logprobs"] and self.index == 0,
+                "topk_prompt_logprobs": self.job.request.get("topk_prompt_logprobs", 0)
+                if self.index == 0 else 0}
 
 
 _Unit = Job | _Chunk
@@ -249,9 +251,12 @@ class Worker:
         for c, (rows, prompt_lps) in zip(chunks, outs, strict=True):
             c.assembly.parts[c.index] = rows
             if c.index == 0:
-                c.assembly.prompt_logprobs = prompt_lps
+                c.assembly.prompt_scores = prompt_lps
             if all(p is not None for p in c.assembly.parts):
                 seqs = [SampledSequenceOut(r.tokens, r.logprobs, r.stop_reason)
                         for part in c.assembly.parts if part is not None for r in part]
+                scores = c.assembly.prompt_scores
                 self.store.set_result(c.job.request_id, Result(proto=encode_sample_response(
-                    seqs, c.assembly.prompt_logprobs)))
+                    seqs, scores.logprobs if scores else None,
+                    scores.topk_ids if scores else None,
+                    scores.topk_logprobs if scores else None)))

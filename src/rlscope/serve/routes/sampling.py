@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from fastapi import APIRouter
@@ -18,6 +19,12 @@ from rlscope.serve.wire import WireError, tokens_from_model_input
 from rlscope.serve.worker import SampleJob
 
 router = APIRouter(prefix="/api/v1")
+log = logging.getLogger("rlscope.serve")
+
+_CLAMP_WARNED: set[str] = set()
+"""Sampling sessions already warned that their ``max_tokens`` was clamped to the context (one
+warning per session, so a recipe sampling thousands of times does not flood the log)."""
+MAX_CLAMP_WARNED = 10_000
 
 
 @router.post("/create_sampling_session")
@@ -54,7 +61,19 @@ async def asample(body: JsonBody, ctx: Context) -> dict[str, Any]:
         raise UserError(f"field 'prompt': {e}") from e
     parsed = parse_sample_request(body, weights.codec.eos_token_id, weights.policy.vocab_size,
                                   weights.policy.max_len, prompt, ctx.limits)
+    requested = parsed["max_tokens_requested"]
+    client = sampler_id or model_path or ""
+    if requested is not None and parsed["max_tokens"] < requested \
+            and client not in _CLAMP_WARNED:
+        if len(_CLAMP_WARNED) >= MAX_CLAMP_WARNED:
+            _CLAMP_WARNED.clear()
+        _CLAMP_WARNED.add(client)
+        log.warning("sampling session %s: max_tokens=%d does not fit the model's %d positions "
+                    "after a %d-token prompt; sampling at most %d tokens (stop_reason 'length' "
+                    "at the limit; raise --tiny_max_len for the tiny models). Warned once per "
+                    "session.", client, requested, weights.policy.max_len, len(prompt),
+                    parsed["max_tokens"])
     request_id = ctx.store.create("Sample")
-    ctx.worker.put(SampleJob(request_id, weights, parsed, sampler_id or model_path or ""))
+    ctx.worker.put(SampleJob(request_id, weights, parsed, client))
     return future(request_id, sample_sequence_ids=[f"{request_id}:{i}"
                                                    for i in range(parsed["num_samples"])])

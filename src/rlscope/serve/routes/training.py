@@ -126,6 +126,20 @@ async def save_weights(raw: RawBody, body: JsonBody, ctx: Context) -> dict[str, 
                               lambda: ctx.engine.save_weights(model_id, name))
 
 
+@router.post("/save_weights_external")
+async def save_weights_external(raw: RawBody, body: JsonBody, ctx: Context) -> dict[str, Any]:
+    """The weights (LoRA merged in) as a Hugging Face directory; the result's path is
+    ``tinker://<run>/external_weights/<name>``."""
+    model_id = get_str(body, "model_id")
+    name = checkpoints.checkpoint_name(get_str(body, "path"))
+    get_int(body, "ttl_seconds", None, lo=0)
+    # refused inside the ordered job (a failed future), so later seq_ids are not held up
+    recipients = body.get("age_encryption_recipients")
+    return ctx.submit_ordered("SaveWeightsExternal", model_id, seq_id_of(body), raw,
+                              lambda: ctx.engine.save_weights_external(model_id, name,
+                                                                       recipients))
+
+
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(raw: RawBody, body: JsonBody,
                                    ctx: Context) -> dict[str, Any]:
