@@ -248,7 +248,8 @@ class TwentyQuestions:
     def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
         """A greedy decision tree: ask the canonical question of the attribute that splits the
         objects still possible most evenly, keep those matching the answer, and guess when one
-        is left (at most ~7 turns on the shipped table); gives up if answers contradict the
+        is left (at most 9 turns on the shipped table, 6.9 on average over its objects);
+        gives up if answers contradict the
         table."""
         table = self.table
         candidates = list(range(len(table.names)))
