@@ -477,3 +477,22 @@ def test_code_repair_heldout_split_and_limits() -> None:
     assert train.limits == SandboxLimits(cpu_seconds=1, wall_seconds=1.5, per_test_seconds=0.5)
     assert {train.make(seed).spec.function for seed in range(100)} == {
         s.function for s in train.specs}
+
+
+# ---------------------------------------------------------------- docs
+
+
+def test_docs_transcripts_are_the_demonstrations() -> None:
+    from pathlib import Path
+
+    from rlscope.envs.demos import render_transcript
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    for name, cfg, seed in [("guess_number", EnvConfig(), 1),
+                            ("twenty_questions", EnvConfig(), 1),
+                            ("calculator_tool", EnvConfig(calculator_difficulty=2), 0)]:
+        segments = ENVIRONMENTS[name](cfg).demonstration(seed)
+        assert f"```\n{render_transcript(segments, TOKENIZER.decode)}```" in doc, name
+    two = [(encode("a\nb\n"), False), ((*encode("c\n"), END_ID), True)]
+    assert render_transcript(two, TOKENIZER.decode) == (
+        "env    │ a\nenv    │ b\npolicy │ c\npolicy │ <|end|>\n")

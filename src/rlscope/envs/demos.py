@@ -42,3 +42,13 @@ def play(env: Environment, policy: Callable[[list[Segment]], tuple[int, ...]],
         if transition.done:
             break
     return segments
+
+
+def render_transcript(segments: list[Segment], decode: Callable[[tuple[int, ...]], str]) -> str:
+    """An episode as text, one line per line of each segment, tagged ``policy │`` or
+    ``env    │`` (``decode`` turns a segment's ids into text)."""
+    out = []
+    for tokens, is_policy in segments:
+        tag = "policy │ " if is_policy else "env    │ "
+        out += [tag + line for line in decode(tokens).splitlines()]
+    return "\n".join(out) + "\n"
