@@ -361,7 +361,7 @@ def test_calculator_episode() -> None:
     env = CalculatorEnv(problem, CalcLimits())
     assert text(env.reset()) == ("Ann has 3 bags of 4 apples and 1 more. Use calc(<expression>) "
                                  "or answer <number>.\n")
-    replies = say(env, "calc(3*4+1)\n", " calc( 3 * 4 ) \n", "calc(1/0)\n", "calc(2**100)\n",
+    replies = say(env, "calc(3*4+1)\n", " CALC( 3 * 4 ) \n", "calc(1/0)\n", "calc(2**100)\n",
                   "calc(" + "9" * 10_000 + ")\n", "calc(import os)\n", "calc 3+4\n", "13\n",
                   "answer thirteen\n", "answer 13")
     assert [text(r.observation) for r in replies] == [
@@ -369,7 +369,7 @@ def test_calculator_episode() -> None:
         "error: expression longer than 64 characters\n", "error: unexpected 'i'\n",
         HOW_TO, HOW_TO, HOW_TO, "\n" + HOW_TO]
     assert all(r.reward == 0.0 and not r.done for r in replies)
-    assert say(env, "answer: 13\n") == [Transition((), 1.0, True, "solved")]
+    assert say(env, "Answer: 13\n") == [Transition((), 1.0, True, "solved")]
     assert say(CalculatorEnv(problem, CalcLimits()), "answer 12\n") == [
         Transition((), 0.0, True, "failed")]
 
@@ -496,3 +496,27 @@ def test_docs_transcripts_are_the_demonstrations() -> None:
     two = [(encode("a\nb\n"), False), ((*encode("c\n"), END_ID), True)]
     assert render_transcript(two, TOKENIZER.decode) == (
         "env    │ a\nenv    │ b\npolicy │ c\npolicy │ <|end|>\n")
+
+
+def test_env_config_parses_on_the_command_line_with_every_option_documented(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """EnvConfig as `rlscope` parses configs (tyro, underscores): flags set fields and
+    ``--help`` lists every field with its docstring."""
+    import tyro
+
+    def parse(args: list[str]) -> EnvConfig:
+        cfg = tyro.cli(EnvConfig, args=args, config=(tyro.conf.OmitArgPrefixes,),
+                       use_underscores=True)
+        assert isinstance(cfg, EnvConfig)
+        return cfg
+
+    assert parse(["--guess_high", "20", "--twenty_questions_answerer", "model",
+                  "--code_repair_partial_credit"]) == EnvConfig(
+        guess_high=20, twenty_questions_answerer="model", code_repair_partial_credit=True)
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for f in dataclasses.fields(EnvConfig):
+        assert f"--{f.name}" in help_text
+    assert "smallest possible hidden number" in help_text
+    assert "killed then and reported" in help_text

@@ -10,7 +10,8 @@ Turns. Each policy turn is one line (ended by the newline, the turn's stop token
 
 - ``calc(<expression>)``: the environment evaluates the expression with `evaluate` and answers
   ``= <value>\\n`` (an integer, or ``p/q`` in lowest terms), or ``error: <why>\\n``; reward 0;
-- ``answer <integer>`` (``answer: <integer>`` too): the episode ends, ``solved`` with reward 1
+- ``answer <integer>`` (``answer: <integer>`` too; ``calc`` and ``answer`` in any case): the
+  episode ends, ``solved`` with reward 1
   if it is the problem's answer, else ``failed`` with reward 0;
 - anything else (or a turn cut off before its newline): ``write calc(<expression>) or answer
   <number>\\n`` (after a newline when the turn was cut off), reward 0.
@@ -36,8 +37,8 @@ from rlscope.envs.demos import Segment, play
 from rlscope.envs.text import NEWLINE, encode, read_line
 
 HOW_TO = "write calc(<expression>) or answer <number>\n"
-_CALL = re.compile(r"calc\((.*)\)")
-_ANSWER = re.compile(r"answer:? *(-?[0-9]{1,18})")
+_CALL = re.compile(r"calc\((.*)\)", re.IGNORECASE)
+_ANSWER = re.compile(r"answer:? *(-?[0-9]{1,18})", re.IGNORECASE)
 _TOKEN = re.compile(r"\s*(?:([0-9]+)|(.))")
 _SYNONYMS = {"−": "-", "×": "*", "x": "*", "÷": "/"}
 NAMES = ("Ann", "Ben", "Carla", "Dev", "Eva", "Femi", "Gus", "Hana")

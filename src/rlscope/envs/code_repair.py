@@ -11,9 +11,9 @@ turn (the turn's stop token), so a body may span lines. The initial observation 
 prompt, ``def <signature>:`` and the docstring line, exactly as in ``code_unit_tests``.
 
 Turns. The policy's turn is a body, read as the code task reads a completion (`extract_body`:
-the text before END, cut before the first non-empty line that is not indented). The program
-(prompt + body) runs in `rlscope.sandbox` against the spec's hidden tests, under the
-``code_repair_*`` limits. Then:
+the text before END, cut before the first non-empty line that is not indented; a body the
+per-turn budget cut off before END is run as it is). The program (prompt + body) runs in
+`rlscope.sandbox` against the spec's hidden tests, under the ``code_repair_*`` limits. Then:
 
 - every test passes: the episode ends ``solved``, reward 1, no observation;
 - otherwise the observation is a feedback comment and the prompt again, so the next turn
@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -126,7 +126,7 @@ class CodeRepairEnv:
     unsafe: bool
     feedback_chars: int
     partial_credit: bool
-    best: float = field(default=0.0)
+    best: float = 0.0
 
     def reset(self) -> tuple[int, ...]:
         """The spec's prompt."""
@@ -138,9 +138,8 @@ class CodeRepairEnv:
         text, _ = read_line(action, TOKENIZER, END_ID)
         result = run_tests(self.spec.prompt + extract_body(text), self.spec.function,
                            self.spec.tests, self.limits, unsafe=self.unsafe)
-        score = result.reward if result.status == "ok" else 0.0
-        gain = max(0.0, score - self.best)
-        self.best = max(self.best, score)
+        gain = max(0.0, result.reward - self.best)  # reward: 0 unless the program ran
+        self.best = max(self.best, result.reward)
         solved = result.status == "ok" and result.passed == result.total
         reward = gain if self.partial_credit else float(solved)
         if solved:
