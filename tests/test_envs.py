@@ -420,6 +420,8 @@ def test_code_repair_feedback_lines() -> None:
     spec = next(s for s in load_specs() if s.function == "add")
     assert feedback(spec, _result([True, False, True, False]), 200) == (
         "# 2/4 tests passed; failed: add(0, 0) should return 0 (wrong answer)\n")
+    assert feedback(spec, _result([False, True, True, True]), 200, show_expected=False) == (
+        "# 3/4 tests passed; failed: add(1, 2) (wrong answer)\n")
     assert feedback(spec, _result([False] * 4, "timeout", "wall-clock limit of 5 s"),
                     200) == "# timeout: wall-clock limit of 5 s\n"
     assert feedback(spec, _result([False] * 4, "crashed", "SyntaxError: bad\n  line 2"),
@@ -435,6 +437,8 @@ def test_code_repair_rewards_with_planted_results(monkeypatch: pytest.MonkeyPatc
                     _result([True] * 4)])
     monkeypatch.setattr("rlscope.envs.code_repair.run_tests", lambda *a, **k: next(planted))
     env = _add_env(partial)
+    assert env.show_expected and not CodeRepair(dataclasses.replace(
+        FAST_CODE, code_repair_show_expected=False)).make(0).show_expected
     env.reset()
     out = [env.step((*encode("    return 0"), END_ID)) for _ in range(3)]
     assert [o.reward for o in out] == rewards

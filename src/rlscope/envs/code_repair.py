@@ -23,10 +23,13 @@ per-turn budget cut off before END is run as it is). The program (prompt + body)
       def add(a, b):
           \"\"\"Return the sum of a and b.\"\"\"
 
-  The comment names the first failing test (its arguments, expected value and error: ``wrong
-  answer`` or the exception's name); when the program does not run, the sandbox's status and
-  reason (``# timeout: wall-clock limit of 5 s``: code that never terminates is killed by the
-  limits and reported). It is one line, cut to ``code_repair_feedback_chars`` characters.
+  The comment names the first failing test (its arguments, expected value unless
+  ``code_repair_show_expected`` is off, and error: ``wrong answer`` or the exception's name);
+  when the program does not run, the sandbox's status and reason (``# timeout: wall-clock
+  limit of 5 s``: code that never terminates is killed by the limits and reported). It is one
+  line, cut to ``code_repair_feedback_chars`` characters. Each failed attempt so reveals one
+  hidden test: a policy with as many turns as tests could hard-code them, so keep the turn
+  budget below the test count (3–6 per spec) or turn ``code_repair_show_expected`` off.
 
 Reward. 1 on the turn all tests pass, 0 on the others; with ``code_repair_partial_credit``,
 each turn earns the increase of the best fraction of tests passed so far, so the episode's
@@ -102,16 +105,18 @@ def _call(function: str, args: tuple[Any, ...]) -> str:
     return f"{function}({', '.join(repr(a) for a in args)})"
 
 
-def feedback(spec: RepairSpec, result: SandboxResult, max_chars: int) -> str:
+def feedback(spec: RepairSpec, result: SandboxResult, max_chars: int,
+             show_expected: bool = True) -> str:
     """The one-line comment (newline included) reporting ``result``: passed count and the first
-    failing test, or the status and reason when the program did not run; the line is cut to
-    ``max_chars`` characters before its newline."""
+    failing test (with its expected value when ``show_expected``), or the status and reason
+    when the program did not run; the line is cut to ``max_chars`` characters before its
+    newline."""
     if result.status == "ok":
         index = next(i for i, o in enumerate(result.outcomes) if not o.passed)
         test = spec.tests[index]
+        expected = f" should return {test.expected!r}" if show_expected else ""
         text = (f"# {result.passed}/{result.total} tests passed; failed: "
-                f"{_call(spec.function, test.args)} should return {test.expected!r} "
-                f"({result.outcomes[index].error})")
+                f"{_call(spec.function, test.args)}{expected} ({result.outcomes[index].error})")
     else:
         text = f"# {result.status}: {result.reason}"
     return " ".join(text.split())[:max_chars] + "\n"
@@ -126,6 +131,7 @@ class CodeRepairEnv:
     unsafe: bool
     feedback_chars: int
     partial_credit: bool
+    show_expected: bool = True
     best: float = 0.0
 
     def reset(self) -> tuple[int, ...]:
@@ -145,7 +151,8 @@ class CodeRepairEnv:
         if solved:
             return Transition((), reward, True, "solved")
         separator = "" if not text or text.endswith("\n") else "\n"
-        return Transition(encode(separator + feedback(self.spec, result, self.feedback_chars)
+        return Transition(encode(separator + feedback(self.spec, result, self.feedback_chars,
+                                                      self.show_expected)
                                  + self.spec.prompt), reward, False)
 
 
@@ -186,7 +193,8 @@ class CodeRepair:
         spec = self.specs[random.Random(seed).randrange(len(self.specs))]
         return CodeRepairEnv(spec, self.limits, self.cfg.code_repair_unsafe_sandbox,
                              self.cfg.code_repair_feedback_chars,
-                             self.cfg.code_repair_partial_credit)
+                             self.cfg.code_repair_partial_credit,
+                             self.cfg.code_repair_show_expected)
 
     def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
         """The reference body and END (one turn; runs the sandbox once)."""

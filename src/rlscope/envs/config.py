@@ -50,6 +50,10 @@ class EnvConfig:
     code_repair_partial_credit: bool = False
     """code_repair: each turn earns the increase of the best fraction of tests passed so far
     (the episode's return is the best fraction reached); off: 1 only when all tests pass."""
+    code_repair_show_expected: bool = True
+    """code_repair: the feedback shows the failing test's expected value; off, only its call
+    (each failed attempt reveals one hidden test, which a policy with as many turns as tests
+    could hard-code)."""
     code_repair_heldout: bool = False
     """code_repair: draw the specifications from the held-out set (evaluation) instead of the
     training set."""
