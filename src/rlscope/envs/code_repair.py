@@ -1,0 +1,203 @@
+"""``code_repair``: the code task (``code_unit_tests``) in several turns: the policy writes a
+function body, the sandbox runs it against the hidden tests, the failing test comes back, the
+policy revises (issue 20).
+
+Specs. The code task's `rlscope/data/code_specs.json` (signature, docstring, reference body,
+hidden tests ``function(*args) == expected``); training specs by default, the held-out ones
+with ``code_repair_heldout``. The episode's spec is drawn from the seed.
+
+Tokens. Byte ids 0..255 plus the code task's END token (`END`, id 256), which ends a policy
+turn (the turn's stop token), so a body may span lines. The initial observation is the spec's
+prompt, ``def <signature>:`` and the docstring line, exactly as in ``code_unit_tests``.
+
+Turns. The policy's turn is a body, read as the code task reads a completion (`extract_body`:
+the text before END, cut before the first non-empty line that is not indented; a body the
+per-turn budget cut off before END is run as it is). The program (prompt + body) runs in
+`rlscope.sandbox` against the spec's hidden tests, under the ``code_repair_*`` limits. Then:
+
+- every test passes: the episode ends ``solved``, reward 1, no observation;
+- otherwise the observation is a feedback comment and the prompt again, so the next turn
+  writes a fresh body of the same function::
+
+      # 2/4 tests passed; failed: add(1, 2) should return 3 (wrong answer)
+      def add(a, b):
+          \"\"\"Return the sum of a and b.\"\"\"
+
+  The comment names the first failing test (its arguments, expected value unless
+  ``code_repair_show_expected`` is off, and error: ``wrong answer`` or the exception's name);
+  when the program does not run, the sandbox's status and reason (``# timeout: wall-clock
+  limit of 5 s``: code that never terminates is killed by the limits and reported). It is one
+  line, cut to ``code_repair_feedback_chars`` characters. Each failed attempt so reveals one
+  hidden test: a policy with as many turns as tests could hard-code them, so keep the turn
+  budget below the test count (3–6 per spec) or turn ``code_repair_show_expected`` off.
+
+Reward. 1 on the turn all tests pass, 0 on the others; with ``code_repair_partial_credit``,
+each turn earns the increase of the best fraction of tests passed so far, so the episode's
+return is the best fraction it reached (1 when solved). The sampler's turn budget ends an
+unsolved episode.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from rlscope.envs.base import Transition
+from rlscope.envs.config import EnvConfig
+from rlscope.envs.demos import Segment, play
+from rlscope.envs.text import encode, read_line
+from rlscope.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    TestCase,
+    isolation_problem,
+    run_tests,
+)
+from rlscope.sandbox.isolated import INSTALL_HINT
+from rlscope.tokenizer import ByteTokenizer
+
+END = "<|end|>"
+"""The stop token's name (id 256), as in ``code_unit_tests``."""
+TOKENIZER = ByteTokenizer([END])
+END_ID = TOKENIZER.special_id(END)
+
+
+@dataclass(frozen=True)
+class RepairSpec:
+    """One function specification: prompt, reference body and hidden tests."""
+
+    function: str
+    prompt: str
+    reference: str
+    tests: tuple[TestCase, ...]
+    heldout: bool
+
+
+@functools.lru_cache(maxsize=1)
+def load_specs() -> tuple[RepairSpec, ...]:
+    """The code task's shipped specifications, with its prompt format (``def <signature>:``
+    and the docstring line)."""
+    raw = json.loads(resources.files("rlscope.data").joinpath("code_specs.json")
+                     .read_text(encoding="utf-8"))
+    return tuple(RepairSpec(function=s["function"],
+                            prompt=f'def {s["signature"]}:\n    """{s["doc"]}"""\n',
+                            reference=s["reference"], heldout=bool(s["heldout"]),
+                            tests=tuple(TestCase(tuple(t["args"]), t["expected"])
+                                        for t in s["tests"]))
+                 for s in raw)
+
+
+def extract_body(completion: str) -> str:
+    """The function body in ``completion``: the text before the first END, cut before the
+    first non-empty line that does not start with whitespace (the code task's rule)."""
+    lines = completion.split(END, 1)[0].splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.strip() and not line[0].isspace():
+            return "".join(lines[:i])
+    return "".join(lines)
+
+
+def _call(function: str, args: tuple[Any, ...]) -> str:
+    return f"{function}({', '.join(repr(a) for a in args)})"
+
+
+def feedback(spec: RepairSpec, result: SandboxResult, max_chars: int,
+             show_expected: bool = True) -> str:
+    """The one-line comment (newline included) reporting ``result``: passed count and the first
+    failing test (with its expected value when ``show_expected``), or the status and reason
+    when the program did not run; the line is cut to ``max_chars`` characters before its
+    newline."""
+    if result.status == "ok":
+        index = next(i for i, o in enumerate(result.outcomes) if not o.passed)
+        test = spec.tests[index]
+        expected = f" should return {test.expected!r}" if show_expected else ""
+        text = (f"# {result.passed}/{result.total} tests passed; failed: "
+                f"{_call(spec.function, test.args)}{expected} ({result.outcomes[index].error})")
+    else:
+        text = f"# {result.status}: {result.reason}"
+    return " ".join(text.split())[:max_chars] + "\n"
+
+
+@dataclass
+class CodeRepairEnv:
+    """One episode: the spec, the sandbox settings and the best fraction passed so far."""
+
+    spec: RepairSpec
+    limits: SandboxLimits
+    unsafe: bool
+    feedback_chars: int
+    partial_credit: bool
+    show_expected: bool = True
+    best: float = 0.0
+
+    def reset(self) -> tuple[int, ...]:
+        """The spec's prompt."""
+        self.best = 0.0
+        return encode(self.spec.prompt)
+
+    def step(self, action: tuple[int, ...]) -> Transition:
+        """Run the body in the sandbox and answer (see the module docstring)."""
+        text, _ = read_line(action, TOKENIZER, END_ID)
+        result = run_tests(self.spec.prompt + extract_body(text), self.spec.function,
+                           self.spec.tests, self.limits, unsafe=self.unsafe)
+        gain = max(0.0, result.reward - self.best)  # reward: 0 unless the program ran
+        self.best = max(self.best, result.reward)
+        solved = result.status == "ok" and result.passed == result.total
+        reward = gain if self.partial_credit else float(solved)
+        if solved:
+            return Transition((), reward, True, "solved")
+        separator = "" if not text or text.endswith("\n") else "\n"
+        return Transition(encode(separator + feedback(self.spec, result, self.feedback_chars,
+                                                      self.show_expected)
+                                 + self.spec.prompt), reward, False)
+
+
+class CodeRepair:
+    """Factory of ``code_repair`` episodes."""
+
+    name: str = "code_repair"
+    vocab_size: int = TOKENIZER.vocab_size
+    turn_stop_token_ids: tuple[int, ...] = (END_ID,)
+
+    def __init__(self, cfg: EnvConfig, specs: tuple[RepairSpec, ...] | None = None) -> None:
+        """``specs``: default the shipped ones (tests may pass their own)."""
+        self.cfg = cfg
+        self.specs = tuple(s for s in (load_specs() if specs is None else specs)
+                           if s.heldout == cfg.code_repair_heldout)
+        self.limits = SandboxLimits(cpu_seconds=cfg.code_repair_cpu_seconds,
+                                    wall_seconds=cfg.code_repair_wall_seconds,
+                                    per_test_seconds=cfg.code_repair_per_test_seconds)
+
+    def validate(self) -> list[str]:
+        """Problems with the code_repair options, each saying what to change."""
+        problems = [f"code_repair: {p} (set --code_repair_cpu_seconds, "
+                    f"--code_repair_wall_seconds, --code_repair_per_test_seconds > 0)"
+                    for p in self.limits.validate()]
+        if self.cfg.code_repair_feedback_chars < 20:
+            problems.append(f"--code_repair_feedback_chars must be >= 20 "
+                            f"(got {self.cfg.code_repair_feedback_chars})")
+        if not self.specs:
+            problems.append("code_repair has no specs in the chosen split "
+                            f"(--code_repair_heldout={self.cfg.code_repair_heldout})")
+        if not self.cfg.code_repair_unsafe_sandbox and (problem := isolation_problem()):
+            problems.append(f"code_repair refuses to run generated code without the isolated "
+                            f"sandbox ({problem}): {INSTALL_HINT}")
+        return problems
+
+    def make(self, seed: int) -> CodeRepairEnv:
+        """The episode whose spec is drawn from ``seed``."""
+        spec = self.specs[random.Random(seed).randrange(len(self.specs))]
+        return CodeRepairEnv(spec, self.limits, self.cfg.code_repair_unsafe_sandbox,
+                             self.cfg.code_repair_feedback_chars,
+                             self.cfg.code_repair_partial_credit,
+                             self.cfg.code_repair_show_expected)
+
+    def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
+        """The reference body and END (one turn; runs the sandbox once)."""
+        env = self.make(seed)
+        body = (*encode(env.spec.reference), END_ID)
+        return play(env, lambda segments: body, max_turns)
