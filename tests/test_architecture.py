@@ -41,9 +41,9 @@ LAYERS: dict[str, int] = {
     # 7 a run's parts: configuration, queues, checkpoints, evaluation (never the learner)
     "config.py": 7, "replay.py": 7, "checkpoint.py": 7, "evaluation.py": 7,
     "env_workers.py": 7,
+    "distributed.py": 7,  # data parallel: ranks' rows, gathers, gradient sums, FSDP2 sharding
     # 8 the update
     "learner.py": 8, "learner_graphs.py": 8, "learner_packed.py": 8, "diagnostics.py": 8,
-    "distributed.py": 8,  # data parallel: the learner's rank rows and gradient sums
     # 9 the loops
     "train.py": 9, "supervised/": 9,
     # 10 applications over the loops

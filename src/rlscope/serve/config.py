@@ -4,10 +4,34 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 API_KEY_ENV = "RLSCOPE_SERVE_API_KEY"
+
+
+HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+"""A hub model id ``org/name`` (what gets a cache entry; other alias names are skipped)."""
+
+TOKENIZER_REMAPS: dict[str, tuple[str, ...]] = {
+    "meta-llama/Llama-3": ("thinkingmachineslabinc/meta-llama-3-instruct-tokenizer",),
+}
+"""Repositories the cookbook's ``get_tokenizer`` reads instead of the model's own (it loads the
+Llama 3 tokenizer from an ungated copy): an alias whose name starts with a key also gets cache
+entries under these ids."""
+
+
+def hub_cache_ids(alias: str) -> list[str]:
+    """The repository ids an alias name gets cache entries under: itself if it is an
+    ``org/name`` id, plus the ids the cookbook reads its tokenizer from (`TOKENIZER_REMAPS`)."""
+    if not HUB_REPO_ID.fullmatch(alias):
+        return []
+    ids = [alias]
+    for prefix, remapped in TOKENIZER_REMAPS.items():
+        if alias.startswith(prefix):
+            ids += [r for r in remapped if r not in ids]
+    return ids
 
 
 @dataclass(frozen=True)
@@ -152,8 +176,6 @@ class ServeConfig:
             if not math.isfinite(value) or value <= 0:
                 errors.append(f"{name}={value} must be a finite number > 0")
         if self.write_hf_cache:
-            from rlscope.serve.hf_export import hub_cache_ids
-
             names = [e.split("=", 1)[0] for e in self.models]
             if not any(hub_cache_ids(n) for n in names):
                 errors.append(f"write_hf_cache: no --models NAME is a hub id (org/name), so "

@@ -19,28 +19,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from rlscope.serve import checkpoints
-from rlscope.serve.config import ServeConfig
+from rlscope.serve.config import ServeConfig, hub_cache_ids
 from rlscope.serve.state import TINY_SPECS, TrainingModel, UserError
 from rlscope.serve.tokenizer_dir import TINY_TOKENS, write_tokenizer_dir
 
 EXTERNAL_KIND = "external_weights"
-
-HUB_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
-"""A hub model id ``org/name`` (what gets a cache entry; other alias names are skipped)."""
-
-TOKENIZER_REMAPS: dict[str, tuple[str, ...]] = {
-    "meta-llama/Llama-3": ("thinkingmachineslabinc/meta-llama-3-instruct-tokenizer",),
-}
-"""Repositories the cookbook's ``get_tokenizer`` reads instead of the model's own (it loads the
-Llama 3 tokenizer from an ungated copy): an alias whose name starts with a key also gets cache
-entries under these ids."""
-
 
 def write_model_files(cfg: ServeConfig, spec: str, out: Path) -> Path:
     """The tokenizer files and ``config.json`` of model ``spec`` in ``out`` (no weights).
@@ -128,18 +116,6 @@ def write_cache_repo(hub_cache: Path, repo_id: str, files: Path) -> Path:
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(revision)
     return snapshot
-
-
-def hub_cache_ids(alias: str) -> list[str]:
-    """The repository ids an alias name gets cache entries under: itself if it is an
-    ``org/name`` id, plus the ids the cookbook reads its tokenizer from (`TOKENIZER_REMAPS`)."""
-    if not HUB_REPO_ID.fullmatch(alias):
-        return []
-    ids = [alias]
-    for prefix, remapped in TOKENIZER_REMAPS.items():
-        if alias.startswith(prefix):
-            ids += [r for r in remapped if r not in ids]
-    return ids
 
 
 def write_hf_cache(cfg: ServeConfig, aliases: dict[str, str], root: str | Path
