@@ -24,6 +24,7 @@ from rlscope.methods.configs import GateConfig, ObjectiveConfig
 from rlscope.methods.gates import GATES, GateInputs
 from rlscope.methods.objectives import OBJECTIVES, PolicyTerms
 from rlscope.methods.presets import METHODS
+from rlscope.metrics.estimators import pass_metrics
 from rlscope.metrics.schema import unregistered
 from rlscope.policy import ModelConfig
 from rlscope.tasks import TaskConfig
@@ -154,6 +155,24 @@ def _dppo_stats(name: str, p_mu: float, p: float, adv: float) -> dict[str, torch
     old = t([math.log(p_mu)])
     x = PolicyTerms(t([math.log(p)]), old, t([adv]), torch.ones(1, 1, dtype=D))
     return OBJECTIVES[name](x, METHODS[name].objective)[1]
+
+
+def test_dppo_masked_fractions_are_over_the_tokens_with_nonzero_advantage() -> None:
+    """Four valid tokens, p_μ = 0.5 → p = 0.7 everywhere (TV 0.2 > δ): A = (1, 1, 0, −1).
+    Tokens 1 and 2 (A > 0) are masked; token 3 has A = 0 and is outside the population; token
+    4 (A < 0, p rose) is kept. masked_frac_pos = 2/3 and masked_frac_neg = 0 over the three
+    tokens with A ≠ 0 (over all four valid tokens it would read 1/2); the padded token 5 counts
+    nowhere."""
+    old_BT = torch.full((1, 5), math.log(0.5), dtype=D)
+    logp_BT = torch.full((1, 5), math.log(0.7), dtype=D)
+    mask_BT = t([1.0, 1.0, 1.0, 1.0, 0.0])
+    x = PolicyTerms(logp_BT, old_BT, t([1.0, 1.0, 0.0, -1.0, 1.0]), mask_BT)
+    _, stats = OBJECTIVES["dppo_tv"](x, METHODS["dppo_tv"].objective)
+    assert torch.isnan(stats["masked_frac_pos"][0, 2])
+    m = pass_metrics(logp_BT, old_BT, mask_BT, stats, "")
+    assert m["policy/masked_frac_pos"].item() == pytest.approx(2 / 3)
+    assert m["policy/masked_frac_neg"].item() == 0.0
+    assert math.isfinite(m["policy/tv_mean"].item())
 
 
 def test_dppo_worked_examples() -> None:

@@ -100,9 +100,11 @@ def _dppo(x: PolicyTerms, cfg: ObjectiveConfig, kl: bool) -> ObjectiveOut:
     keep_BT = (~(out_pos_BT | out_neg_BT)).to(p_BT.dtype)
     iw_BT = ratio(x.logp_BT, x.logp_old_BT).detach().clamp_max(cfg.cap)
     loss_BT = -x.logp_BT * (adv_BT * iw_BT * keep_BT)
-    nonzero_BT = adv_BT != 0
-    return loss_BT, {"masked_frac_pos": (out_pos_BT & nonzero_BT).to(p_BT.dtype),
-                     "masked_frac_neg": (out_neg_BT & nonzero_BT).to(p_BT.dtype),
+    # the masked fractions are over the tokens with A ≠ 0 (METHODS_2026.md): NaN marks the
+    # others, outside the statistic's population (`rlscope.metrics.estimators.population_mean`)
+    outside_BT = torch.where(adv_BT != 0, 0.0, float("nan")).to(p_BT.dtype)
+    return loss_BT, {"masked_frac_pos": out_pos_BT.to(p_BT.dtype) + outside_BT,
+                     "masked_frac_neg": out_neg_BT.to(p_BT.dtype) + outside_BT,
                      "tv_mean": diff_BT.abs(), "binary_kl_mean": k_BT, "iw_mean": iw_BT}
 
 
@@ -113,7 +115,8 @@ def dppo_tv(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     the token is masked when A > 0 and p − p_μ > δ_high, or A ≤ 0 and p − p_μ < −δ_low
     (``dppo_delta_low``/``dppo_delta_high``; c = ``cap``). On-policy (p = p_μ) it is
     REINFORCE. Regime: groups; off-policy capable. Logs ``masked_frac_pos``/``neg`` (masked
-    tokens with A > 0 / A < 0, as a fraction of valid tokens), ``tv_mean``, ``binary_kl_mean``.
+    tokens with A > 0 / A < 0, as a fraction of the valid tokens with A ≠ 0; NaN marks the
+    others), ``tv_mean``, ``binary_kl_mean``.
     """
     return _dppo(x, cfg, kl=False)
 

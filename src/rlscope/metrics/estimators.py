@@ -18,6 +18,14 @@ def masked_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     return (x_BT * mask_BT).sum() / mask_BT.sum().clamp_min(1.0)
 
 
+def population_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x_BT`` over the valid tokens where it is not NaN: an objective statistic marks
+    the tokens outside its population with NaN (dppo's masked fractions are over the tokens
+    with A ≠ 0), so its denominator is that population; 0 when the population is empty."""
+    in_BT = mask_BT.bool() & ~x_BT.isnan()
+    return masked_mean(torch.where(in_BT, x_BT, 0.0), in_BT.to(x_BT.dtype))
+
+
 def masked_max(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     return x_BT.masked_fill(mask_BT == 0, float("-inf")).max()
 
@@ -83,7 +91,7 @@ def pass_metrics(logp_BT: torch.Tensor, logp_old_BT: torch.Tensor, mask_BT: torc
             elif not name.startswith("clipfrac"):
                 prefix = "value" if name == "value_clipfrac" else "policy"
                 key = "clipfrac" if name == "value_clipfrac" else name
-                out[f"{prefix}/{key}"] = masked_mean(x_BT, mask_BT)
+                out[f"{prefix}/{key}"] = population_mean(x_BT, mask_BT)
     return out
 
 

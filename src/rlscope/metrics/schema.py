@@ -303,8 +303,9 @@ METRICS: tuple[MetricDef, ...] = (
     # METHODS_2026.md objectives and batch-wide selections (issue 19, obj19)
     *(_m(f"policy/{n}", "tokens", red, "last_pass", d) for n, red, d in (
         ("masked_frac_pos", "frac", "dppo_tv/dppo_kl: valid tokens with A > 0 masked for "
-         "leaving the divergence region (a fraction of all valid tokens)"),
-        ("masked_frac_neg", "frac", "dppo_tv/dppo_kl: valid tokens with A < 0 masked"),
+         "leaving the divergence region (a fraction of the valid tokens with A ≠ 0)"),
+        ("masked_frac_neg", "frac", "dppo_tv/dppo_kl: valid tokens with A < 0 masked (a "
+         "fraction of the valid tokens with A ≠ 0)"),
         ("tv_mean", "token_mean", "dppo: mean |π(a) − μ(a)| of the sampled tokens"),
         ("binary_kl_mean", "token_mean",
          "dppo: mean binary KL p_μ ln(p_μ/p) + (1−p_μ) ln((1−p_μ)/(1−p))"),

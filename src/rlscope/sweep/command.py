@@ -34,7 +34,8 @@ class SweepCommand:
     """The TOML manifest (format: docs/training.md, "Sweeps"); or use --builtin."""
     builtin: str = ""
     """A manifest that ships with rlscope instead of a file: evidence (the sandbox's standard
-    experiment matrix, docs/evidence/README.md)."""
+    experiment matrix, docs/evidence/README.md) or rules2026 (each 2025-26 rule beside its
+    parent, docs/evidence/rules2026/README.md)."""
     jobs: int = 1
     """Worker processes running runs in parallel (--backend process; with ray it only sets the
     default --threads, cores / jobs)."""
