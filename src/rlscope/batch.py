@@ -36,12 +36,15 @@ class PromptBatch:
     ``tokens_BP`` are left-padded; ``attention_mask_BP`` is None when no row is padded.
     ``targets_BT`` is the ground-truth completion where the task defines one (the ``ce`` oracle
     and dense per-token rewards read it); ``score_mask_BT`` marks scored completion positions.
+    ``env_seeds_B`` (interactive tasks, `rlscope.tasks.base.Interactive`): the seed of each
+    row's environment, whose initial observation the row's prompt is; rows of a group share it.
     """
 
     tokens_BP: torch.Tensor
     attention_mask_BP: torch.Tensor | None = None
     targets_BT: torch.Tensor | None = None
     score_mask_BT: torch.Tensor | None = None
+    env_seeds_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -94,6 +97,22 @@ class RolloutBatch:
       generated position, recorded when the method asks (kondo's baseline), 0 after a stop.
     - ``greedy_rewards_B``: training reward of a greedy rollout of the row's prompt (ReMax's
       baseline), where the method asks for it.
+
+    Episodes (multi-turn rows of `rlscope.sampling.episodes.generate_episodes`; None otherwise):
+    the prompt is the environment's initial observation and the completion the interleaved
+    policy and environment segments; ``completion_mask_BT`` is 1 on policy tokens only.
+
+    - ``env_mask_BT``: 1.0 on environment (observation) tokens, 0 on policy tokens and padding;
+      their log-probs are 0 and they are never sampled.
+    - ``turn_BT``: the turn of each completion token (policy turn k and the environment's
+      answer to it share k), −1 on padding after the episode.
+    - ``turn_rewards_BK``: the reward of each turn (``K`` = the budget's max turns; 0 after
+      the last turn); ``turns_B`` the policy turns taken.
+    - ``end_reason_B``: why the episode ended, an index into `rlscope.envs.DONE_REASONS`
+      (the environment's reason, or the sampler's truncation reason); ``finished_by_stop_B``
+      is True when the environment ended the episode, False when a budget truncated it.
+    - ``env_time_B``: seconds spent in the row's environment (reset and steps);
+      ``env_errors_B``: environment calls that raised (the episode then ends 'failed').
     """
 
     prompt_tokens_BP: torch.Tensor
@@ -116,6 +135,13 @@ class RolloutBatch:
     entropy_BT: torch.Tensor | None = None
     sum_p2_sampler_BT: torch.Tensor | None = None
     greedy_rewards_B: torch.Tensor | None = None
+    env_mask_BT: torch.Tensor | None = None
+    turn_BT: torch.Tensor | None = None
+    turn_rewards_BK: torch.Tensor | None = None
+    turns_B: torch.Tensor | None = None
+    end_reason_B: torch.Tensor | None = None
+    env_time_B: torch.Tensor | None = None
+    env_errors_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
