@@ -35,7 +35,7 @@ from rlscope.sampling.draw import SamplingConfig
 from rlscope.sampling.episodes import episode_loss_metrics, episode_metrics, generate_episodes
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TASKS, TaskConfig
-from rlscope.tasks.base import Interactive
+from rlscope.tasks.base import Interactive, Task
 from rlscope.tasks.episodes import EpisodeTask, episode_returns
 
 ENV_SEEDS = torch.tensor([0, 0, 1, 1, 2, 2, 5, 5])
@@ -257,7 +257,7 @@ def test_loss_gradient_is_exactly_zero_on_environment_tokens(monkeypatch):
 def test_episode_task_scores_discounted_returns_and_is_interactive():
     task = EpisodeTask("echo_test", EchoFactory(turn_reward=0.5),
                        TaskConfig(turn_discount=0.5, max_turns=3))
-    assert isinstance(task, Interactive)
+    assert isinstance(task, Interactive) and isinstance(task, Task)
     rewards_BK = torch.tensor([[0.5, 0.5, 1.0], [1.0, 0.0, 0.0]])
     assert episode_returns(rewards_BK, 0.5).tolist() == [0.5 + 0.25 + 0.25, 1.0]
     prompts = task.sample_prompts(torch.Generator().manual_seed(0), 4)
