@@ -309,8 +309,8 @@ def test_grpo_trains_on_episodes_for_20_steps(echo_task, tmp_path):
 
 
 @pytest.mark.parametrize(("method", "reason"), [
-    ("ppo", "value head"), ("remax", "greedy single-turn"), ("grpo_token", "candidates"),
-    ("ce", "ground-truth labels")])
+    ("ppo", "value head"), ("vapo", "value head"), ("grpo_token", "candidates"),
+    ("scope_lite", "per-token labels"), ("ce", "ground-truth labels")])
 def test_a_method_invalid_on_episodes_is_refused_with_its_reason(echo_task, tmp_path, capsys,
                                                                 method, reason):
     rc = main(["train", "--method", method, "--num_steps", "1", *EPISODE_RUN,
@@ -390,3 +390,25 @@ def test_episode_rules_do_not_apply_to_single_turn_runs(rule_id):
     assert RULES[rule_id](single, DoctorConfig()) == []
     assert isinstance(RULES[rule_id](MetricTable(source="empty", fmt="test"), DoctorConfig()),
                       Unavailable)
+
+
+def test_remax_baseline_on_episodes_is_a_greedy_episode_per_group(echo_task, tmp_path):
+    from rlscope.config import RunConfig, TrainConfig
+    from rlscope.methods.spec import OverlongConfig
+    from rlscope.train import greedy_rewards
+
+    task = TASKS["echo_test"](TaskConfig(max_turns=3, max_turn_tokens=4, max_episode_tokens=24))
+    assert isinstance(task, EpisodeTask)
+    policy = tiny_policy(4)
+    rollout = generate_episodes(policy, task.factory, ENV_SEEDS, task.budget, SamplingConfig(),
+                                ROW_SEEDS)
+    cfg = TrainConfig(method="remax", task="echo_test", run=RunConfig(device="cpu"))
+    got_B = greedy_rewards(rollout, policy, task, cfg, OverlongConfig(), 2, 24, 0)
+    greedy = generate_episodes(policy, task.factory, ENV_SEEDS[::2], task.budget, GREEDY,
+                               torch.zeros(4, dtype=torch.long))
+    assert torch.equal(got_B, task.score(greedy).rewards_B.repeat_interleave(2))
+    rc = main(["train", "--method", "remax", "--num_steps", "3", "--eval_every", "0",
+               *EPISODE_RUN, "--runs_dir", str(tmp_path), "--name", "remax"])
+    assert rc == 0
+    records = [json.loads(line) for line in (tmp_path / "remax" / "metrics.jsonl").open()]
+    assert all(0.0 <= r["reward/greedy_mean"] <= 1.0 for r in records)

@@ -113,6 +113,7 @@ class RolloutBatch:
       is True when the environment ended the episode, False when a budget truncated it.
     - ``env_time_B``: seconds spent in the row's environment (reset and steps);
       ``env_errors_B``: environment calls that raised (the episode then ends 'failed').
+    - ``env_seeds_B``: the seed of the row's environment (rows of a group share it).
     """
 
     prompt_tokens_BP: torch.Tensor
@@ -142,6 +143,7 @@ class RolloutBatch:
     end_reason_B: torch.Tensor | None = None
     env_time_B: torch.Tensor | None = None
     env_errors_B: torch.Tensor | None = None
+    env_seeds_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -644,8 +644,6 @@ def episode_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
         (spec.needs_candidates, "scores next-token candidates against the task's labels at "
          "every position, which episodes do not have"),
         (spec.needs_token_labels, "reads per-token labels, which episodes do not have"),
-        (spec.needs_greedy_baseline, "needs a greedy single-turn rollout as its baseline; "
-         "episodes are not single rollouts"),
     )
     errors = [f"method {cfg.method!r} {message} (task {cfg.task!r} is interactive)"
               for refused, message in why if refused]

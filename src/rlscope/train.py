@@ -251,7 +251,13 @@ def greedy_rewards(rollout: RolloutBatch, policy: Policy, task: Task, cfg: Train
                                 decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
     seeds_B = torch.zeros(prompts.batch_size, dtype=torch.long,
                           device=prompts.tokens_BP.device)
-    greedy = generate(policy, prompts, greedy_cfg, seeds_B, max_new_tokens)
+    if isinstance(task, Interactive):  # one greedy episode from each group's start
+        assert rollout.env_seeds_B is not None
+        greedy = generate_episodes(policy, task.environment_factory,
+                                   rollout.env_seeds_B[::group_size], task.episode_budget,
+                                   greedy_cfg, seeds_B)
+    else:
+        greedy = generate(policy, prompts, greedy_cfg, seeds_B, max_new_tokens)
     scored = score_rollouts(greedy, policy, task, cfg, False, step, noise=step_generator(
         cfg.run.seed, step, GREEDY_NOISE_SEED_OFFSET))
     if OVERLONG[overlong.name].shapes_reward:

@@ -5,8 +5,8 @@ per row against the environment ``factory.make(seed)`` and returns it as one `Ro
 row: the prompt is the environment's initial observation, the completion the interleaved
 policy and environment segments, ``completion_mask_BT`` is 1 on the policy's tokens only and
 the episode fields (``env_mask_BT``, ``turn_BT``, ``turn_rewards_BK``, ``turns_B``,
-``end_reason_B``, ``env_time_B``, ``env_errors_B``) say which token is whose, what each turn
-earned and why the episode ended.
+``end_reason_B``, ``env_time_B``, ``env_errors_B``, ``env_seeds_B``) say which token is
+whose, what each turn earned and why the episode ended.
 
 One loop, position by position over the KV cache, advances every row by one token per step:
 
@@ -224,6 +224,7 @@ def generate_episodes(policy: Policy, factory: EnvironmentFactory, env_seeds_B: 
         env_time_B=torch.tensor([row.seconds for row in rows], dtype=torch.float64,
                                 device=device).float(),
         env_errors_B=torch.tensor([row.errors for row in rows], device=device),
+        env_seeds_B=env_seeds_B.to(device),
     )
 
 
