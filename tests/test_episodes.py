@@ -372,8 +372,12 @@ def test_turn_budget_exhaustion_rule():
     planted = HEALTHY | {"episode/truncated_frac/max_turns": np.linspace(0.1, 0.6, N)}
     f = fired(RULES["turn_budget_exhaustion"](table(planted), DoctorConfig()),
               "turn_budget_exhaustion")
-    assert f.evidence["last_window_mean"] > 0.5
+    assert f.evidence["last_window_mean"] > 0.5 and f.evidence["budget"] == "max_turns"
+    assert f.actions[0] == "raise --max_turns"
     assert RULES["turn_budget_exhaustion"](table(HEALTHY), DoctorConfig()) == []
+    # on a multi-turn run the single-turn truncation rule defers to it
+    out = RULES["truncation"](table(planted | {"length/clip_ratio": 0.6}), DoctorConfig())
+    assert isinstance(out, Unavailable) and out.reason == "config"
 
 
 def test_env_time_dominates_rule():

@@ -134,8 +134,8 @@ class DoctorConfig:
     """env_tokens_in_loss: a fraction of environment tokens inside the loss mask above this at
     any step (a correct multi-turn run trains on none)."""
     turn_budget_frac: float = 0.3
-    """turn_budget_exhaustion: episodes truncated by the turn budget (max_turns or
-    max_turn_tokens) above this fraction in the last window."""
+    """turn_budget_exhaustion: episodes truncated by a budget (max_turns, max_turn_tokens or
+    max_episode_tokens) above this fraction in the last window."""
     env_time_share: float = 0.5
     """env_time_dominates: the environments' seconds above this share of the step in the
     median step."""

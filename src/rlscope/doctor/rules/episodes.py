@@ -1,5 +1,5 @@
 """Multi-turn rules (issue 20): environment tokens inside the loss mask, episodes running out
-of their turn budget, environments dominating the step.
+of their budget (turns, tokens per turn, tokens per episode), environments dominating the step.
 
 They read the ``episode/`` and ``env/`` metrics of an interactive task's run
 (`rlscope.sampling.episodes`). A run that logs none of them is single-turn: the rules do not
@@ -16,8 +16,9 @@ from rlscope.doctor.stats import aligned, window_size
 from rlscope.doctor.table import MetricTable
 
 EPISODE_PREFIX = "episode/"
-TURN_BUDGET = ("episode/truncated_frac/max_turns", "episode/truncated_frac/max_turn_tokens")
-"""The truncations that mean the turn budget ran out (the episode budget is a token budget)."""
+BUDGETS = ("episode/truncated_frac/max_turns", "episode/truncated_frac/max_turn_tokens",
+           "episode/truncated_frac/max_episode_tokens")
+"""The truncated fractions, one per budget (`rlscope.envs.TRUNCATION_REASONS`)."""
 
 
 def _single_turn(t: MetricTable) -> bool:
@@ -55,37 +56,41 @@ def env_tokens_in_loss(t: MetricTable, c: DoctorConfig) -> RuleOut:
 
 
 def turn_budget_exhaustion(t: MetricTable, c: DoctorConfig) -> RuleOut:
-    """Episodes truncated by the turn budget (``episode/truncated_frac/max_turns`` plus
-    ``.../max_turn_tokens``) above turn_budget_frac in the last window: the policy runs out of
-    turns before the environment ends the episode, so those episodes score as failures
-    whatever they were about to do."""
+    """Episodes cut by a budget (``episode/truncated_frac/<reason>`` summed over max_turns,
+    max_turn_tokens and max_episode_tokens) above turn_budget_frac in the last window: the
+    policy runs out of turns (or tokens) before the environment ends the episode, so those
+    episodes score as unfinished whatever they were about to do. Names the budget that cuts
+    most and its option."""
     if _single_turn(t):
         return []
-    present = [n for n in TURN_BUDGET if t.has(n)]
+    present = [n for n in BUDGETS if t.has(n)]
     if not present:
-        return Unavailable(TURN_BUDGET)
+        return Unavailable(BUDGETS)
     steps, total = t.series(present[0])
     for name in present[1:]:
         steps, total, other = aligned((steps, total), t.series(name))
         total = total + other
-    last = float(total[-window_size(len(total)):].mean())
+    w = window_size(len(total))
+    last = float(total[-w:].mean())
     if last <= c.turn_budget_frac:
         return []
-    evidence = {"last_window_mean": _r(last), "metrics": present,
-                "first_window_mean": _r(float(total[:window_size(len(total))].mean()))}
+    by_reason = {n.rsplit("/", 1)[1]: _r(float(t.values(n)[-w:].mean())) for n in present}
+    worst = max(by_reason, key=lambda k: by_reason[k])
+    evidence = {"last_window_mean": _r(last), "by_reason": by_reason, "budget": worst,
+                "first_window_mean": _r(float(total[:w].mean()))}
     if t.has("episode/turns"):
-        evidence["turns_last_window"] = _r(float(
-            t.values("episode/turns")[-window_size(len(t.values("episode/turns"))):].mean()))
+        turns = t.values("episode/turns")
+        evidence["turns_last_window"] = _r(float(turns[-window_size(len(turns)):].mean()))
     return [Finding(
         "turn_budget_exhaustion", "warning",
-        f"{last:.0%} of episodes run out of turns before the environment ends them",
-        evidence,
-        "An episode cut by the turn budget gets the return of an unfinished one: if the policy "
-        "needs more turns than it is allowed, most groups hold only failures and the "
-        "advantages carry little signal; if it dawdles, nothing teaches it to finish sooner.",
-        ("raise --max_turns (or --max_turn_tokens where turns are cut)",
+        f"{last:.0%} of episodes are cut by their budget before the environment ends them "
+        f"(mostly {worst})", evidence,
+        "An episode cut by a budget gets the return of an unfinished one: if the policy needs "
+        "more turns than it is allowed, most groups hold only failures and the advantages carry "
+        "little signal; if it dawdles, nothing teaches it to finish sooner.",
+        (f"raise --{worst}",
          "reward finishing in fewer turns (a per-turn cost or --turn_discount below 1)"),
-        0.7, step=float(steps[-window_size(len(total))]))]
+        0.7, step=float(steps[-w]))]
 
 
 def env_time_dominates(t: MetricTable, c: DoctorConfig) -> RuleOut:
