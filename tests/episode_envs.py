@@ -15,6 +15,8 @@ Token ids (vocabulary 8): 0 pad, 1 the turn stop token, 5 the target the policy 
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 
 from rlscope.envs.base import Transition
@@ -92,3 +94,45 @@ class RaisingFactory:
 
     def make(self, seed: int) -> RaisingEnv:
         return RaisingEnv()
+
+
+@dataclass
+class SlowEchoFactory:
+    """`EchoFactory` whose steps sleep ``seconds`` (a slow tool or sandbox)."""
+
+    seconds: float = 0.05
+    name: str = "slow_echo"
+    vocab_size: int = VOCAB
+    turn_stop_token_ids: tuple[int, ...] = (STOP,)
+
+    def make(self, seed: int) -> SlowEchoEnv:
+        return SlowEchoEnv(seed, seconds=self.seconds)
+
+
+@dataclass
+class SlowEchoEnv(EchoEnv):
+    seconds: float = 0.05
+
+    def step(self, action: tuple[int, ...]) -> Transition:
+        time.sleep(self.seconds)
+        return super().step(action)
+
+
+class DyingEnv:
+    """Its step kills the process it runs in (a worker crash: segfault, OOM kill)."""
+
+    def reset(self) -> tuple[int, ...]:
+        return (2, 3)
+
+    def step(self, action: tuple[int, ...]) -> Transition:
+        os._exit(3)
+
+
+@dataclass
+class DyingFactory:
+    name: str = "dying"
+    vocab_size: int = VOCAB
+    turn_stop_token_ids: tuple[int, ...] = (STOP,)
+
+    def make(self, seed: int) -> DyingEnv:
+        return DyingEnv()

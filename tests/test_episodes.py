@@ -416,3 +416,59 @@ def test_remax_baseline_on_episodes_is_a_greedy_episode_per_group(echo_task, tmp
     assert rc == 0
     records = [json.loads(line) for line in (tmp_path / "remax" / "metrics.jsonl").open()]
     assert all(0.0 <= r["reward/greedy_mean"] <= 1.0 for r in records)
+
+
+def test_environments_in_worker_processes_give_the_same_episodes():
+    from episode_envs import SlowEchoFactory
+
+    from rlscope.sampling.episodes import EpisodePool
+
+    policy = tiny_policy(5)
+    factory = SlowEchoFactory(seconds=0.01)
+    here = sample(policy, SamplingConfig(), factory)
+    pool = EpisodePool(2)
+    try:
+        there = sample(policy, SamplingConfig(), factory)
+        pooled = generate_episodes(policy, factory, ENV_SEEDS, BUDGET, SamplingConfig(),
+                                   ROW_SEEDS, group_id_B=torch.arange(4).repeat_interleave(2),
+                                   pool=pool)
+    finally:
+        pool.close()
+    assert torch.equal(here.completion_tokens_BT, there.completion_tokens_BT)
+    for name in ("completion_tokens_BT", "completion_mask_BT", "env_mask_BT", "turn_BT",
+                 "turn_rewards_BK", "turns_B", "end_reason_B", "finished_by_stop_B"):
+        assert torch.equal(getattr(pooled, name), getattr(here, name)), name
+    torch.testing.assert_close(pooled.logp_sampler_BT, here.logp_sampler_BT, atol=1e-5, rtol=0)
+    assert pooled.env_time_B is not None and float(pooled.env_time_B.sum()) >= 0.01
+
+
+def test_a_dead_worker_fails_its_episodes_and_the_pool_recovers():
+    from episode_envs import DyingFactory
+
+    from rlscope.sampling.episodes import EpisodePool
+
+    pool = EpisodePool(1)
+    budget = EpisodeBudget(max_turns=2, max_turn_tokens=2, max_episode_tokens=8)
+    try:
+        dead = generate_episodes(FixedPolicy(STOP), DyingFactory(), torch.tensor([0, 1]),
+                                 budget, GREEDY, torch.tensor([0, 1]), pool=pool)
+        alive = generate_episodes(FixedPolicy(STOP), EndlessFactory(), torch.tensor([0, 1]),
+                                  budget, GREEDY, torch.tensor([0, 1]), pool=pool)
+    finally:
+        pool.close()
+    assert dead.end_reason_B is not None and dead.env_errors_B is not None
+    assert [DONE_REASONS[int(r)] for r in dead.end_reason_B] == ["failed", "failed"]
+    assert dead.env_errors_B.tolist() == [1, 1]
+    assert alive.end_reason_B is not None
+    assert [DONE_REASONS[int(r)] for r in alive.end_reason_B] == ["max_turns"] * 2
+
+
+def test_train_with_environments_in_worker_processes(echo_task, tmp_path):
+    rc = main(["train", "--method", "grpo", "--num_steps", "2", "--eval_every", "0",
+               *EPISODE_RUN, "--env_processes", "2", "--runs_dir", str(tmp_path),
+               "--name", "pool"])
+    assert rc == 0
+    records = [json.loads(line) for line in (tmp_path / "pool" / "metrics.jsonl").open()]
+    assert len(records) == 2 and all(r["env/errors"] == 0.0 for r in records)
+    evals = [json.loads(line) for line in (tmp_path / "pool" / "eval.jsonl").open()]
+    assert 0.0 <= evals[-1]["eval/success"] <= 1.0

@@ -51,7 +51,8 @@ def evaluate(policy: Policy, task: Task, prompt_sets: list[PromptBatch],
         if isinstance(task, Interactive):  # greedy episodes from the held-out seeds
             assert prompts.env_seeds_B is not None
             rollout = generate_episodes(policy, task.environment_factory, prompts.env_seeds_B,
-                                        task.episode_budget, cfg, seeds_B, with_entropy=True)
+                                        task.episode_budget, cfg, seeds_B, with_entropy=True,
+                                        pool=task.episode_pool)
         else:
             rollout = generate(policy, prompts, cfg, seeds_B, max_new_tokens,
                                with_entropy=True)

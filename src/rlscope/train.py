@@ -190,7 +190,7 @@ def sample_rollouts(policy: Policy, task: Task, cfg: TrainConfig, generator: tor
         assert prompts.env_seeds_B is not None
         rollout = generate_episodes(policy, task.environment_factory, prompts.env_seeds_B,
                                     task.episode_budget, sampling, seeds_B, group_id_B=group_B,
-                                    with_sum_p2=with_sum_p2)
+                                    with_sum_p2=with_sum_p2, pool=task.episode_pool)
     else:
         rollout = generate(policy, prompts, sampling, seeds_B, max_new_tokens,
                            group_id_B=group_B, with_sum_p2=with_sum_p2)
@@ -255,7 +255,7 @@ def greedy_rewards(rollout: RolloutBatch, policy: Policy, task: Task, cfg: Train
         assert rollout.env_seeds_B is not None
         greedy = generate_episodes(policy, task.environment_factory,
                                    rollout.env_seeds_B[::group_size], task.episode_budget,
-                                   greedy_cfg, seeds_B)
+                                   greedy_cfg, seeds_B, pool=task.episode_pool)
     else:
         greedy = generate(policy, prompts, greedy_cfg, seeds_B, max_new_tokens)
     scored = score_rollouts(greedy, policy, task, cfg, False, step, noise=step_generator(

@@ -35,8 +35,14 @@ position), which the environments need anyway.
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
 import time
+import weakref
 from collections import deque
+from collections.abc import Generator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import torch
@@ -50,14 +56,15 @@ from rlscope.envs.base import (
     EpisodeBudget,
     Transition,
 )
+from rlscope.envs.stepping import ERROR_REASON, StepResult, timed_step
 from rlscope.policy.base import Policy
 from rlscope.sampling.draw import Draw, SamplingConfig, draw
 from rlscope.sampling.processors import gumbel_offsets
 
-__all__ = ["ENV_ERROR_REASON", "episode_loss_metrics", "episode_metrics", "generate_episodes",
-           "initial_observations"]
+__all__ = ["ENV_ERROR_REASON", "EpisodePool", "episode_loss_metrics", "episode_metrics",
+           "generate_episodes", "initial_observations"]
 
-ENV_ERROR_REASON = "failed"
+ENV_ERROR_REASON = ERROR_REASON
 """The end reason of an episode whose environment raised."""
 
 _POLICY, _ENV, _DONE = 0, 1, 2
@@ -73,6 +80,8 @@ class _Row:
     """The current turn (policy turns taken before it)."""
     action: list[int] = field(default_factory=list)
     """The current policy turn's tokens."""
+    cut: bool = False
+    """The current turn was cut by the per-turn token limit."""
     pending: deque[int] = field(default_factory=deque)
     """Observation tokens still to feed."""
     rewards: list[float] = field(default_factory=list)
@@ -82,74 +91,98 @@ class _Row:
     errors: int = 0
 
 
+class EpisodePool:
+    """Worker processes for slow environments (``--env_processes``).
+
+    With ``processes`` workers the episode batch is decoded as that many sub-batches of whole
+    groups, each its own cached loop: while one waits for its environments' steps (running in
+    the workers, the environment sent with the call and returned with its new state), the
+    others decode, so environment time overlaps decoding and steps of different sub-batches
+    run in parallel. The executor starts on first use (spawned workers, which import no torch)
+    and stops when the pool is closed or collected."""
+
+    def __init__(self, processes: int) -> None:
+        if processes < 1:
+            raise ValueError(f"an episode pool needs >= 1 process (got {processes})")
+        self.processes = processes
+        self._executor: ProcessPoolExecutor | None = None
+
+    def executor(self) -> Executor:
+        """The running executor (started on first use)."""
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(
+                self.processes, mp_context=multiprocessing.get_context("spawn"))
+            weakref.finalize(self, self._executor.shutdown, wait=False, cancel_futures=True)
+        return self._executor
+
+    def submit(self, env: Environment, action: tuple[int, ...]) -> Future[StepResult]:
+        """`timed_step` of ``env`` in a worker; a pool broken by a dead worker is replaced
+        once (the episodes whose steps it lost end 'failed', see `_result`)."""
+        try:
+            return self.executor().submit(timed_step, env, action)
+        except BrokenProcessPool:
+            self.close()
+            return self.executor().submit(timed_step, env, action)
+
+    def close(self) -> None:
+        """Stop the workers (a later call starts new ones)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+
+def _result(future: Future[StepResult], env: Environment) -> StepResult:
+    """The step's result; a worker that died or could not run it ends the episode 'failed'
+    (counted in ``env_errors_B``) instead of stopping the run."""
+    try:
+        return future.result()
+    except Exception:
+        failed = Transition(observation=(), reward=0.0, done=True, reason=ERROR_REASON)
+        return StepResult(env, failed, 0.0, error=True)
+
+
 def initial_observations(factory: EnvironmentFactory, env_seeds: list[int]
                          ) -> list[tuple[int, ...]]:
     """The initial observation of each seed's environment (what the rows' prompts are)."""
     return [tuple(factory.make(seed).reset()) for seed in env_seeds]
 
 
-def _step(row: _Row, budget: EpisodeBudget, cut_by_turn_limit: bool) -> None:
-    """End ``row``'s policy turn: step its environment and set what comes next."""
-    t0 = time.perf_counter()
-    try:
-        transition = row.env.step(tuple(row.action))
-    except Exception:  # the contract forbids it; the episode ends, the run goes on
-        transition = Transition(observation=(), reward=0.0, done=True, reason=ENV_ERROR_REASON)
-        row.errors += 1
-    row.seconds += time.perf_counter() - t0
+def _apply(row: _Row, result: StepResult, budget: EpisodeBudget) -> None:
+    """End ``row``'s policy turn with its environment's step ``result``; set what comes
+    next."""
+    transition = result.transition
+    row.env = result.env
+    row.seconds += result.seconds
+    row.errors += int(result.error)
     row.rewards.append(float(transition.reward))
-    row.action = []
     row.turn += 1
     if transition.done:
         row.mode, row.by_env = _DONE, True
-        row.reason = transition.reason if transition.reason in DONE_REASONS else "failed"
+        row.reason = transition.reason if transition.reason in DONE_REASONS else ERROR_REASON
     elif row.turn >= budget.max_turns:
         row.mode = _DONE
-        row.reason = "max_turn_tokens" if cut_by_turn_limit else "max_turns"
+        row.reason = "max_turn_tokens" if row.cut else "max_turns"
     else:
         row.pending.extend(int(t) for t in transition.observation)
         row.mode = _ENV if row.pending else _POLICY
+    row.action, row.cut = [], False
 
 
-@torch.no_grad()
-def generate_episodes(policy: Policy, factory: EnvironmentFactory, env_seeds_B: torch.Tensor,
-                      budget: EpisodeBudget, cfg: SamplingConfig, row_seeds_B: torch.Tensor,
-                      pad_token_id: int = 0, group_id_B: torch.Tensor | None = None,
-                      with_entropy: bool = False, with_sum_p2: bool = False) -> RolloutBatch:
-    """One episode per row of ``env_seeds_B`` (module docstring), as a `RolloutBatch`.
+Requests = list[tuple[int, tuple[int, ...]]]
+"""(row, action) pairs whose environments must step before the loop goes on."""
 
-    Shapes: ``env_seeds_B`` and ``row_seeds_B`` ``[B]`` (rows of a GRPO group share their
-    environment seed and differ in their sampling seed); returns prompts ``[B, P]`` (the
-    initial observations, left-padded) and completions ``[B, T]`` with
-    ``T <= budget.max_episode_tokens``. Greedy when ``cfg.temperature == 0``; ``cfg``'s stop
-    tokens and ``max_new_tokens`` are not read (the factory's turn stops and the budget are).
-    ``with_entropy`` / ``with_sum_p2``: as `rlscope.sampling.sampler.generate` (0 on
-    environment tokens).
-    """
-    problems = budget.validate()
-    if problems:
-        raise ValueError("; ".join(problems))
-    device = row_seeds_B.device
-    B = int(env_seeds_B.shape[0])
-    rows = [_Row(env=factory.make(int(s))) for s in env_seeds_B.tolist()]
-    observations = []
-    for row in rows:
-        t0 = time.perf_counter()
-        observations.append(torch.tensor(row.env.reset(), dtype=torch.long))
-        row.seconds += time.perf_counter() - t0
-    if any(o.numel() == 0 for o in observations):
-        raise ValueError(f"environment {factory.name!r} gave an empty initial observation: the "
-                         "policy needs at least one token to start from")
-    prompts = PromptBatch.left_padded(observations, pad_token_id).to(device)
-    prompt_mask = prompts.attention_mask_BP
-    assert prompt_mask is not None
-    if bool(prompt_mask.all()):
-        prompts = PromptBatch(tokens_BP=prompts.tokens_BP)
-    P, T = prompts.tokens_BP.shape[1], budget.max_episode_tokens
-    greedy = cfg.temperature == 0
-    stops = set(factory.turn_stop_token_ids)
+
+def _decode(policy: Policy, rows: list[_Row], prompts: PromptBatch, budget: EpisodeBudget,
+            stops: set[int], cfg: SamplingConfig, row_seeds_B: torch.Tensor, pad_token_id: int,
+            with_entropy: bool, with_sum_p2: bool
+            ) -> Generator[Requests, list[StepResult], dict[str, torch.Tensor | None]]:
+    """The position loop of one (sub-)batch (module docstring). Yields the environment steps
+    it needs at a position (the driver sends back their results, in order) and returns the
+    stacked per-position tensors."""
+    device, B = row_seeds_B.device, len(rows)
+    T, greedy = budget.max_episode_tokens, cfg.temperature == 0
     if cfg.use_cache:
-        cache = policy.init_cache(B, P + T)
+        cache = policy.init_cache(B, prompts.tokens_BP.shape[1] + T)
         logits_BV = policy.prefill(prompts.tokens_BP, prompts.attention_mask_BP, cache)
     else:
         seq_BL, mask_BL = prompts.tokens_BP, prompts.attention_mask_BP
@@ -163,15 +196,16 @@ def generate_episodes(policy: Policy, factory: EnvironmentFactory, env_seeds_B: 
         d = draw(logits_BV, sampling_B, gumbel_BV, cfg, pad_token_id, with_entropy,
                  with_sum_p2)
         sampled = d.token_B.tolist()
-        step_tokens = []
+        step_tokens, requests = [], []
         # an observation answers the turn before it: policy turn k and its answer share k
         turns.append([row.turn if k == _POLICY else row.turn - 1 if k == _ENV else -1
                       for row, k in zip(rows, kind, strict=True)])
-        for row, k, token in zip(rows, kind, sampled, strict=True):
+        for i, (row, k, token) in enumerate(zip(rows, kind, sampled, strict=True)):
             if k == _POLICY:
                 row.action.append(int(token))
                 if int(token) in stops or len(row.action) >= budget.max_turn_tokens:
-                    _step(row, budget, int(token) not in stops)
+                    row.cut = int(token) not in stops
+                    requests.append((i, tuple(row.action)))
             elif k == _ENV:
                 token = row.pending.popleft()
                 if not row.pending:
@@ -179,6 +213,10 @@ def generate_episodes(policy: Policy, factory: EnvironmentFactory, env_seeds_B: 
             else:
                 token = pad_token_id
             step_tokens.append(int(token))
+        if requests:
+            results = yield requests
+            for (i, _), result in zip(requests, results, strict=True):
+                _apply(rows[i], result, budget)
         token_B = torch.tensor(step_tokens, dtype=torch.long, device=device)
         draws.append(d)
         tokens.append(token_B)
@@ -200,23 +238,162 @@ def generate_episodes(policy: Policy, factory: EnvironmentFactory, env_seeds_B: 
     keep = [d.keep_BV for d in draws if d.keep_BV is not None]
     entropy = [d.entropy_B for d in draws if d.entropy_B is not None]
     sum_p2 = [d.sum_p2_B for d in draws if d.sum_p2_B is not None]
+    return {
+        "completion_tokens_BT": torch.stack(tokens, 1),
+        "completion_mask_BT": policy_BT.float(),
+        "logp_sampler_BT": torch.stack([d.logp_sampler_B for d in draws], 1) * policy_BT,
+        "logp_raw_BT": torch.stack([d.logp_raw_B for d in draws], 1) * policy_BT,
+        "keep_mask_BTV": torch.stack(keep, 1) if keep else None,
+        "entropy_BT": torch.stack(entropy, 1) * policy_BT if entropy else None,
+        "sum_p2_sampler_BT": torch.stack(sum_p2, 1) * policy_BT if sum_p2 else None,
+        "env_mask_BT": (kind_BT == _ENV).float(),
+        "turn_BT": torch.tensor(turns, dtype=torch.long, device=device).T.contiguous(),
+    }
+
+
+_PAD_AFTER = {"completion_mask_BT": 0, "logp_sampler_BT": 0, "logp_raw_BT": 0,
+              "keep_mask_BTV": True, "entropy_BT": 0, "sum_p2_sampler_BT": 0,
+              "env_mask_BT": 0, "turn_BT": -1}
+"""What a sub-batch that ended early holds after its last position (its rows are done)."""
+
+
+def _joined(parts: list[dict[str, torch.Tensor | None]], pad_token_id: int
+            ) -> dict[str, torch.Tensor | None]:
+    """The sub-batches' per-position tensors side by side in rows, the shorter right-padded
+    as finished rows are."""
+    if len(parts) == 1:
+        return parts[0]
+    T = max(int(p["completion_tokens_BT"].shape[1]) for p in parts)  # type: ignore[union-attr]
+    out: dict[str, torch.Tensor | None] = {}
+    for name in parts[0]:
+        values = [p[name] for p in parts]
+        if values[0] is None:
+            out[name] = None
+            continue
+        fill = _PAD_AFTER.get(name, pad_token_id)
+        padded = []
+        for v in values:
+            assert v is not None
+            extra = T - v.shape[1]
+            if extra:
+                tail = torch.full((v.shape[0], extra, *v.shape[2:]), fill, dtype=v.dtype,
+                                  device=v.device)
+                v = torch.cat([v, tail], 1)
+            padded.append(v)
+        out[name] = torch.cat(padded)
+    return out
+
+
+def _drive(loops: list[Generator[Requests, list[StepResult], dict[str, torch.Tensor | None]]],
+           rows: list[list[_Row]], pool: EpisodePool | None
+           ) -> list[dict[str, torch.Tensor | None]]:
+    """Run the sub-batches' loops to their end: environment steps in this process (``pool``
+    None, one loop) or in the pool's workers, a loop resuming as soon as all the steps it
+    waits for are done while the others decode."""
+    results: dict[int, dict[str, torch.Tensor | None]] = {}
+    waiting: dict[int, tuple[Requests, list[Future[StepResult]]]] = {}
+
+    def advance(k: int, sent: list[StepResult] | None) -> None:
+        while True:
+            try:
+                requests = loops[k].send(sent)  # type: ignore[arg-type]
+            except StopIteration as stop:
+                results[k] = stop.value
+                return
+            if pool is None:
+                sent = [timed_step(rows[k][i].env, action) for i, action in requests]
+                continue
+            waiting[k] = requests, [pool.submit(rows[k][i].env, action)
+                                    for i, action in requests]
+            return
+
+    for k in range(len(loops)):
+        advance(k, None)
+    while waiting:
+        ready = [k for k, (_, futures) in waiting.items() if all(f.done() for f in futures)]
+        if not ready:
+            wait([f for _, futures in waiting.values() for f in futures],
+                 return_when=FIRST_COMPLETED)
+            continue
+        for k in ready:
+            requests, futures = waiting.pop(k)
+            advance(k, [_result(f, rows[k][i].env)
+                        for (i, _), f in zip(requests, futures, strict=True)])
+    return [results[k] for k in range(len(loops))]
+
+
+def _group_chunks(group_id_B: torch.Tensor, n: int) -> list[slice]:
+    """At most ``n`` contiguous slices of whole groups with about as many rows each."""
+    starts = [0] + [i for i in range(1, len(group_id_B))
+                    if int(group_id_B[i]) != int(group_id_B[i - 1])]
+    n = max(1, min(n, len(starts)))
+    bounds = [starts[round(j * len(starts) / n)] for j in range(n)] + [len(group_id_B)]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+@torch.no_grad()
+def generate_episodes(policy: Policy, factory: EnvironmentFactory, env_seeds_B: torch.Tensor,
+                      budget: EpisodeBudget, cfg: SamplingConfig, row_seeds_B: torch.Tensor,
+                      pad_token_id: int = 0, group_id_B: torch.Tensor | None = None,
+                      with_entropy: bool = False, with_sum_p2: bool = False,
+                      pool: EpisodePool | None = None) -> RolloutBatch:
+    """One episode per row of ``env_seeds_B`` (module docstring), as a `RolloutBatch`.
+
+    Shapes: ``env_seeds_B`` and ``row_seeds_B`` ``[B]`` (rows of a GRPO group share their
+    environment seed and differ in their sampling seed); returns prompts ``[B, P]`` (the
+    initial observations, left-padded) and completions ``[B, T]`` with
+    ``T <= budget.max_episode_tokens``. Greedy when ``cfg.temperature == 0``; ``cfg``'s stop
+    tokens and ``max_new_tokens`` are not read (the factory's turn stops and the budget are).
+    ``with_entropy`` / ``with_sum_p2``: as `rlscope.sampling.sampler.generate` (0 on
+    environment tokens). ``pool``: step the environments in its worker processes, the batch
+    decoded as that many sub-batches of whole groups (`EpisodePool`); None = in this process.
+    """
+    problems = budget.validate()
+    if problems:
+        raise ValueError("; ".join(problems))
+    device = row_seeds_B.device
+    B = int(env_seeds_B.shape[0])
+    group_B = group_id_B if group_id_B is not None else torch.arange(B, device=device)
+    rows = [_Row(env=factory.make(int(s))) for s in env_seeds_B.tolist()]
+    observations = []
+    for row in rows:
+        t0 = time.perf_counter()
+        observations.append(torch.tensor(row.env.reset(), dtype=torch.long))
+        row.seconds += time.perf_counter() - t0
+    if any(o.numel() == 0 for o in observations):
+        raise ValueError(f"environment {factory.name!r} gave an empty initial observation: the "
+                         "policy needs at least one token to start from")
+    prompts = PromptBatch.left_padded(observations, pad_token_id).to(device)
+    stops = set(factory.turn_stop_token_ids)
+    chunks = _group_chunks(group_B.cpu(), pool.processes) if pool is not None \
+        else [slice(0, B)]
+    loops = []
+    for c in chunks:
+        sub = prompts.select(c)
+        # a sub-batch keeps only the padding it needs (the rows' positions do not change)
+        assert sub.attention_mask_BP is not None
+        width = int(sub.attention_mask_BP.sum(-1).max())
+        sub = PromptBatch(tokens_BP=sub.tokens_BP[:, -width:],
+                          attention_mask_BP=None if bool(sub.attention_mask_BP[:, -width:].all())
+                          else sub.attention_mask_BP[:, -width:])
+        loops.append(_decode(policy, rows[c], sub, budget, stops, cfg, row_seeds_B[c],
+                             pad_token_id, with_entropy, with_sum_p2))
+    decoded = _joined(_drive(loops, [rows[c] for c in chunks], pool), pad_token_id)
+    prompt_mask = prompts.attention_mask_BP
+    assert prompt_mask is not None
     rewards_BK = torch.zeros(B, budget.max_turns, device=device)
     for i, row in enumerate(rows):
         rewards_BK[i, :len(row.rewards)] = torch.tensor(row.rewards)
+    completion = {k: v for k, v in decoded.items() if v is not None}
     return RolloutBatch(
         prompt_tokens_BP=prompts.tokens_BP,
-        prompt_mask_BP=prompts.attention_mask_BP,
-        completion_tokens_BT=torch.stack(tokens, 1),
-        completion_mask_BT=policy_BT.float(),
-        logp_sampler_BT=torch.stack([d.logp_sampler_B for d in draws], 1) * policy_BT,
-        logp_raw_BT=torch.stack([d.logp_raw_B for d in draws], 1) * policy_BT,
+        prompt_mask_BP=None if bool(prompt_mask.all()) else prompt_mask,
+        completion_tokens_BT=completion.pop("completion_tokens_BT"),
+        completion_mask_BT=completion.pop("completion_mask_BT"),
+        logp_sampler_BT=completion.pop("logp_sampler_BT"),
+        logp_raw_BT=completion.pop("logp_raw_BT"),
         finished_by_stop_B=torch.tensor([row.by_env for row in rows], device=device),
-        group_id_B=group_id_B if group_id_B is not None else torch.arange(B, device=device),
-        keep_mask_BTV=torch.stack(keep, 1) if keep else None,
-        entropy_BT=torch.stack(entropy, 1) * policy_BT if entropy else None,
-        sum_p2_sampler_BT=torch.stack(sum_p2, 1) * policy_BT if sum_p2 else None,
-        env_mask_BT=(kind_BT == _ENV).float(),
-        turn_BT=torch.tensor(turns, dtype=torch.long, device=device).T.contiguous(),
+        group_id_B=group_B,
         turn_rewards_BK=rewards_BK,
         turns_B=torch.tensor([len(row.rewards) for row in rows], device=device),
         end_reason_B=torch.tensor([DONE_REASONS.index(row.reason) for row in rows],
@@ -225,6 +402,7 @@ def generate_episodes(policy: Policy, factory: EnvironmentFactory, env_seeds_B: 
                                 device=device).float(),
         env_errors_B=torch.tensor([row.errors for row in rows], device=device),
         env_seeds_B=env_seeds_B.to(device),
+        **completion,
     )
 
 

@@ -25,7 +25,8 @@ The contract, in full (every check on a task goes through one of these; none thr
     preference_rm without ``--rm_path``), not the supervised jobs.
   - `Tokenized` (``tokenizer``): a text tokenizer, so `rlscope sft --data FILE.jsonl` can read
     text pairs. The byte-level text tasks share their plumbing in `rlscope.tasks.text`.
-  - `Interactive` (``environment_factory``, ``episode_budget``): a multi-turn task; the loop
+  - `Interactive` (``environment_factory``, ``episode_budget``, ``episode_pool``): a
+    multi-turn task; the loop
     samples its rows as episodes against the factory's environments
     (`rlscope.sampling.episodes.generate_episodes`) instead of single completions. Its prompts
     carry ``env_seeds_B``. `rlscope.tasks.episodes.EpisodeTask` adapts any factory.
@@ -41,6 +42,7 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.envs.base import EnvironmentFactory, EpisodeBudget
 from rlscope.policy.base import Policy
+from rlscope.sampling.episodes import EpisodePool
 from rlscope.tokenizer import ByteTokenizer
 
 EVAL_OPTIONS = ("eval_batches", "eval_batch_size")
@@ -123,6 +125,11 @@ class TaskConfig:
     turn_discount: float = 1.0
     """Interactive tasks: per-turn discount γ in (0, 1] of the episode return
     Σ_k γ^k r_k (k = 0 for the first turn); 1 = the plain sum of the turns' rewards."""
+    env_processes: int = 0
+    """Interactive tasks: step the environments in this many worker processes, the batch
+    decoded as as many sub-batches of whole groups, each decoding while the others'
+    environments step (for slow environments: sandboxes, tools); 0 = in the trainer's
+    process."""
 
 
 @dataclass(frozen=True)
@@ -272,8 +279,14 @@ class Interactive(Protocol):
     @property
     def episode_budget(self) -> EpisodeBudget: ...
 
+    @property
+    def episode_pool(self) -> EpisodePool | None:
+        """Worker processes its environments step in (``--env_processes``), or None."""
+        ...
 
-EPISODE_OPTIONS = ("max_turns", "max_turn_tokens", "max_episode_tokens", "turn_discount")
+
+EPISODE_OPTIONS = ("max_turns", "max_turn_tokens", "max_episode_tokens", "turn_discount",
+                   "env_processes")
 """The `TaskConfig` fields only interactive tasks read."""
 
 

@@ -14,7 +14,8 @@ The task is `Interactive`: the loop samples its rows as episodes
 - **Evaluation** (greedy episodes on held-out seeds): ``success`` (episodes the environment
   ended 'solved'), ``test_error`` = 1 − success, ``turns``, ``return``.
 
-Budgets are the task options ``--max_turns``, ``--max_turn_tokens``, ``--max_episode_tokens``;
+Budgets are the task options ``--max_turns``, ``--max_turn_tokens``, ``--max_episode_tokens``
+(``--env_processes N``: slow environments step in N worker processes, `EpisodePool`);
 the completion length is ``max_episode_tokens`` and the prompt length the longest initial
 observation over the held-out set and `PROBE_SEEDS` more seeds (the model's context must hold
 both; a longer observation met in training is an error naming the sizes).
@@ -26,7 +27,7 @@ import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.envs.base import DONE_REASONS, EnvironmentFactory, EpisodeBudget
-from rlscope.sampling.episodes import initial_observations
+from rlscope.sampling.episodes import EpisodePool, initial_observations
 from rlscope.tasks.base import (
     EPISODE_OPTIONS,
     EVAL_OPTIONS,
@@ -69,6 +70,7 @@ class EpisodeTask:
                                     max_episode_tokens=cfg.max_episode_tokens)
         self.completion_len = cfg.max_episode_tokens
         self._prompt_len: int | None = None
+        self.pool = EpisodePool(cfg.env_processes) if cfg.env_processes > 0 else None
 
     @property
     def prompt_len(self) -> int:
@@ -86,6 +88,10 @@ class EpisodeTask:
     @property
     def episode_budget(self) -> EpisodeBudget:
         return self.budget
+
+    @property
+    def episode_pool(self) -> EpisodePool | None:
+        return self.pool
 
     @property
     def traits(self) -> TaskTraits:
@@ -158,4 +164,7 @@ class EpisodeTask:
             errors.append(f"environment {self.factory.name!r} declares no turn stop token")
         if c.eval_batches < 1 or c.eval_batch_size < 1:
             errors.append("task.eval_batches and task.eval_batch_size must be >= 1")
+        if c.env_processes < 0:
+            errors.append(f"task.env_processes={c.env_processes} must be >= 0 (0 = step the "
+                          "environments in the trainer's process)")
         return errors
