@@ -472,3 +472,18 @@ def test_train_with_environments_in_worker_processes(echo_task, tmp_path):
     assert len(records) == 2 and all(r["env/errors"] == 0.0 for r in records)
     evals = [json.loads(line) for line in (tmp_path / "pool" / "eval.jsonl").open()]
     assert 0.0 <= evals[-1]["eval/success"] <= 1.0
+
+
+def test_packed_learner_gives_the_sampler_logprobs_of_an_episode():
+    from rlscope.learner_packed import PackedLearner, packed_forward
+
+    torch.manual_seed(6)
+    policy = build_policy(ModelConfig(arch="llama", d_model=32), VOCAB, 64)
+    batch = sample(policy, SamplingConfig())
+    mask_BT = batch.completion_mask_BT
+    fwd = packed_forward(policy, PackedLearner(logprob_chunk=16), batch,
+                         batch.completion_tokens_BT, mask_BT, batch.logp_sampler_BT,
+                         SampledDistribution(1.0, True), chunked=True)
+    assert fwd is not None
+    torch.testing.assert_close(fwd.logp_BT[mask_BT.bool()],
+                               batch.logp_sampler_BT[mask_BT.bool()], atol=1e-5, rtol=0)
