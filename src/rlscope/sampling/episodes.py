@@ -20,8 +20,9 @@ One loop, position by position over the KV cache, advances every row by one toke
   stop token).
 
 A policy turn ends at one of the factory's ``turn_stop_token_ids`` or after
-``budget.max_turn_tokens`` tokens; the row's environment then steps synchronously (pure Python
-over the turn's tokens), and its observation is fed from the next position on. Budgets
+``budget.max_turn_tokens`` tokens; the row's environment then steps (`rlscope.envs.stepping`:
+synchronously in this process, or with an `EpisodePool` in worker processes while other
+sub-batches decode), and its observation is fed from the next position on. Budgets
 (`rlscope.envs.EpisodeBudget`) truncate an episode with the first reason reached:
 ``max_turns`` after the last allowed turn (recorded as ``max_turn_tokens`` instead when that
 last turn was itself cut by the per-turn limit), ``max_episode_tokens`` when the completion is
