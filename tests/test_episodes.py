@@ -328,11 +328,34 @@ def test_episode_options_are_refused_on_a_single_turn_task(tmp_path, capsys):
     assert "max_turns" in capsys.readouterr().err
 
 
-def test_sampling_length_options_are_refused_on_episodes(echo_task, tmp_path, capsys):
-    rc = main(["train", "--num_steps", "1", *EPISODE_RUN, "--max_new_tokens", "8",
-               "--runs_dir", str(tmp_path)])
+@pytest.mark.parametrize(("option", "reason"), [
+    (["--max_new_tokens", "8"], "--max_episode_tokens"),
+    (["--stop_token_ids", "2"], "turn stop tokens [1]"),
+    (["--backend", "static"], "eager backend"),
+    (["--env_processes", "-1"], "task.env_processes=-1"),
+    (["--turn_discount", "1.5"], "(0, 1]")])
+def test_sampling_options_episodes_cannot_honour_are_refused(echo_task, tmp_path, capsys,
+                                                              option, reason):
+    rc = main(["train", "--num_steps", "1", *EPISODE_RUN, *option, "--runs_dir", str(tmp_path)])
     assert rc == 2
-    assert "--max_episode_tokens" in capsys.readouterr().err
+    assert reason in capsys.readouterr().err
+
+
+def test_an_episode_run_resumes_exactly(echo_task, tmp_path):
+    run = [*EPISODE_RUN, "--eval_every", "0", "--checkpoint_every", "2", "--delay", "1",
+           "--runs_dir", str(tmp_path)]
+    assert main(["train", "--method", "grpo", "--num_steps", "4", "--name", "whole", *run]) == 0
+    assert main(["train", "--method", "grpo", "--num_steps", "2", "--name", "cut", *run]) == 0
+    assert main(["train", "--method", "grpo", "--num_steps", "4", "--resume",
+                 str(tmp_path / "cut"), *run]) == 0
+
+    def records(name: str) -> list[dict[str, float]]:
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/",
+                                                                                 "env/time",
+                                                                                 "throughput/"))}
+                for line in (tmp_path / name / "metrics.jsonl").open()]
+
+    assert records("cut") == records("whole")
 
 
 # ---------------------------------------------------------------- doctor rules
