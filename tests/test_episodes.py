@@ -304,6 +304,14 @@ def test_grpo_trains_on_episodes_for_20_steps(echo_task, tmp_path):
         assert 0.0 <= e["eval/success"] <= 1.0
         assert e["eval/test_error"] == pytest.approx(1.0 - e["eval/success"])
         assert 1.0 <= e["eval/turns"] <= 3.0
+    samples = [json.loads(line) for line in (tmp_path / "ep" / "samples.jsonl").open()]
+    assert samples
+    for sample_row in samples:  # the whole episode, its environment tokens marked
+        assert len(sample_row["env_mask"]) == len(sample_row["completion"])
+        env_tokens = [t for t, e in zip(sample_row["completion"], sample_row["env_mask"],
+                                        strict=True) if e]
+        assert set(env_tokens) <= {6, 7}
+    assert any(any(sample_row["env_mask"]) for sample_row in samples)
     findings = json.loads((tmp_path / "ep" / "findings.json").read_text())["findings"]
     assert findings and "env_tokens_in_loss" not in [f["id"] for f in findings]
 

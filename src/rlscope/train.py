@@ -1009,9 +1009,15 @@ def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: tor
         if batch.prompt_mask_BP is not None:
             prompt = prompt[batch.prompt_mask_BP[i].bool()]
         length = int(mask_BT[i].sum())
+        episode = {}
+        if batch.turn_BT is not None and batch.env_mask_BT is not None:
+            # an episode: the whole interleaved completion, and which tokens are the environment's
+            length = int((batch.turn_BT[i] >= 0).sum())
+            episode = {"env_mask": batch.env_mask_BT[i, :length].long().tolist()}
         log.write({"step": step, "prompt": prompt.tolist(),
                    "completion": batch.completion_tokens_BT[i, :length].tolist(),
-                   "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i])})
+                   "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i]),
+                   **episode})
 
 
 __all__ = ["LoopState", "RunParts", "RunResult", "rollout_metrics", "sample_rollouts",
