@@ -518,3 +518,12 @@ def test_packed_learner_gives_the_sampler_logprobs_of_an_episode():
     assert fwd is not None
     torch.testing.assert_close(fwd.logp_BT[mask_BT.bool()],
                                batch.logp_sampler_BT[mask_BT.bool()], atol=1e-5, rtol=0)
+
+
+def test_a_factory_that_checks_its_options_reports_them_through_the_task():
+    class Checked(EchoFactory):
+        def validate(self) -> list[str]:
+            return ["echo: set --echo_level to 1 or 2"]
+
+    task = EpisodeTask("echo_test", Checked(), TaskConfig())
+    assert task.validate() == ["echo: set --echo_level to 1 or 2"]

@@ -23,6 +23,8 @@ both; a longer observation met in training is an error naming the sizes).
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
@@ -43,6 +45,13 @@ PROBE_SEEDS = 64
 """Environment seeds probed (besides the held-out ones) for the longest initial observation."""
 SEED_RANGE = 2**31
 """Environment seeds are drawn from [0, SEED_RANGE)."""
+
+
+@runtime_checkable
+class ValidatedFactory(Protocol):
+    """A factory that checks its own options (the registered environments do)."""
+
+    def validate(self) -> list[str]: ...
 
 
 def episode_returns(turn_rewards_BK: torch.Tensor, discount: float) -> torch.Tensor:
@@ -162,6 +171,8 @@ class EpisodeTask:
                           "(--turn_discount)")
         if not self.factory.turn_stop_token_ids:
             errors.append(f"environment {self.factory.name!r} declares no turn stop token")
+        if isinstance(self.factory, ValidatedFactory):  # the environment's own options
+            errors += self.factory.validate()
         if c.eval_batches < 1 or c.eval_batch_size < 1:
             errors.append("task.eval_batches and task.eval_batch_size must be >= 1")
         if c.env_processes < 0:
