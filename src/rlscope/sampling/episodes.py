@@ -99,8 +99,9 @@ class EpisodePool:
     groups, each its own cached loop: while one waits for its environments' steps (running in
     the workers, the environment sent with the call and returned with its new state), the
     others decode, so environment time overlaps decoding and steps of different sub-batches
-    run in parallel. The executor starts on first use (spawned workers, which import no torch)
-    and stops when the pool is closed or collected."""
+    run in parallel. The executor starts on first use (spawned workers, which import no torch;
+    a script driving it needs the ``if __name__ == "__main__":`` guard) and stops when the pool
+    is closed or collected."""
 
     def __init__(self, processes: int) -> None:
         if processes < 1:
