@@ -541,3 +541,39 @@ def test_grpo_learns_the_echo_episodes(echo_task, tmp_path):
     assert rc == 0
     evals = [json.loads(line) for line in (tmp_path / "learn" / "eval.jsonl").open()]
     assert evals[0]["eval/success"] <= 0.1 and evals[-1]["eval/success"] >= 0.9
+
+
+def test_episode_batches_of_different_widths_stack_for_the_learner():
+    from rlscope.batch import concat_rollouts
+
+    policy = tiny_policy(7)
+    dist = SampledDistribution(1.0, True)
+    a = generate_episodes(policy, EchoFactory(), torch.tensor([0, 0]), BUDGET, SamplingConfig(),
+                          torch.tensor([1, 2]), group_id_B=torch.tensor([0, 0]))
+    b = generate_episodes(policy, EndlessFactory(answer_len=5), torch.tensor([2, 2]),
+                          EpisodeBudget(max_turns=4, max_turn_tokens=4, max_episode_tokens=30),
+                          SamplingConfig(), torch.tensor([3, 4]), group_id_B=torch.tensor([0, 0]))
+    assert a.prompt_len != b.prompt_len or \
+        a.completion_tokens_BT.shape[1] != b.completion_tokens_BT.shape[1]
+    both = concat_rollouts([a, b])
+    assert both.group_id_B.tolist() == [0, 0, 1, 1]
+    assert both.turn_BT is not None and both.env_mask_BT is not None
+    for part, rows in ((a, slice(0, 2)), (b, slice(2, 4))):
+        T = part.completion_tokens_BT.shape[1]
+        mask = part.completion_mask_BT.bool()
+        assert torch.equal(both.completion_mask_BT[rows, :T], part.completion_mask_BT)
+        assert bool((both.turn_BT[rows, T:] == -1).all())
+        assert float(both.completion_mask_BT[rows, T:].abs().sum()) == 0.0
+        alone = forward_completion(policy, part, part.completion_tokens_BT, dist).logp_BT
+        stacked = forward_completion(policy, both, both.completion_tokens_BT, dist).logp_BT
+        torch.testing.assert_close(stacked[rows, :T][mask], alone[mask], atol=1e-5, rtol=0)
+
+
+def test_dapo_fills_its_batch_with_episodes_of_other_widths(echo_task, tmp_path):
+    run = [arg for arg in EPISODE_RUN if arg not in ("--turn_discount", "0.9")]
+    rc = main(["train", "--method", "dapo", "--fill_batch", "--num_steps", "10",
+               "--eval_every", "0", *run, "--runs_dir", str(tmp_path), "--name", "fill"])
+    assert rc == 0
+    records = [json.loads(line) for line in (tmp_path / "fill" / "metrics.jsonl").open()]
+    assert max(r["group/fill_rounds"] for r in records) >= 2  # a refill was stacked
+    assert all(math.isfinite(r["loss/total"]) for r in records)

@@ -173,12 +173,53 @@ class RolloutBatch:
         return tokens, torch.cat([self.prompt_mask_BP, ones], dim=1)
 
 
+AFTER_END = {"keep_mask_BTV": True, "turn_BT": -1}
+"""What a completion-width field holds after a row's end where it is not 0 (the sampler's
+convention: tokens, masks and log-probs 0; every token kept; no turn)."""
+
+
+def _pad_dim1(x: torch.Tensor, width: int, fill: float | bool, left: bool) -> torch.Tensor:
+    extra = width - x.shape[1]
+    if extra <= 0:
+        return x
+    pad = torch.full((x.shape[0], extra, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    return torch.cat([pad, x] if left else [x, pad], 1)
+
+
+def _same_widths(batches: list[RolloutBatch]) -> list[RolloutBatch]:
+    """``batches`` with one prompt width (left-padded, masks added where needed) and one
+    decoded width (completion-width ``*_BT*`` fields right-padded as after a row's end)."""
+    P = max(b.prompt_len for b in batches)
+    T = max(int(b.completion_tokens_BT.shape[1]) for b in batches)
+    masked = any(b.prompt_mask_BP is not None or b.prompt_len < P for b in batches)
+    out = []
+    for b in batches:
+        changes: dict[str, Any] = {}
+        if masked:
+            mask_BP = b.prompt_mask_BP if b.prompt_mask_BP is not None else \
+                torch.ones_like(b.prompt_tokens_BP)
+            changes["prompt_mask_BP"] = _pad_dim1(mask_BP, P, 0, left=True)
+            changes["prompt_tokens_BP"] = _pad_dim1(b.prompt_tokens_BP, P, 0, left=True)
+        if b.completion_tokens_BT.shape[1] < T:
+            for f in dataclasses.fields(b):
+                value = getattr(b, f.name)
+                if isinstance(value, torch.Tensor) and "_BT" in f.name \
+                        and f.name not in ("targets_BT", "score_mask_BT"):
+                    changes[f.name] = _pad_dim1(value, T, AFTER_END.get(f.name, 0), left=False)
+        out.append(dataclasses.replace(b, **changes) if changes else b)
+    return out
+
+
 def concat_rollouts(batches: list[RolloutBatch]) -> RolloutBatch:
     """Stack rollout batches row-wise (every batched tensor along dim 0).
 
-    All batches must share prompt and completion widths and carry the same optional fields;
-    group ids are renumbered so groups of different batches stay apart.
+    All batches must carry the same optional fields; prompts of different widths are
+    left-padded to the widest and completions decoded to different lengths right-padded to the
+    longest, as the sampler pads a row after its end (`AFTER_END`; the task's ``targets_BT``
+    and ``score_mask_BT`` keep the task's width). Group ids are renumbered so groups of
+    different batches stay apart.
     """
+    batches = _same_widths(batches)
     first = batches[0]
     offset = 0
     renumbered = []
