@@ -577,3 +577,17 @@ def test_dapo_fills_its_batch_with_episodes_of_other_widths(echo_task, tmp_path)
     records = [json.loads(line) for line in (tmp_path / "fill" / "metrics.jsonl").open()]
     assert max(r["group/fill_rounds"] for r in records) >= 2  # a refill was stacked
     assert all(math.isfinite(r["loss/total"]) for r in records)
+
+
+def test_held_out_sets_share_one_prompt_width_and_are_fixed_per_seed():
+    from rlscope.evaluation import evaluate, heldout_batch
+
+    task = EpisodeTask("echo_test", EchoFactory(), TaskConfig(eval_batches=3, eval_batch_size=2,
+                                                              max_episode_tokens=24))
+    sets = task.eval_prompts(0)
+    assert len({s.tokens_BP.shape[1] for s in sets}) == 1 and len(sets) == 3
+    assert torch.equal(heldout_batch(task, 0).env_seeds_B, heldout_batch(task, 0).env_seeds_B)
+    assert not torch.equal(heldout_batch(task, 0).env_seeds_B, heldout_batch(task, 1).env_seeds_B)
+    values = evaluate(FixedPolicy(TARGET), task, [heldout_batch(task, 0)], 24)
+    assert float(values["eval/success"]) == 1.0 and float(values["eval/turns"]) == 1.0
+    assert float(values["eval/return"]) == 1.0 and float(values["eval/test_error"]) == 0.0

@@ -108,12 +108,18 @@ class EpisodeTask:
         not decompose over tokens."""
         return TaskTraits(stop_token_ids=tuple(self.factory.turn_stop_token_ids))
 
-    def _prompts(self, seeds: list[int]) -> PromptBatch:
+    def _prompts(self, seeds: list[int], width: int = 0) -> PromptBatch:
+        """The initial observations of ``seeds``' environments, left-padded to the longest
+        (at least ``width``), with the seeds."""
         observations = [torch.tensor(o, dtype=torch.long)
                         for o in initial_observations(self.factory, seeds)]
-        prompts = PromptBatch.left_padded(observations)
-        return PromptBatch(tokens_BP=prompts.tokens_BP,
-                           attention_mask_BP=prompts.attention_mask_BP,
+        P = max(width, *(o.numel() for o in observations))
+        tokens_BP = torch.zeros(len(seeds), P, dtype=torch.long)
+        mask_BP = torch.zeros(len(seeds), P, dtype=torch.long)
+        for i, o in enumerate(observations):
+            tokens_BP[i, P - o.numel():] = o
+            mask_BP[i, P - o.numel():] = 1
+        return PromptBatch(tokens_BP=tokens_BP, attention_mask_BP=mask_BP,
                            env_seeds_B=torch.tensor(seeds, dtype=torch.long))
 
     def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch:
@@ -142,7 +148,9 @@ class EpisodeTask:
         seed."""
         seeds = self._eval_seeds(seed)
         size = self.cfg.eval_batch_size
-        return [self._prompts(seeds[i:i + size]) for i in range(0, len(seeds), size)]
+        # one width for every set (the evaluation stacks them)
+        width = max(len(o) for o in initial_observations(self.factory, seeds))
+        return [self._prompts(seeds[i:i + size], width) for i in range(0, len(seeds), size)]
 
     def eval_metrics(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
         """Per greedy episode: ``success``, ``test_error`` = 1 − success, ``turns``,
