@@ -26,8 +26,7 @@ The contract, in full (every check on a task goes through one of these; none thr
   - `Tokenized` (``tokenizer``): a text tokenizer, so `rlscope sft --data FILE.jsonl` can read
     text pairs. The byte-level text tasks share their plumbing in `rlscope.tasks.text`.
   - `Interactive` (``environment_factory``, ``episode_budget``, ``episode_pool``): a
-    multi-turn task; the loop
-    samples its rows as episodes against the factory's environments
+    multi-turn task; the loop samples its rows as episodes against the factory's environments
     (`rlscope.sampling.episodes.generate_episodes`) instead of single completions. Its prompts
     carry ``env_seeds_B``. `rlscope.tasks.episodes.EpisodeTask` adapts any factory.
 """
@@ -127,7 +126,7 @@ class TaskConfig:
     Σ_k γ^k r_k (k = 0 for the first turn); 1 = the plain sum of the turns' rewards."""
     env_processes: int = 0
     """Interactive tasks: step the environments in this many worker processes, the batch
-    decoded as as many sub-batches of whole groups, each decoding while the others'
+    decoded in as many sub-batches of whole groups, each decoding while the others'
     environments step (for slow environments: sandboxes, tools); 0 = in the trainer's
     process."""
 
