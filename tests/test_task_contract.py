@@ -8,6 +8,7 @@ import pytest
 
 from rlscope.tasks import (
     TASKS,
+    Interactive,
     OwnsPolicy,
     PreferencePairs,
     SupervisedPairs,
@@ -22,7 +23,7 @@ from rlscope.tasks import (
 from rlscope.tasks.text import STOP_ID
 
 CAPABILITIES = (OwnsPolicy, WatchesPolicy, SupervisedPairs, PreferencePairs, TrainingChecks,
-                Tokenized)
+                Tokenized, Interactive)
 TEXT = {"arithmetic", "length_target", "preference_rm"}
 EXPECTED: dict[str, set[type]] = {
     "token_reversal": {SupervisedPairs},

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from rlscope.tasks.arithmetic import ArithmeticTask
 from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import (
+    Interactive,
     OwnsPolicy,
     PreferencePairs,
     Scores,
@@ -48,5 +49,6 @@ def make_task(name: str, cfg: TaskConfig | None = None) -> Task:
     return TASKS[name](cfg or TaskConfig())
 
 
-__all__ = ["TASKS", "OwnsPolicy", "PreferencePairs", "Scores", "SupervisedPairs", "Task",
-           "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks", "WatchesPolicy", "make_task"]
+__all__ = ["TASKS", "Interactive", "OwnsPolicy", "PreferencePairs", "Scores", "SupervisedPairs",
+           "Task", "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks", "WatchesPolicy",
+           "make_task"]
