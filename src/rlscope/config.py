@@ -37,6 +37,7 @@ from rlscope.tasks.base import (
     EPISODE_OPTIONS,
     Interactive,
     TrainingChecks,
+    env_option_errors,
     unused_option_errors,
 )
 from rlscope.tasks.noise import validate_noise
@@ -672,7 +673,8 @@ def episode_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
     method that needs more than sequences give is refused with its reason."""
     if not isinstance(task, Interactive):
         return unused_option_errors(cfg.task_options, cfg.task, EPISODE_OPTIONS,
-                                    " (it is not an interactive task)")
+                                    " (it is not an interactive task)") \
+            + env_option_errors(cfg.task_options, cfg.task, None)
     why = (
         (spec.needs_value, "bootstraps a value head across positions, which on an episode "
          "would read the environment's tokens as terminal states; use a group or batch "

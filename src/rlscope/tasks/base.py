@@ -33,13 +33,14 @@ The contract, in full (every check on a task goes through one of these; none thr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.envs.base import EnvironmentFactory, EpisodeBudget
+from rlscope.envs.config import EnvConfig
 from rlscope.policy.base import Policy
 from rlscope.sampling.episodes import EpisodePool
 from rlscope.tokenizer import ByteTokenizer
@@ -129,6 +130,9 @@ class TaskConfig:
     decoded in as many sub-batches of whole groups, each decoding while the others'
     environments step (for slow environments: sandboxes, tools); 0 = in the trainer's
     process."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The multi-turn environments' options (guess_number, twenty_questions, calculator_tool,
+    code_repair), each prefixed by its environment's name: docs/environments.md."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,20 @@ def unused_option_errors(cfg: TaskConfig, task_name: str, names: tuple[str, ...]
     return [f"task.{name} does not apply to {task_name}{why}; leave it at "
             f"{getattr(default, name)}"
             for name in names if getattr(cfg, name) != getattr(default, name)]
+
+
+def env_option_errors(cfg: TaskConfig, task_name: str, prefix: str | None) -> list[str]:
+    """One error per environment option (`EnvConfig`) that ``cfg`` sets away from its default
+    and task ``task_name`` does not read: every one for a task that is not an environment
+    (``prefix`` None), else those not named ``prefix…``."""
+    default = EnvConfig()
+    changed = [f.name for f in fields(EnvConfig)
+               if getattr(cfg.env, f.name) != getattr(default, f.name)]
+    why = "it is not a multi-turn environment" if prefix is None else \
+        f"it reads only the {prefix}* options"
+    return [f"task.{name} does not apply to {task_name} ({why}); leave it at "
+            f"{getattr(default, name)}"
+            for name in changed if prefix is None or not name.startswith(prefix)]
 
 
 def make_policy_for(task: Task, model_cfg: object) -> Policy:

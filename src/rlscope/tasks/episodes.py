@@ -23,12 +23,14 @@ both; a longer observation met in training is an error naming the sizes).
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.envs.base import DONE_REASONS, EnvironmentFactory, EpisodeBudget
+from rlscope.envs.config import EnvConfig
 from rlscope.sampling.episodes import EpisodePool, initial_observations
 from rlscope.tasks.base import (
     EPISODE_OPTIONS,
@@ -36,6 +38,7 @@ from rlscope.tasks.base import (
     Scores,
     TaskConfig,
     TaskTraits,
+    env_option_errors,
     unused_option_errors,
 )
 
@@ -69,8 +72,17 @@ class EpisodeTask:
     has_labels = False
     options: tuple[str, ...] = (*EPISODE_OPTIONS, *EVAL_OPTIONS)
 
-    def __init__(self, name: str, factory: EnvironmentFactory, cfg: TaskConfig) -> None:
+    def __init__(self, name: str, factory: EnvironmentFactory, cfg: TaskConfig,
+                 option_prefix: str | None = None, summary: str = "") -> None:
         self.name = name
+        self.option_prefix = option_prefix
+        """The `EnvConfig` fields this environment reads start with it (None: all of them)."""
+        if summary:  # what `rlscope tasks` shows for this environment
+            self.__doc__ = summary
+        self.options = (*EPISODE_OPTIONS,
+                        *(f.name for f in fields(EnvConfig)
+                          if option_prefix is None or f.name.startswith(option_prefix)),
+                        *EVAL_OPTIONS)
         self.factory = factory
         self.cfg = cfg
         self.vocab_size = factory.vocab_size
@@ -173,6 +185,7 @@ class EpisodeTask:
         errors = unused_option_errors(
             c, self.name, ("vocab", "seq_len", "binary_reward", "score_len", "reward_noise",
                            "reward_noise_mode"), " (an interactive task)")
+        errors += env_option_errors(c, self.name, self.option_prefix or "")
         errors += self.budget.validate()
         if not 0.0 < c.turn_discount <= 1.0:
             errors.append(f"task.turn_discount={c.turn_discount} must lie in (0, 1] "
