@@ -158,9 +158,10 @@ def test_registry_lists_every_documented_rule():
     assert list(RULES) == [
         "entropy_collapse", "sigma_amplification", "entropy_rising", "negative_kl",
         "kl_runaway", "kl_too_small", "value_instability", "no_signal", "length_hacking",
-        "truncation", "sampler_mismatch", "nonfinite_gradients", "grad_clip_saturation",
-        "reward_peak_fall", "reward_plateau", "oscillation", "stale_replay",
-        "throughput_regression", "rank_imbalance", "learning_verdict"]
+        "truncation", "env_tokens_in_loss", "turn_budget_exhaustion", "sampler_mismatch",
+        "nonfinite_gradients", "grad_clip_saturation", "reward_peak_fall", "reward_plateau",
+        "oscillation", "stale_replay", "throughput_regression", "rank_imbalance",
+        "env_time_dominates", "learning_verdict"]
 
 
 @pytest.mark.parametrize("rule_id", list(RULES))

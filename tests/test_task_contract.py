@@ -8,6 +8,7 @@ import pytest
 
 from rlscope.tasks import (
     TASKS,
+    Interactive,
     OwnsPolicy,
     PreferencePairs,
     SupervisedPairs,
@@ -22,7 +23,7 @@ from rlscope.tasks import (
 from rlscope.tasks.text import STOP_ID
 
 CAPABILITIES = (OwnsPolicy, WatchesPolicy, SupervisedPairs, PreferencePairs, TrainingChecks,
-                Tokenized)
+                Tokenized, Interactive)
 TEXT = {"arithmetic", "length_target", "preference_rm"}
 EXPECTED: dict[str, set[type]] = {
     "token_reversal": {SupervisedPairs},
@@ -36,6 +37,10 @@ EXPECTED: dict[str, set[type]] = {
     "length_target": {SupervisedPairs, Tokenized},
     "code_unit_tests": {SupervisedPairs, Tokenized},
     "preference_rm": {SupervisedPairs, PreferencePairs, TrainingChecks, Tokenized},
+    "guess_number": {Interactive},
+    "twenty_questions": {Interactive},
+    "calculator_tool": {Interactive},
+    "code_repair": {Interactive},
 }
 
 
@@ -74,7 +79,14 @@ def test_stop_tokens_and_dense_credit(tasks: dict[str, Task]) -> None:
     code = tasks["code_unit_tests"]
     assert isinstance(code, Tokenized)
     assert code.traits.stop_token_ids == (code.tokenizer.vocab_size - 1,)
-    for name in set(TASKS) - TEXT - {"code_unit_tests"}:
+    episodes = {n for n, t in tasks.items() if isinstance(t, Interactive)}
+    assert episodes == {"guess_number", "twenty_questions", "calculator_tool", "code_repair"}
+    for name in episodes:  # a policy turn ends at the environment's turn stop tokens
+        task = tasks[name]
+        assert isinstance(task, Interactive)
+        assert task.traits.stop_token_ids == tuple(task.environment_factory.turn_stop_token_ids)
+    assert tasks["guess_number"].traits.stop_token_ids == (STOP_ID,)
+    for name in set(TASKS) - TEXT - {"code_unit_tests"} - episodes:
         assert tasks[name].traits.stop_token_ids == ()
     dense = {n for n, t in tasks.items() if t.traits.decomposable_token_rewards}
     assert dense == {"token_reversal", "masked_reversal"}

@@ -36,12 +36,15 @@ class PromptBatch:
     ``tokens_BP`` are left-padded; ``attention_mask_BP`` is None when no row is padded.
     ``targets_BT`` is the ground-truth completion where the task defines one (the ``ce`` oracle
     and dense per-token rewards read it); ``score_mask_BT`` marks scored completion positions.
+    ``env_seeds_B`` (interactive tasks, `rlscope.tasks.base.Interactive`): the seed of each
+    row's environment, whose initial observation the row's prompt is; rows of a group share it.
     """
 
     tokens_BP: torch.Tensor
     attention_mask_BP: torch.Tensor | None = None
     targets_BT: torch.Tensor | None = None
     score_mask_BT: torch.Tensor | None = None
+    env_seeds_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -94,6 +97,23 @@ class RolloutBatch:
       generated position, recorded when the method asks (kondo's baseline), 0 after a stop.
     - ``greedy_rewards_B``: training reward of a greedy rollout of the row's prompt (ReMax's
       baseline), where the method asks for it.
+
+    Episodes (multi-turn rows of `rlscope.sampling.episodes.generate_episodes`; None otherwise):
+    the prompt is the environment's initial observation and the completion the interleaved
+    policy and environment segments; ``completion_mask_BT`` is 1 on policy tokens only.
+
+    - ``env_mask_BT``: 1.0 on environment (observation) tokens, 0 on policy tokens and padding;
+      their log-probs are 0 and they are never sampled.
+    - ``turn_BT``: the turn of each completion token (policy turn k and the environment's
+      answer to it share k), −1 on padding after the episode.
+    - ``turn_rewards_BK``: the reward of each turn (``K`` = the budget's max turns; 0 after
+      the last turn); ``turns_B`` the policy turns taken.
+    - ``end_reason_B``: why the episode ended, an index into `rlscope.envs.DONE_REASONS`
+      (the environment's reason, or the sampler's truncation reason); ``finished_by_stop_B``
+      is True when the environment ended the episode, False when a budget truncated it.
+    - ``env_time_B``: seconds spent in the row's environment (reset and steps);
+      ``env_errors_B``: environment calls that raised (the episode then ends 'failed').
+    - ``env_seeds_B``: the seed of the row's environment (rows of a group share it).
     """
 
     prompt_tokens_BP: torch.Tensor
@@ -116,6 +136,14 @@ class RolloutBatch:
     entropy_BT: torch.Tensor | None = None
     sum_p2_sampler_BT: torch.Tensor | None = None
     greedy_rewards_B: torch.Tensor | None = None
+    env_mask_BT: torch.Tensor | None = None
+    turn_BT: torch.Tensor | None = None
+    turn_rewards_BK: torch.Tensor | None = None
+    turns_B: torch.Tensor | None = None
+    end_reason_B: torch.Tensor | None = None
+    env_time_B: torch.Tensor | None = None
+    env_errors_B: torch.Tensor | None = None
+    env_seeds_B: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -145,12 +173,53 @@ class RolloutBatch:
         return tokens, torch.cat([self.prompt_mask_BP, ones], dim=1)
 
 
+AFTER_END = {"keep_mask_BTV": True, "turn_BT": -1}
+"""What a completion-width field holds after a row's end where it is not 0 (the sampler's
+convention: tokens, masks and log-probs 0; every token kept; no turn)."""
+
+
+def _pad_dim1(x: torch.Tensor, width: int, fill: float | bool, left: bool) -> torch.Tensor:
+    extra = width - x.shape[1]
+    if extra <= 0:
+        return x
+    pad = torch.full((x.shape[0], extra, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    return torch.cat([pad, x] if left else [x, pad], 1)
+
+
+def _same_widths(batches: list[RolloutBatch]) -> list[RolloutBatch]:
+    """``batches`` with one prompt width (left-padded, masks added where needed) and one
+    decoded width (completion-width ``*_BT*`` fields right-padded as after a row's end)."""
+    P = max(b.prompt_len for b in batches)
+    T = max(int(b.completion_tokens_BT.shape[1]) for b in batches)
+    masked = any(b.prompt_mask_BP is not None or b.prompt_len < P for b in batches)
+    out = []
+    for b in batches:
+        changes: dict[str, Any] = {}
+        if masked:
+            mask_BP = b.prompt_mask_BP if b.prompt_mask_BP is not None else \
+                torch.ones_like(b.prompt_tokens_BP)
+            changes["prompt_mask_BP"] = _pad_dim1(mask_BP, P, 0, left=True)
+            changes["prompt_tokens_BP"] = _pad_dim1(b.prompt_tokens_BP, P, 0, left=True)
+        if b.completion_tokens_BT.shape[1] < T:
+            for f in dataclasses.fields(b):
+                value = getattr(b, f.name)
+                if isinstance(value, torch.Tensor) and "_BT" in f.name \
+                        and f.name not in ("targets_BT", "score_mask_BT"):
+                    changes[f.name] = _pad_dim1(value, T, AFTER_END.get(f.name, 0), left=False)
+        out.append(dataclasses.replace(b, **changes) if changes else b)
+    return out
+
+
 def concat_rollouts(batches: list[RolloutBatch]) -> RolloutBatch:
     """Stack rollout batches row-wise (every batched tensor along dim 0).
 
-    All batches must share prompt and completion widths and carry the same optional fields;
-    group ids are renumbered so groups of different batches stay apart.
+    All batches must carry the same optional fields; prompts of different widths are
+    left-padded to the widest and completions decoded to different lengths right-padded to the
+    longest, as the sampler pads a row after its end (`AFTER_END`; the task's ``targets_BT``
+    and ``score_mask_BT`` keep the task's width). Group ids are renumbered so groups of
+    different batches stay apart.
     """
+    batches = _same_widths(batches)
     first = batches[0]
     offset = 0
     renumbered = []

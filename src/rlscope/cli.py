@@ -271,7 +271,7 @@ def cmd_tasks(args: list[str]) -> int:
         table.add_column(col)
     for name in TASKS:
         task = make_task(name, TaskConfig())
-        doc = " ".join((type(task).__doc__ or "").strip().split("\n\n")[0].split())
+        doc = " ".join((task.__doc__ or "").strip().split("\n\n")[0].split())
         table.add_row(name, task.family, doc, " ".join(f"--{o}" for o in task.options))
     Console().print(table)
     return 0

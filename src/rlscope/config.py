@@ -33,7 +33,13 @@ from rlscope.policy import ModelConfig
 from rlscope.replay import ReplayConfig, validate_replay
 from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TASKS, Task, TaskConfig, make_task
-from rlscope.tasks.base import TrainingChecks
+from rlscope.tasks.base import (
+    EPISODE_OPTIONS,
+    Interactive,
+    TrainingChecks,
+    env_option_errors,
+    unused_option_errors,
+)
 from rlscope.tasks.noise import validate_noise
 
 
@@ -367,6 +373,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     errors += validate_noise(cfg.task_options, task.family)
     errors += validate_replay(cfg.replay, r.delay)
     errors += requirement_errors(cfg, spec, task)
+    errors += episode_errors(cfg, spec, task)
     from rlscope.env_workers import PoolOptions, env_worker_errors
 
     errors += env_worker_errors(PoolOptions(r.env_workers, r.env_timeout_s, r.env_retries,
@@ -657,6 +664,42 @@ def requirement_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[s
     }
     return [f"method {cfg.method!r} {message}" for need in spec.requires
             for ok, message in [checks[need]] if not ok]
+
+
+def episode_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
+    """Why ``cfg`` cannot train on an interactive task's episodes (`Interactive`), each saying
+    what to change; for other tasks, the episode options set anyway. An episode is one row whose
+    loss mask covers the policy's tokens only and whose reward is the episode's return, so a
+    method that needs more than sequences give is refused with its reason."""
+    if not isinstance(task, Interactive):
+        return unused_option_errors(cfg.task_options, cfg.task, EPISODE_OPTIONS,
+                                    " (it is not an interactive task)") \
+            + env_option_errors(cfg.task_options, cfg.task, None)
+    why = (
+        (spec.needs_value, "bootstraps a value head across positions, which on an episode "
+         "would read the environment's tokens as terminal states; use a group or batch "
+         "baseline (grpo, rloo, dr_grpo, ...)"),
+        (spec.needs_candidates, "scores next-token candidates against the task's labels at "
+         "every position, which episodes do not have"),
+        (spec.needs_token_labels, "reads per-token labels, which episodes do not have"),
+    )
+    errors = [f"method {cfg.method!r} {message} (task {cfg.task!r} is interactive)"
+              for refused, message in why if refused]
+    stops = tuple(task.environment_factory.turn_stop_token_ids)
+    if cfg.sampling.stop_token_ids and tuple(cfg.sampling.stop_token_ids) != stops:
+        errors.append(f"sampling.stop_token_ids: turns of {cfg.task!r} end at the environment's "
+                      f"turn stop tokens {list(stops)}; drop --stop_token_ids")
+    if cfg.sampling.max_new_tokens:
+        errors.append(f"sampling.max_new_tokens={cfg.sampling.max_new_tokens}: episodes are "
+                      "limited by --max_episode_tokens and --max_turn_tokens; drop "
+                      "--max_new_tokens")
+    if cfg.sampling.backend == "static":
+        errors.append("sampling.backend='static' decodes single completions; episodes run on "
+                      "the eager backend: drop --backend static")
+    if cfg.run.env_workers:
+        errors.append(f"run.env_workers scores completions in Ray actors; the environments of "
+                      f"{cfg.task!r} step inside the episode sampler: drop --env_workers")
+    return errors
 
 
 def to_dict(cfg: object) -> dict[str, object]:

@@ -52,7 +52,7 @@ _R = TypeVar("_R")
 
 PAD_VALUES = {"completion_tokens_BT": 0, "completion_mask_BT": 0, "logp_sampler_BT": 0,
               "logp_raw_BT": 0, "keep_mask_BTV": True, "entropy_BT": 0,
-              "sum_p2_sampler_BT": 0}
+              "sum_p2_sampler_BT": 0, "env_mask_BT": 0, "turn_BT": -1}
 """The rollout fields whose width is the decoded length T, and what the sampler writes after a
 row's stop (`rlscope.sampling.draw`): a shard that stopped early is padded with these."""
 

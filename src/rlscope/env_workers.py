@@ -38,7 +38,7 @@ from typing import Any, cast
 import torch
 
 from rlscope.batch import RolloutBatch
-from rlscope.tasks.base import Scores, Task, TaskConfig, WatchesPolicy
+from rlscope.tasks.base import Interactive, Scores, Task, TaskConfig, WatchesPolicy
 
 STARTUP_S = 180.0
 """How long a new actor may take to start (import torch, build its task) before the pool
@@ -285,9 +285,12 @@ def env_metrics(task: Task, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def close_env_workers(task: Task) -> None:
-    """Stop ``task``'s workers, if it has any."""
+    """Stop ``task``'s workers, if it has any (Ray scorers, or an interactive task's
+    environment processes)."""
     if isinstance(task, RemoteScoredTask):
         task.pool.close()
+    if isinstance(task, Interactive) and task.episode_pool is not None:
+        task.episode_pool.close()
 
 
 __all__ = ["ENV_ERRORS", "PoolOptions", "RemoteScoredTask", "ScoringPool", "chunk_slices",

@@ -1,7 +1,8 @@
 """Held-out evaluation: greedy decoding on the task's fixed evaluation set.
 
 ``eval/test_error`` and the task's own metrics are means over prompts; ``eval/entropy`` is the
-mean per-step entropy of the raw policy along the greedy rollouts.
+mean per-step entropy of the raw policy along the greedy rollouts. An interactive task's
+rollouts are greedy episodes from its held-out environment seeds (``env_seeds_B``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import torch
 
 from rlscope.batch import PromptBatch
 from rlscope.policy.base import Policy
+from rlscope.sampling.episodes import generate_episodes
 from rlscope.sampling.sampler import SamplingConfig, generate
-from rlscope.tasks.base import Task
+from rlscope.tasks.base import Interactive, Task
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -28,7 +30,8 @@ def heldout_batch(task: Task, seed: int) -> PromptBatch:
     tokens_BP = cat("tokens_BP")
     assert tokens_BP is not None
     return PromptBatch(tokens_BP=tokens_BP, attention_mask_BP=cat("attention_mask_BP"),
-                       targets_BT=cat("targets_BT"), score_mask_BT=cat("score_mask_BT"))
+                       targets_BT=cat("targets_BT"), score_mask_BT=cat("score_mask_BT"),
+                       env_seeds_B=cat("env_seeds_B"))
 
 
 @torch.no_grad()
@@ -45,7 +48,14 @@ def evaluate(policy: Policy, task: Task, prompt_sets: list[PromptBatch],
     for prompts in prompt_sets:
         seeds_B = torch.zeros(prompts.batch_size, dtype=torch.long,
                               device=prompts.tokens_BP.device)
-        rollout = generate(policy, prompts, cfg, seeds_B, max_new_tokens, with_entropy=True)
+        if isinstance(task, Interactive):  # greedy episodes from the held-out seeds
+            assert prompts.env_seeds_B is not None
+            rollout = generate_episodes(policy, task.environment_factory, prompts.env_seeds_B,
+                                        task.episode_budget, cfg, seeds_B, with_entropy=True,
+                                        pool=task.episode_pool)
+        else:
+            rollout = generate(policy, prompts, cfg, seeds_B, max_new_tokens,
+                               with_entropy=True)
         for name, value_B in task.eval_metrics(rollout).items():
             sums[name] = sums.get(name, 0.0) + value_B.sum()
         n_rows += prompts.batch_size

@@ -104,9 +104,10 @@ from rlscope.sampling import graphs
 from rlscope.sampling.backends import check_backend
 from rlscope.sampling.backends.hf_static import take_weight_sync_seconds
 from rlscope.sampling.candidates import sample_candidates
+from rlscope.sampling.episodes import episode_loss_metrics, episode_metrics, generate_episodes
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import SamplingConfig, generate
-from rlscope.tasks.base import Task, WatchesPolicy, make_policy_for
+from rlscope.tasks.base import Interactive, Task, WatchesPolicy, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
 
@@ -185,8 +186,14 @@ def sample_rollouts(policy: Policy, task: Task, cfg: TrainConfig, generator: tor
     policy.eval()
     sampling = dataclasses.replace(
         cfg.sampling, decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
-    rollout = generate(policy, prompts, sampling, seeds_B, max_new_tokens, group_id_B=group_B,
-                       with_sum_p2=with_sum_p2)
+    if isinstance(task, Interactive):  # multi-turn: each row an episode from its prompt's seed
+        assert prompts.env_seeds_B is not None
+        rollout = generate_episodes(policy, task.environment_factory, prompts.env_seeds_B,
+                                    task.episode_budget, sampling, seeds_B, group_id_B=group_B,
+                                    with_sum_p2=with_sum_p2, pool=task.episode_pool)
+    else:
+        rollout = generate(policy, prompts, sampling, seeds_B, max_new_tokens,
+                           group_id_B=group_B, with_sum_p2=with_sum_p2)
     return rollout if parallel is None else parallel.gather_rollouts(rollout)
 
 
@@ -244,7 +251,13 @@ def greedy_rewards(rollout: RolloutBatch, policy: Policy, task: Task, cfg: Train
                                 decode_graphs=cfg.sampling.decode_graphs and cfg.run.cuda_graphs)
     seeds_B = torch.zeros(prompts.batch_size, dtype=torch.long,
                           device=prompts.tokens_BP.device)
-    greedy = generate(policy, prompts, greedy_cfg, seeds_B, max_new_tokens)
+    if isinstance(task, Interactive):  # one greedy episode from each group's start
+        assert rollout.env_seeds_B is not None
+        greedy = generate_episodes(policy, task.environment_factory,
+                                   rollout.env_seeds_B[::group_size], task.episode_budget,
+                                   greedy_cfg, seeds_B, pool=task.episode_pool)
+    else:
+        greedy = generate(policy, prompts, greedy_cfg, seeds_B, max_new_tokens)
     scored = score_rollouts(greedy, policy, task, cfg, False, step, noise=step_generator(
         cfg.run.seed, step, GREEDY_NOISE_SEED_OFFSET))
     if OVERLONG[overlong.name].shapes_reward:
@@ -717,6 +730,7 @@ def prepare_stage(parts: RunParts, batch: RolloutBatch, state: LoopState
                         p.d.group_size, plan.dist, candidates, plan.packed, p.teacher)
     assert batch.rewards_B is not None
     m |= est.advantage_metrics(inputs.adv_BT, inputs.mask_BT, batch.rewards_B, p.d.group_size)
+    m |= episode_loss_metrics(batch.env_mask_BT, inputs.mask_BT)
     return inputs, m
 
 
@@ -965,7 +979,7 @@ def rollout_metrics(batch: RolloutBatch, overlong: OverlongConfig, max_new_token
             batch.completion_mask_BT.sum(-1), max_new_tokens, overlong).mean()
     if batch.greedy_rewards_B is not None:
         m["reward/greedy_mean"] = batch.greedy_rewards_B.mean()
-    return m
+    return m | episode_metrics(batch)
 
 
 def update_controllers(state: LoopState, spec: MethodSpec, values: dict[str, float],
@@ -1023,9 +1037,15 @@ def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: tor
         if batch.prompt_mask_BP is not None:
             prompt = prompt[batch.prompt_mask_BP[i].bool()]
         length = int(mask_BT[i].sum())
+        episode = {}
+        if batch.turn_BT is not None and batch.env_mask_BT is not None:
+            # an episode: the whole interleaved completion, and which tokens are the environment's
+            length = int((batch.turn_BT[i] >= 0).sum())
+            episode = {"env_mask": batch.env_mask_BT[i, :length].long().tolist()}
         log.write({"step": step, "prompt": prompt.tolist(),
                    "completion": batch.completion_tokens_BT[i, :length].tolist(),
-                   "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i])})
+                   "reward": float(batch.rewards_B[i]), "advantage": float(adv_B[i]),
+                   **episode})
 
 
 __all__ = ["LoopState", "RunParts", "RunResult", "rollout_metrics", "sample_rollouts",

@@ -130,3 +130,12 @@ class DoctorConfig:
     fraction in the median step."""
     clip_ratio_rising: float = 0.02
     """truncation: a truncated fraction rising beyond noise is reported from this level."""
+    env_tokens_in_loss: float = 0.0
+    """env_tokens_in_loss: a fraction of environment tokens inside the loss mask above this at
+    any step (a correct multi-turn run trains on none)."""
+    turn_budget_frac: float = 0.3
+    """turn_budget_exhaustion: episodes truncated by a budget (max_turns, max_turn_tokens or
+    max_episode_tokens) above this fraction in the last window."""
+    env_time_share: float = 0.5
+    """env_time_dominates: the environments' seconds above this share of the step in the
+    median step."""

@@ -191,7 +191,8 @@ METRICS: tuple[MetricDef, ...] = (
        "rows ended by max_new_tokens (finish reason length)"),
     _m("env/errors", "steps", "sum", "rollout",
        "--env_workers: scoring calls that raised, lost their worker or timed out while this "
-       "step's batch was scored (each retried; rows still failing get the failure reward)"),
+       "step's batch was scored (each retried; rows still failing get the failure reward); "
+       "interactive tasks: environment calls that raised (the episode ends 'failed')"),
     _m("time/sample", "steps", "value", "step", "seconds sampling"),
     _m("time/score", "steps", "value", "step", "seconds scoring"),
     _m("time/ref", "steps", "value", "step",
@@ -362,6 +363,27 @@ METRICS: tuple[MetricDef, ...] = (
        "gkd: mean reverse KL(P_θ‖P_T) at temperature τ"),
     _m("distill/fkl", "tokens", "token_mean", "last_pass",
        "gkd: mean forward KL(P_T‖P_θ) at temperature τ"),
+    # issue 20, multi-turn episodes (interactive tasks; docs/environments.md)
+    _m("episode/turns", "sequences", "seq_mean", "rollout",
+       "interactive tasks: mean policy turns per episode"),
+    _m("episode/policy_tokens", "sequences", "seq_mean", "rollout",
+       "interactive tasks: mean policy tokens per episode (the loss mask's tokens)"),
+    _m("episode/env_tokens", "sequences", "seq_mean", "rollout",
+       "interactive tasks: mean environment (observation) tokens per episode"),
+    _m("episode/solved_frac", "sequences", "frac", "rollout",
+       "interactive tasks: episodes the environment ended 'solved'"),
+    _m("episode/reward_per_turn", "sequences", "value", "rollout",
+       "interactive tasks: mean environment reward per policy turn taken (Σ rewards / Σ "
+       "turns over the batch, undiscounted)"),
+    _m("episode/truncated_frac/*", "sequences", "frac", "rollout",
+       "interactive tasks: episodes a budget truncated, per reason: max_turns, max_turn_tokens "
+       "(the last allowed turn was itself cut by the per-turn limit), max_episode_tokens"),
+    _m("episode/env_tokens_in_loss", "tokens", "frac", "rollout",
+       "interactive tasks: fraction of environment tokens inside the learner's loss mask "
+       "(0 in a correct run; the doctor's env_tokens_in_loss rule)"),
+    _m("env/time", "steps", "sum", "rollout",
+       "interactive tasks: seconds spent inside the environments (reset and steps) while the "
+       "step's episodes were sampled (part of time/sample)"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlscope.envs.registry import ENVIRONMENTS
 from rlscope.tasks.arithmetic import ArithmeticTask
 from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import (
+    Interactive,
     OwnsPolicy,
     PreferencePairs,
     Scores,
@@ -21,6 +23,7 @@ from rlscope.tasks.base import (
 )
 from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
 from rlscope.tasks.code import CodeUnitTestsTask
+from rlscope.tasks.episodes import EpisodeTask
 from rlscope.tasks.length_target import LengthTargetTask
 from rlscope.tasks.lm_bandit import LMBanditTask
 from rlscope.tasks.preference import PreferenceTask
@@ -38,6 +41,23 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "length_target": LengthTargetTask,
     "code_unit_tests": CodeUnitTestsTask,
     "preference_rm": PreferenceTask,
+    # multi-turn environments (rlscope.envs): each reads the EnvConfig options named after it
+    "guess_number": lambda cfg: EpisodeTask(
+        "guess_number", ENVIRONMENTS["guess_number"](cfg.env), cfg, "guess_",
+        "Multi-turn: guess a hidden number, told higher or lower each turn; fewer turns "
+        "earn more."),
+    "twenty_questions": lambda cfg: EpisodeTask(
+        "twenty_questions", ENVIRONMENTS["twenty_questions"](cfg.env), cfg, "twenty_questions_",
+        "Multi-turn: find a hidden object by yes/no questions to an answerer (rule-based "
+        "oracle over a shipped table)."),
+    "calculator_tool": lambda cfg: EpisodeTask(
+        "calculator_tool", ENVIRONMENTS["calculator_tool"](cfg.env), cfg, "calculator_",
+        "Multi-turn: a word problem with a calc(...) tool evaluated safely; reward for the "
+        "right answer."),
+    "code_repair": lambda cfg: EpisodeTask(
+        "code_repair", ENVIRONMENTS["code_repair"](cfg.env), cfg, "code_repair_",
+        "Multi-turn: write a function body; the failing test comes back from the sandbox; "
+        "revise."),
 }
 
 
@@ -48,5 +68,6 @@ def make_task(name: str, cfg: TaskConfig | None = None) -> Task:
     return TASKS[name](cfg or TaskConfig())
 
 
-__all__ = ["TASKS", "OwnsPolicy", "PreferencePairs", "Scores", "SupervisedPairs", "Task",
-           "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks", "WatchesPolicy", "make_task"]
+__all__ = ["TASKS", "Interactive", "OwnsPolicy", "PreferencePairs", "Scores", "SupervisedPairs",
+           "Task", "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks", "WatchesPolicy",
+           "make_task"]

@@ -25,17 +25,24 @@ The contract, in full (every check on a task goes through one of these; none thr
     preference_rm without ``--rm_path``), not the supervised jobs.
   - `Tokenized` (``tokenizer``): a text tokenizer, so `rlscope sft --data FILE.jsonl` can read
     text pairs. The byte-level text tasks share their plumbing in `rlscope.tasks.text`.
+  - `Interactive` (``environment_factory``, ``episode_budget``, ``episode_pool``): a
+    multi-turn task; the loop samples its rows as episodes against the factory's environments
+    (`rlscope.sampling.episodes.generate_episodes`) instead of single completions. Its prompts
+    carry ``env_seeds_B``. `rlscope.tasks.episodes.EpisodeTask` adapts any factory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
+from rlscope.envs.base import EnvironmentFactory, EpisodeBudget
+from rlscope.envs.config import EnvConfig
 from rlscope.policy.base import Policy
+from rlscope.sampling.episodes import EpisodePool
 from rlscope.tokenizer import ByteTokenizer
 
 EVAL_OPTIONS = ("eval_batches", "eval_batch_size")
@@ -106,6 +113,26 @@ class TaskConfig:
     """code_unit_tests: run generated code in the WEAK sandbox (a plain subprocess with an
     in-process audit hook, escapable by a determined program) instead of refusing to start
     where bubblewrap (apt-get install bubblewrap) or seccomp is unavailable; docs/sandbox.md."""
+    max_turns: int = 8
+    """Interactive (multi-turn) tasks: most policy turns per episode; the episode is truncated
+    ('max_turns') after the last one."""
+    max_turn_tokens: int = 16
+    """Interactive tasks: most tokens the policy writes in one turn (its stop token included);
+    a longer turn is cut and handed to the environment as is."""
+    max_episode_tokens: int = 256
+    """Interactive tasks: most tokens after the initial observation (policy and environment
+    tokens together); the episode is truncated ('max_episode_tokens') when it is full."""
+    turn_discount: float = 1.0
+    """Interactive tasks: per-turn discount γ in (0, 1] of the episode return
+    Σ_k γ^k r_k (k = 0 for the first turn); 1 = the plain sum of the turns' rewards."""
+    env_processes: int = 0
+    """Interactive tasks: step the environments in this many worker processes, the batch
+    decoded in as many sub-batches of whole groups, each decoding while the others'
+    environments step (for slow environments: sandboxes, tools); 0 = in the trainer's
+    process."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The multi-turn environments' options (guess_number, twenty_questions, calculator_tool,
+    code_repair), each prefixed by its environment's name: docs/environments.md."""
 
 
 @dataclass(frozen=True)
@@ -243,6 +270,29 @@ class Tokenized(Protocol):
     tokenizer: ByteTokenizer
 
 
+@runtime_checkable
+class Interactive(Protocol):
+    """A multi-turn task: its rows are episodes against ``environment_factory``'s environments
+    under ``episode_budget`` (the loop samples them with
+    `rlscope.sampling.episodes.generate_episodes`; prompts carry ``env_seeds_B``)."""
+
+    @property
+    def environment_factory(self) -> EnvironmentFactory: ...
+
+    @property
+    def episode_budget(self) -> EpisodeBudget: ...
+
+    @property
+    def episode_pool(self) -> EpisodePool | None:
+        """Worker processes its environments step in (``--env_processes``), or None."""
+        ...
+
+
+EPISODE_OPTIONS = ("max_turns", "max_turn_tokens", "max_episode_tokens", "turn_discount",
+                   "env_processes")
+"""The `TaskConfig` fields only interactive tasks read."""
+
+
 def unused_option_errors(cfg: TaskConfig, task_name: str, names: tuple[str, ...],
                          why: str = "") -> list[str]:
     """One error per option among ``names`` that ``cfg`` sets away from its default: the task
@@ -251,6 +301,20 @@ def unused_option_errors(cfg: TaskConfig, task_name: str, names: tuple[str, ...]
     return [f"task.{name} does not apply to {task_name}{why}; leave it at "
             f"{getattr(default, name)}"
             for name in names if getattr(cfg, name) != getattr(default, name)]
+
+
+def env_option_errors(cfg: TaskConfig, task_name: str, prefix: str | None) -> list[str]:
+    """One error per environment option (`EnvConfig`) that ``cfg`` sets away from its default
+    and task ``task_name`` does not read: every one for a task that is not an environment
+    (``prefix`` None), else those not named ``prefix…``."""
+    default = EnvConfig()
+    changed = [f.name for f in fields(EnvConfig)
+               if getattr(cfg.env, f.name) != getattr(default, f.name)]
+    why = "it is not a multi-turn environment" if prefix is None else \
+        f"it reads only the {prefix}* options"
+    return [f"task.{name} does not apply to {task_name} ({why}); leave it at "
+            f"{getattr(default, name)}"
+            for name in changed if prefix is None or not name.startswith(prefix)]
 
 
 def make_policy_for(task: Task, model_cfg: object) -> Policy:

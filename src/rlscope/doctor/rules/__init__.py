@@ -7,10 +7,10 @@ registry in the order findings are reported; `diagnose` runs them all and links 
 (``sigma_amplification`` before an ``entropy_collapse`` is its likely cause).
 
 One module per family: `entropy`, `kl`, `reward`, `mismatch` (sampler and replay), `optim`,
-`throughput`, `verdict` (the learning verdict and the validation metrics it reads); `common`
-holds what several rules share (the rule output type, the `_need` checks, the config facts);
-`combine` what runs after every rule (linked causes, resolved conflicts, the weighed verdict,
-actions in the framework's settings).
+`throughput`, `episodes` (multi-turn runs), `verdict` (the learning verdict and the
+validation metrics it reads); `common` holds what several rules share (the rule output type,
+the `_need` checks, the config facts); `combine` what runs after every rule (linked causes,
+resolved conflicts, the weighed verdict, actions in the framework's settings).
 
 Where to add a rule: a pure function ``(MetricTable, DoctorConfig) -> RuleOut`` in its
 family's module (its thresholds as `DoctorConfig` fields, documented there), one entry in
@@ -33,6 +33,11 @@ from rlscope.doctor.rules.combine import (
 )
 from rlscope.doctor.rules.common import RuleOut
 from rlscope.doctor.rules.entropy import entropy_collapse, entropy_rising
+from rlscope.doctor.rules.episodes import (
+    env_time_dominates,
+    env_tokens_in_loss,
+    turn_budget_exhaustion,
+)
 from rlscope.doctor.rules.kl import kl_runaway, kl_too_small, negative_kl
 from rlscope.doctor.rules.mismatch import sampler_mismatch, stale_replay
 from rlscope.doctor.rules.optim import (
@@ -86,6 +91,8 @@ RULES: dict[str, Callable[[MetricTable, DoctorConfig], RuleOut]] = {
     "no_signal": no_signal,
     "length_hacking": length_hacking,
     "truncation": truncation,
+    "env_tokens_in_loss": env_tokens_in_loss,
+    "turn_budget_exhaustion": turn_budget_exhaustion,
     "sampler_mismatch": sampler_mismatch,
     "nonfinite_gradients": nonfinite_gradients,
     "grad_clip_saturation": grad_clip_saturation,
@@ -95,6 +102,7 @@ RULES: dict[str, Callable[[MetricTable, DoctorConfig], RuleOut]] = {
     "stale_replay": stale_replay,
     "throughput_regression": throughput_regression,
     "rank_imbalance": rank_imbalance,
+    "env_time_dominates": env_time_dominates,
     "learning_verdict": learning_verdict,
 }
 

@@ -167,10 +167,15 @@ def truncation(t: MetricTable, c: DoctorConfig) -> RuleOut:
     """A point check from one step: the truncated fraction (finish reason = length) above
     clip_ratio in the last window; or, with enough steps, rising beyond noise (slope interval
     above 0) to at least clip_ratio_rising, with its onset. Not applicable to runs whose config
-    records no stop token (fixed-length completions)."""
+    records no stop token (fixed-length completions), nor to multi-turn runs (their budgets are
+    `turn_budget_exhaustion`'s)."""
     name = _need(t, ("length/clip_ratio",), 1)
     if isinstance(name, Unavailable):
         return name
+    if any(n.startswith("episode/truncated_frac/") for n in t.names()):
+        return Unavailable(("length/clip_ratio",), reason="config",
+                           detail="a multi-turn run: its truncated episodes, by budget, are "
+                                  "turn_budget_exhaustion's")
     if _facts(t).get("fixed_length"):
         # No stop token: every completion ends at the limit by design.
         return Unavailable(("completions that can stop early",), reason="config",
