@@ -392,16 +392,15 @@ def test_calculator_problems_are_consistent_and_demos_solve_them(difficulty: int
 # ---------------------------------------------------------------- code_repair
 
 
-def test_code_repair_specs_and_body_rule_match_the_code_task() -> None:
-    from rlscope.tasks.code import extract_body as task_extract_body
-    from rlscope.tasks.code import load_specs as task_specs
+def test_code_repair_specs_and_body_rule_are_the_code_tasks() -> None:
+    """Both read the shared specs and body rule (`rlscope.sandbox.specs`), not copies."""
+    from rlscope.tasks import code as code_task
 
-    ours, theirs = load_specs(), task_specs()
-    assert [(s.function, s.prompt, s.reference, s.tests, s.heldout) for s in ours] == [
-        (s.function, s.prompt, s.reference, s.tests, s.heldout) for s in theirs]
-    for completion in ["    return 1\n", "    x = 1\n\n    return x\nprint(2)\n",
-                       "    return 2<|end|>junk", "", "def f():\n    pass\n"]:
-        assert extract_body(completion) == task_extract_body(completion)
+    assert load_specs is code_task.load_specs and extract_body is code_task.extract_body
+    specs = load_specs()
+    assert len(specs) == 22 and all(s.prompt.startswith("def ") for s in specs)
+    assert extract_body("    x = 1\n\n    return x\nprint(2)\n") == "    x = 1\n\n    return x\n"
+    assert extract_body("    return 2<|end|>junk") == "    return 2"
 
 
 def _add_env(partial_credit: bool = False) -> CodeRepairEnv:

@@ -39,11 +39,8 @@ unsolved episode.
 
 from __future__ import annotations
 
-import functools
-import json
 import random
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from rlscope.envs.base import Transition
@@ -53,59 +50,22 @@ from rlscope.envs.text import encode, read_line
 from rlscope.sandbox import (
     SandboxLimits,
     SandboxResult,
-    TestCase,
     isolation_problem,
     run_tests,
 )
 from rlscope.sandbox.isolated import INSTALL_HINT
+from rlscope.sandbox.specs import END, CodeSpec, extract_body, load_specs
 from rlscope.tokenizer import ByteTokenizer
 
-END = "<|end|>"
-"""The stop token's name (id 256), as in ``code_unit_tests``."""
 TOKENIZER = ByteTokenizer([END])
 END_ID = TOKENIZER.special_id(END)
-
-
-@dataclass(frozen=True)
-class RepairSpec:
-    """One function specification: prompt, reference body and hidden tests."""
-
-    function: str
-    prompt: str
-    reference: str
-    tests: tuple[TestCase, ...]
-    heldout: bool
-
-
-@functools.lru_cache(maxsize=1)
-def load_specs() -> tuple[RepairSpec, ...]:
-    """The code task's shipped specifications, with its prompt format (``def <signature>:``
-    and the docstring line)."""
-    raw = json.loads(resources.files("rlscope.data").joinpath("code_specs.json")
-                     .read_text(encoding="utf-8"))
-    return tuple(RepairSpec(function=s["function"],
-                            prompt=f'def {s["signature"]}:\n    """{s["doc"]}"""\n',
-                            reference=s["reference"], heldout=bool(s["heldout"]),
-                            tests=tuple(TestCase(tuple(t["args"]), t["expected"])
-                                        for t in s["tests"]))
-                 for s in raw)
-
-
-def extract_body(completion: str) -> str:
-    """The function body in ``completion``: the text before the first END, cut before the
-    first non-empty line that does not start with whitespace (the code task's rule)."""
-    lines = completion.split(END, 1)[0].splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        if line.strip() and not line[0].isspace():
-            return "".join(lines[:i])
-    return "".join(lines)
 
 
 def _call(function: str, args: tuple[Any, ...]) -> str:
     return f"{function}({', '.join(repr(a) for a in args)})"
 
 
-def feedback(spec: RepairSpec, result: SandboxResult, max_chars: int,
+def feedback(spec: CodeSpec, result: SandboxResult, max_chars: int,
              show_expected: bool = True) -> str:
     """The one-line comment (newline included) reporting ``result``: passed count and the first
     failing test (with its expected value when ``show_expected``), or the status and reason
@@ -126,7 +86,7 @@ def feedback(spec: RepairSpec, result: SandboxResult, max_chars: int,
 class CodeRepairEnv:
     """One episode: the spec, the sandbox settings and the best fraction passed so far."""
 
-    spec: RepairSpec
+    spec: CodeSpec
     limits: SandboxLimits
     unsafe: bool
     feedback_chars: int
@@ -163,7 +123,7 @@ class CodeRepair:
     vocab_size: int = TOKENIZER.vocab_size
     turn_stop_token_ids: tuple[int, ...] = (END_ID,)
 
-    def __init__(self, cfg: EnvConfig, specs: tuple[RepairSpec, ...] | None = None) -> None:
+    def __init__(self, cfg: EnvConfig, specs: tuple[CodeSpec, ...] | None = None) -> None:
         """``specs``: default the shipped ones (tests may pass their own)."""
         self.cfg = cfg
         self.specs = tuple(s for s in (load_specs() if specs is None else specs)

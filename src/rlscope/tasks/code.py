@@ -42,35 +42,20 @@ learner; ``has_labels`` False) and reward noise does not apply.
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.sandbox import SandboxLimits, SandboxResult, TestCase, isolation_problem, run_many
+from rlscope.sandbox import SandboxLimits, SandboxResult, isolation_problem, run_many
 from rlscope.sandbox.isolated import INSTALL_HINT
+from rlscope.sandbox.specs import END, CodeSpec, extract_body, load_specs
 from rlscope.tasks.base import EVAL_OPTIONS, Scores, TaskConfig, TaskTraits, unused_option_errors
 from rlscope.tasks.text import TEXT_OPTIONS, fixed_left_padded
 from rlscope.tokenizer import ByteTokenizer
 
-END = "<|end|>"
-"""The stop token's name (id 256 of the task's tokenizer)."""
 EVAL_SEED_OFFSET = 1_000_003
-
-
-@dataclass(frozen=True)
-class CodeSpec:
-    """One function specification: the prompt, the reference body and the hidden tests."""
-
-    function: str
-    prompt: str
-    reference: str
-    tests: tuple[TestCase, ...]
-    heldout: bool
 
 
 @dataclass(frozen=True)
@@ -95,34 +80,6 @@ class CodeConfig:
                    limits=SandboxLimits(cpu_seconds=cfg.code_cpu_seconds,
                                         wall_seconds=cfg.code_wall_seconds,
                                         per_test_seconds=cfg.code_per_test_seconds))
-
-
-def make_prompt(signature: str, doc: str) -> str:
-    """``def <signature>:`` and the docstring, as the policy sees it."""
-    return f'def {signature}:\n    """{doc}"""\n'
-
-
-@functools.lru_cache(maxsize=1)
-def load_specs() -> tuple[CodeSpec, ...]:
-    """The shipped specifications (`rlscope/data/code_specs.json`)."""
-    raw = json.loads(resources.files("rlscope.data").joinpath("code_specs.json")
-                     .read_text(encoding="utf-8"))
-    return tuple(CodeSpec(function=s["function"], prompt=make_prompt(s["signature"], s["doc"]),
-                          reference=s["reference"], heldout=bool(s["heldout"]),
-                          tests=tuple(TestCase(tuple(t["args"]), t["expected"])
-                                      for t in s["tests"]))
-                 for s in raw)
-
-
-def extract_body(completion: str) -> str:
-    """The function body in ``completion``: the text before the first END marker, cut before
-    the first non-empty line that does not start with whitespace."""
-    text = completion.split(END, 1)[0]
-    lines = text.splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        if line.strip() and not line[0].isspace():
-            return "".join(lines[:i])
-    return text
 
 
 def score_programs(specs: Sequence[CodeSpec], completions: Sequence[str],
