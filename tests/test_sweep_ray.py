@@ -14,7 +14,7 @@ import pytest
 
 from rlscope.cli import main
 from rlscope.sweep.manifest import parse_manifest
-from rlscope.sweep.ray_backend import device_problem, resources
+from rlscope.sweep.ray_backend import device_problem, infeasible, resources
 from rlscope.sweep.runner import SweepOptions, backend_problem, run_sweep
 
 FOUR = """
@@ -120,15 +120,33 @@ def test_ray_sweep_equals_the_process_backend_and_resumes_a_killed_run(tmp_path:
 
 
 @pytest.mark.slow
+def test_infeasible_names_what_no_node_can_hold() -> None:
+    """A task fits if one alive node has both its CPUs and its GPU; else the reason says what to
+    change (Ray would leave it pending for ever)."""
+    nodes = [{"CPU": 4.0}, {"CPU": 8.0, "GPU": 1.0}]
+    assert infeasible({"num_cpus": 8.0, "num_gpus": 1.0}, nodes) == ""
+    assert infeasible({"num_cpus": 4.0, "num_gpus": 0.0}, nodes) == ""
+    too_many = infeasible({"num_cpus": 16.0, "num_gpus": 0.0}, nodes)
+    assert "asks for 16 CPUs" in too_many and "at most 8" in too_many
+    gpu_node_cpus = infeasible({"num_cpus": 6.0, "num_gpus": 1.0}, [{"CPU": 4.0, "GPU": 1.0},
+                                                                  {"CPU": 8.0}])
+    assert "largest node that fits it has 4" in gpu_node_cpus
+    no_gpu = infeasible({"num_cpus": 1.0, "num_gpus": 1.0}, [{"CPU": 8.0}])
+    assert "no node of the Ray cluster has one" in no_gpu and 'device = "cpu"' in no_gpu
+    assert infeasible({"num_cpus": 1.0, "num_gpus": 0.0}, []) != ""
+
+
 def test_a_failing_run_on_ray_is_reported_and_the_others_finish(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One run starts from a corrupt weights file and fails when training loads it; the others
-    complete, and the failure is in the summary and sweep.json with its traceback."""
+    """One run starts from a corrupt weights file and fails when training loads it, and one
+    asks for more CPUs than the cluster has (it would pend for ever): both are reported
+    failed; the others complete, and the failures are in the summary and sweep.json."""
     pytest.importorskip("ray")
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_text("not a checkpoint")
     text = FOUR.replace("seeds = [0, 1]", "seeds = [0]") + \
-        f'[runs.broken]\nmethod = "grpo"\ninit = "{corrupt}"\n'
+        f'[runs.broken]\nmethod = "grpo"\ninit = "{corrupt}"\n' + \
+        '[runs.huge]\nmethod = "grpo"\nthreads = 4096\n'
     manifest = tmp_path / "m.toml"
     manifest.write_text(text)
     out = tmp_path / "out"
@@ -137,10 +155,11 @@ def test_a_failing_run_on_ray_is_reported_and_the_others_finish(
     printed = capsys.readouterr().out
     assert "on Ray (local cluster)" in printed
     assert "broken_s0 FAILED: " in printed
-    assert "sweep four: 2 completed, 0 out of regime, 0 skipped, 1 failed" in printed
+    assert "huge_s0 FAILED: " in printed and "asks for 4096 CPUs" in printed
+    assert "sweep four: 2 completed, 0 out of regime, 0 skipped, 2 failed" in printed
     index = {r["run"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
     assert index["grpo_s0"]["status"] == index["dg_s0"]["status"] == "completed"
-    assert index["broken_s0"]["status"] == "failed"
+    assert index["broken_s0"]["status"] == index["huge_s0"]["status"] == "failed"
     assert "Traceback" in index["broken_s0"]["traceback"]
     assert "Traceback" in (out / "logs" / "broken_s0.log").read_text()
 

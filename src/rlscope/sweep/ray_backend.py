@@ -10,7 +10,9 @@ Resources (`resources`): a run asks for ``num_cpus`` = its torch threads (``--th
 manifest's ``threads``, else cores / ``--jobs``, `rlscope.sweep.runner.with_threads`) and
 ``num_gpus`` = 1 on ``device = "cuda"`` (Ray then shows it its GPU as ``cuda``), 0 on ``cpu``;
 ``auto`` asks for a GPU when the cluster has any. Every run is submitted at once; Ray runs as
-many as the cluster's free CPUs and GPUs fit. A task is never retried by Ray: a run whose
+many as the cluster's free CPUs and GPUs fit. A run that no alive node could ever hold (more
+CPUs than the largest node has, or a GPU on a cluster without one: `infeasible`) is recorded
+failed with what to change, instead of pending for ever. A task is never retried by Ray: a run whose
 worker dies is recorded failed, and the next invocation plans it again.
 
 Stopping (Ctrl-C, SIGTERM, SIGHUP, or any exception) cancels every task still pending or
@@ -53,6 +55,22 @@ def resources(spec: RunSpec, cluster_gpus: float) -> dict[str, float]:
     return {"num_cpus": float(max(r.threads, 1)), "num_gpus": gpus}
 
 
+def infeasible(need: dict[str, float], nodes: Sequence[dict[str, float]]) -> str:
+    """Why no node of the cluster can ever run a task asking for ``need`` (`resources`), ""
+    if one can. ``nodes`` are the alive nodes' total resources (``ray.nodes()``'s
+    ``Resources``: ``CPU``, ``GPU``). Ray would leave such a task pending for ever, and the
+    sweep with it; a run that cannot fit is recorded failed instead, saying what to change."""
+    cpus, gpus = need.get("num_cpus", 1.0), need.get("num_gpus", 0.0)
+    if any(n.get("CPU", 0.0) >= cpus and n.get("GPU", 0.0) >= gpus for n in nodes):
+        return ""
+    if gpus > 0 and not any(n.get("GPU", 0.0) >= gpus for n in nodes):
+        return ("it asks for a GPU (device cuda) and no node of the Ray cluster has one: run "
+                "it with device = \"cpu\", or join a cluster with GPUs (--address)")
+    most = max((n.get("CPU", 0.0) for n in nodes if n.get("GPU", 0.0) >= gpus), default=0.0)
+    return (f"it asks for {cpus:g} CPUs (its --threads) and the largest node that fits it has "
+            f"{most:g}: lower --threads (or the manifest's threads) to at most {most:g}")
+
+
 @contextmanager
 def _signals() -> Iterator[list[int]]:
     """`rlscope.sweep.processes.stop_on_signals` that also records the signal: Ray turns an
@@ -87,12 +105,21 @@ def run_ray(tasks: Sequence[tuple[int, RunSpec]], address: str,
     local cluster is shut down."""
     with ray_cluster(address) as ray, _signals() as received:  # after ray.init's handlers
         gpus = float(ray.cluster_resources().get("GPU", 0.0))
+        nodes = [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
         remote = ray.remote(max_retries=0)(execute)
         specs = dict(tasks)
         started = time.perf_counter()
-        refs = {remote.options(**resources(spec, gpus)).remote(spec): key
-                for key, spec in tasks}
+        refs: dict[Any, int] = {}
+        refused: list[tuple[int, str]] = []
+        for key, spec in tasks:
+            need = resources(spec, gpus)
+            if why := infeasible(need, nodes):
+                refused.append((key, f"run {spec.run} cannot run on this Ray cluster: {why}"))
+            else:
+                refs[remote.options(**need).remote(spec)] = key
         try:
+            for key, why in refused:
+                yield key, failed(why, 0.0)
             while refs:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=WAIT_S)
                 for ref in ready:
