@@ -58,6 +58,16 @@ class ScriptedTask:
                       unshaped_rewards_B=batch.completion_tokens_BT[:, 0].float())
 
 
+class UnbuildableTask(ScriptedTask):
+    """A task whose construction raises: once in the whole test (``once``, a marker file in
+    ``marker`` says it happened), or always."""
+
+    def __init__(self, marker: str, once: bool) -> None:
+        super().__init__("", marker)
+        if not once or self._first():
+            raise RuntimeError("scripted start failure")
+
+
 def _batch(rows: int, width: int = 5) -> RolloutBatch:
     g = torch.Generator().manual_seed(0)
     tokens_BT = torch.randint(0, 9, (rows, width), generator=g)
@@ -175,6 +185,31 @@ def test_a_failing_worker_is_retried_and_counted(mode: str, tmp_path: Path,
         assert torch.equal(got.rewards_B, expected.rewards_B)
         assert got.unshaped_rewards_B is not None and expected.unshaped_rewards_B is not None
         assert torch.equal(got.unshaped_rewards_B, expected.unshaped_rewards_B)
+
+
+@pytest.mark.slow
+def test_a_worker_that_fails_to_start_is_started_again_and_counted(tmp_path: Path,
+                                                                   ray_session: None) -> None:
+    """One worker's task raises while being built: one error, the worker is started again,
+    and every reward equals the in-process score. A task that can never be built leaves no
+    worker: the run stops with the reason (after 1 + retries starts of each worker)."""
+    batch = _batch(6)
+    pool = ScoringPool(functools.partial(UnbuildableTask, str(tmp_path), True),
+                       PoolOptions(workers=2, timeout_s=20.0, retries=1), failure_reward=-1.0)
+    try:
+        scores, errors = pool.score(batch)
+    finally:
+        pool.close()
+    assert errors == 1
+    assert torch.equal(scores.rewards_B, ScriptedTask().score(batch).rewards_B)
+    never = ScoringPool(functools.partial(UnbuildableTask, str(tmp_path), False),
+                        PoolOptions(workers=2, timeout_s=20.0, retries=1), failure_reward=-1.0)
+    try:
+        with pytest.raises(RuntimeError, match=r"no environment worker could start .*"
+                           r"scripted start failure"):
+            never.score(batch)
+    finally:
+        never.close()
 
 
 @pytest.mark.slow

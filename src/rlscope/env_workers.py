@@ -13,7 +13,10 @@ Failures never stop the run. A call that raises, whose actor dies (a crash, an O
 that runs past ``--env_timeout_s`` (the actor is then killed) counts one error in the step's
 ``env/errors`` and its chunk is retried on a fresh or idle actor, at most ``--env_retries``
 times; after that every row of the chunk gets the task's failure reward (its
-``failure_reward`` attribute, else 0.0). ``--env_chunk_size 1`` makes that per sample.
+``failure_reward`` attribute, else 0.0). ``--env_chunk_size 1`` makes that per sample. A worker
+that fails to start (its task raises while being built, or it gets no CPU within `STARTUP_S`)
+counts an error and is started again, at most ``--env_retries`` times; then the pool goes on
+without it. Only a pool left with no worker stops the run, with the reason.
 
 Not done: scoring does not overlap sampling (the sampler makes the whole batch before any row
 is scored, and making it emit chunks means changing the sampler); evaluation
@@ -142,6 +145,8 @@ class _Slot:
     chunk: int = -1
     """The chunk it scores (-1: starting or idle)."""
     deadline: float = 0.0
+    start_failures: int = 0
+    """Starts of this slot's actor that failed (raised, or past `STARTUP_S`)."""
 
 
 class ScoringPool:
@@ -173,6 +178,20 @@ class ScoringPool:
         fresh = self._new_slot()
         slot.actor, slot.ref, slot.chunk, slot.deadline = (fresh.actor, fresh.ref, -1,
                                                            fresh.deadline)
+
+    def _start_failed(self, slot: _Slot, why: str) -> None:
+        """A start of ``slot``'s actor failed (counted as an error by the caller): start it
+        again, at most ``--env_retries`` times; then drop the slot and score on the others.
+        Only when no worker is left does the run stop, with the last reason."""
+        slot.start_failures += 1
+        if slot.start_failures <= self.options.retries:
+            self._replace(slot, kill=True)
+            return
+        self._ray.kill(slot.actor, no_restart=True)
+        self.slots.remove(slot)
+        if not self.slots:
+            raise RuntimeError(f"no environment worker could start ({slot.start_failures} "
+                               f"tries each); the last: {why}")
 
     def score(self, batch: RolloutBatch) -> tuple[Scores, int]:
         """``batch``'s scores (rows in order, on its device) and the failed calls on the way."""
@@ -210,8 +229,10 @@ class ScoringPool:
                     value = ray.get(ref)
                 except Exception as e:  # raised in the task, or the actor died
                     if k < 0:
-                        raise RuntimeError("an environment worker could not start: "
-                                           f"{type(e).__name__}: {e}") from None
+                        errors += 1
+                        lines = [ln for ln in str(e).splitlines() if ln.strip()] or [""]
+                        self._start_failed(slot, f"{type(e).__name__}: {lines[-1].strip()}")
+                        continue
                     if isinstance(e, ray.exceptions.RayActorError):
                         self._replace(slot, kill=False)
                     failed(k)
@@ -219,12 +240,14 @@ class ScoringPool:
                     if k >= 0:
                         results[k] = value
             now = time.monotonic()
-            for slot in self.slots:
+            for slot in list(self.slots):
                 if slot.ref is not None and slot.ref not in ready and now >= slot.deadline:
                     if slot.chunk < 0:
-                        raise RuntimeError(
-                            f"an environment worker did not start in {STARTUP_S:.0f}s: does "
-                            "the Ray cluster have a free CPU for each of --env_workers?")
+                        errors += 1
+                        self._start_failed(slot, f"it did not start in {STARTUP_S:.0f}s (does "
+                                                 "the Ray cluster have a free CPU for each of "
+                                                 "--env_workers?)")
+                        continue
                     k = slot.chunk
                     self._replace(slot, kill=True)
                     failed(k)
