@@ -36,7 +36,7 @@ from rlscope.sampling.episodes import episode_loss_metrics, episode_metrics, gen
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TASKS, TaskConfig
 from rlscope.tasks.base import Interactive, Task
-from rlscope.tasks.episodes import EpisodeTask, episode_returns
+from rlscope.tasks.episodes import PROMPT_MARGIN, EpisodeTask, episode_returns
 
 ENV_SEEDS = torch.tensor([0, 0, 1, 1, 2, 2, 5, 5])
 """Four groups of two rows; initial observations of 2, 3 and 4 tokens (left padding)."""
@@ -262,7 +262,8 @@ def test_episode_task_scores_discounted_returns_and_is_interactive():
     assert episode_returns(rewards_BK, 0.5).tolist() == [0.5 + 0.25 + 0.25, 1.0]
     prompts = task.sample_prompts(torch.Generator().manual_seed(0), 4)
     assert prompts.env_seeds_B is not None and prompts.env_seeds_B.shape == (4,)
-    assert task.prompt_len == 4  # the longest initial observation: 2 3 4 4
+    # the longest initial observation (2 3 4 4) and the margin for lengths that vary
+    assert task.prompt_len == 4 + PROMPT_MARGIN
     assert task.traits.stop_token_ids == (STOP,)
     assert task.validate() == []
     assert any("turn_discount" in e for e in EpisodeTask(

@@ -13,6 +13,7 @@ import torch
 
 from rlscope.batch import RolloutBatch
 from rlscope.config import OptimConfig, RunConfig, TrainConfig
+from rlscope.envs.config import EnvConfig
 from rlscope.learner import forward_completion
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
 from rlscope.sampling import SamplingConfig, generate
@@ -196,8 +197,12 @@ def test_expected_reward_matches_monte_carlo() -> None:
 # The token tasks draw their held-out set from the seed; digits_bandit's is the fixed test
 # split (tests/test_digits_bandit.py); code_unit_tests' is its fixed held-out specs, which every
 # seed draws from, with no targets (tests/test_code_task.py).
+INTERACTIVE = ("guess_number", "twenty_questions", "calculator_tool", "code_repair")
+"""The multi-turn environments: their held-out set is a set of environment seeds."""
+
+
 @pytest.mark.parametrize("name", [n for n in TASKS
-                                  if n not in ("digits_bandit", "code_unit_tests")])
+                                  if n not in ("digits_bandit", "code_unit_tests", *INTERACTIVE)])
 def test_eval_sets_deterministic_per_seed_and_distinct_from_training(name: str) -> None:
     task = make_task(name, TaskConfig(eval_batches=3, eval_batch_size=50))
     a, b, other = task.eval_prompts(0), task.eval_prompts(0), task.eval_prompts(1)
@@ -218,6 +223,28 @@ def test_eval_sets_deterministic_per_seed_and_distinct_from_training(name: str) 
             assert not torch.equal(train_p.tokens_BP, p.tokens_BP)
     # drawing training prompts does not move the held-out set
     assert torch.equal(task.eval_prompts(0)[0].tokens_BP, a[0].tokens_BP)
+
+
+@pytest.mark.parametrize("name", INTERACTIVE)
+def test_interactive_eval_sets_are_environment_seeds_fixed_per_seed(name: str) -> None:
+    """An interactive task's hidden state lives in its environment seeds (the initial
+    observation may be the same text for every episode): the held-out seeds are the same for
+    one run seed, differ for another, and are disjoint from the training stream's."""
+    task = make_task(name, TaskConfig(eval_batches=3, eval_batch_size=50))
+    a, b, other = task.eval_prompts(0), task.eval_prompts(0), task.eval_prompts(1)
+    assert len(a) == 3 and all(p.batch_size == 50 for p in a)
+    seeds = [p.env_seeds_B for p in a]
+    assert all(s is not None for s in seeds)
+    held_out = torch.cat([s for s in seeds if s is not None])
+    for x, y in zip(a, b, strict=True):
+        assert x.env_seeds_B is not None and y.env_seeds_B is not None
+        assert torch.equal(x.tokens_BP, y.tokens_BP) and torch.equal(x.env_seeds_B, y.env_seeds_B)
+    assert not torch.equal(held_out, torch.cat([p.env_seeds_B for p in other
+                                                if p.env_seeds_B is not None]))
+    train_p = task.sample_prompts(torch.Generator().manual_seed(0), 50)
+    assert train_p.env_seeds_B is not None
+    assert not set(train_p.env_seeds_B.tolist()) & set(held_out.tolist())
+    assert torch.equal(task.eval_prompts(0)[0].env_seeds_B, seeds[0])
 
 
 def test_make_task_unknown_lists_valid_names() -> None:
@@ -274,6 +301,9 @@ def test_grpo_on_a_trivially_easy_task_stops_out_of_regime(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("name", list(TASKS))
 def test_task_options_are_task_config_fields(name: str) -> None:
-    fields = {f.name for f in dataclasses.fields(TaskConfig)}
+    """Every option a task lists is a flag of `TaskConfig` (the environments' options are the
+    fields of its nested `EnvConfig`, flattened on the command line like the others)."""
+    fields = {f.name for f in dataclasses.fields(TaskConfig)} - {"env"} | {
+        f.name for f in dataclasses.fields(EnvConfig)}
     options = make_task(name, TaskConfig()).options
     assert options and set(options) <= fields

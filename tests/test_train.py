@@ -187,6 +187,9 @@ def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
     options = dataclasses.replace(SMALL_TASK, score_len=2)
     if task == "code_unit_tests":  # reads none of the token-sandbox options
         options = TaskConfig(eval_batches=1, eval_batch_size=4, code_completion_len=24)
+    if task in ("guess_number", "twenty_questions", "calculator_tool", "code_repair"):
+        options = TaskConfig(eval_batches=1, eval_batch_size=4, max_turns=2,
+                             max_turn_tokens=8, max_episode_tokens=64)
     result = train(_cfg(tmp_path, "reinforce", task=task, task_options=options, num_steps=2,
                         eval_every=0))
     evals = read_jsonl(result.run_dir / "eval.jsonl")
@@ -194,7 +197,9 @@ def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
     extra = {"masked_reversal": ["eval/test_error_unscored"],
              "chain_reversal": ["eval/chain_reward"], "chain_arithmetic": ["eval/chain_reward"],
              "format_answer": ["eval/chain_reward"],
-             "code_unit_tests": ["eval/solved", "eval/sandbox_ok"]}[task]
+             "code_unit_tests": ["eval/solved", "eval/sandbox_ok"],
+             **{name: ["eval/success", "eval/turns", "eval/return"] for name in (
+                 "guess_number", "twenty_questions", "calculator_tool", "code_repair")}}[task]
     for key in extra:
         assert key in evals[0]
     assert unregistered(evals[0]) == []

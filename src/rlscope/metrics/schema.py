@@ -276,6 +276,13 @@ METRICS: tuple[MetricDef, ...] = (
     _m("eval/sandbox_ok", "prompts", "seq_mean", "eval",
        "share of greedy programs that ran to a result in the sandbox: no timeout, crash, "
        "limit or blocked call (code_unit_tests)"),
+    _m("eval/success", "prompts", "seq_mean", "eval",
+       "interactive tasks: share of greedy held-out episodes the environment ended 'solved'"),
+    _m("eval/turns", "prompts", "seq_mean", "eval",
+       "interactive tasks: mean policy turns of a greedy held-out episode"),
+    _m("eval/return", "prompts", "seq_mean", "eval",
+       "interactive tasks: mean return (turn rewards, discounted by --turn_discount) of a "
+       "greedy held-out episode"),
     _m("sft/loss", "tokens", "token_mean", "step",
        "rlscope sft: cross-entropy of the step's batch on completion tokens (prompt masked)"),
     _m("rm/loss", "sequences", "seq_mean", "step",

@@ -17,8 +17,9 @@ The task is `Interactive`: the loop samples its rows as episodes
 Budgets are the task options ``--max_turns``, ``--max_turn_tokens``, ``--max_episode_tokens``
 (``--env_processes N``: slow environments step in N worker processes, `EpisodePool`);
 the completion length is ``max_episode_tokens`` and the prompt length the longest initial
-observation over the held-out set and `PROBE_SEEDS` more seeds (the model's context must hold
-both; a longer observation met in training is an error naming the sizes).
+observation over the held-out set and `PROBE_SEEDS` more seeds, with `PROMPT_MARGIN` positions
+to spare where the observations vary in length (the model's context must hold both; a longer
+observation met in training is an error naming the sizes).
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ from rlscope.tasks.base import (
 
 EVAL_SEED_OFFSET = 7_000_003
 """Held-out environment seeds come from ``seed + EVAL_SEED_OFFSET`` (never the run's stream)."""
-PROBE_SEEDS = 64
-"""Environment seeds probed (besides the held-out ones) for the longest initial observation."""
+PROBE_SEEDS = 20_000
+"""Environment seeds probed (besides the held-out ones) for the longest initial observation
+(about 0.3 s for each shipped environment)."""
+PROMPT_MARGIN = 16
+"""Positions added to the longest probed observation, for the rare longer one a run may still
+draw (calculator_tool's word problems vary by a few tokens with their numbers)."""
 SEED_RANGE = 2**31
 """Environment seeds are drawn from [0, SEED_RANGE)."""
 
@@ -96,10 +101,13 @@ class EpisodeTask:
     @property
     def prompt_len(self) -> int:
         """The longest initial observation over the held-out seeds of seed 0 and `PROBE_SEEDS`
-        more (computed once, on first use)."""
+        more, plus `PROMPT_MARGIN` where observations vary in length (computed once, on first
+        use)."""
         if self._prompt_len is None:
             seeds = self._eval_seeds(0) + list(range(PROBE_SEEDS))
-            self._prompt_len = max(len(o) for o in initial_observations(self.factory, seeds))
+            lengths = [len(o) for o in initial_observations(self.factory, seeds)]
+            margin = PROMPT_MARGIN if min(lengths) != max(lengths) else 0
+            self._prompt_len = max(lengths) + margin
         return self._prompt_len
 
     @property
