@@ -52,7 +52,7 @@ from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snaps
 from rlscope.doctor.live import LiveDoctor, alert_line
 from rlscope.doctor.render import findings_json
 from rlscope.env_workers import PoolOptions, close_env_workers, env_metrics, with_env_workers
-from rlscope.evaluation import evaluate, heldout_batch
+from rlscope.evaluation import OPD_EVAL_OFFSET, evaluate, heldout_batch, opd_evaluation
 from rlscope.learner import (
     LearnerInputs,
     UpdatePlan,
@@ -84,7 +84,7 @@ from rlscope.methods.selection import (
     top_up_mixed_groups,
 )
 from rlscope.methods.spec import MethodSpec, OverlongConfig
-from rlscope.methods.teacher import PolicyTeacher, Teacher, teacher_errors
+from rlscope.methods.teacher import PolicyTeacher, TargetTeacher, Teacher, teacher_errors
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import (
     JsonlWriter,
@@ -342,7 +342,8 @@ def setup(cfg: TrainConfig) -> RunParts:
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = reference_of(policy) if spec.needs_reference else None
     try:  # the teacher's weights, vocabulary and distribution: before anything is written
-        teacher = load_teacher(cfg, task, device, policy, spec) if spec.needs_teacher else None
+        teacher = builtin_teacher(cfg, task) if spec.builtin_teacher \
+            else load_teacher(cfg, task, device, policy, spec) if spec.needs_teacher else None
     except (ValueError, OSError) as e:  # a path that holds no loadable teacher
         raise ConfigError(str(e)) from None
     if cfg.learner.compile_blocks:  # after the reference's copy: only the trained policy
@@ -406,6 +407,14 @@ def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy
         if isinstance(task, WatchesPolicy):  # its frozen initial copy is the loaded model
             task.attach_policy(policy)
     return policy
+
+
+def builtin_teacher(cfg: TrainConfig, task: Task) -> Teacher:
+    """The built-in teacher of ``--teacher`` over the task's targets (`TargetTeacher`):
+    A = the student's vocabulary, V = the task's content alphabet (``--vocab``)."""
+    t = cfg.teacher_options
+    return TargetTeacher(t.teacher, task.vocab_size, cfg.task_options.vocab, t.teacher_epsilon,
+                         t.teacher_temperature, t.special_token_weight)
 
 
 def load_teacher(cfg: TrainConfig, task: Task, device: torch.device, student: Policy,
@@ -496,16 +505,28 @@ class RunLog:
                 self.doctor.add(old_record)
         self.t_run = time.perf_counter()
 
-    def evaluate(self, step: int) -> None:
-        """Greedy held-out evaluation, logged at ``step``."""
+    def evaluate(self, step: int, phase: str = "") -> None:
+        """Greedy held-out evaluation, logged at ``step``; a built-in teacher's run adds the OPD
+        diagnostics (`rlscope.evaluation.opd_evaluation`). ``phase`` (e.g. ``"switch"``, the
+        warm-up switch's row) tags the record."""
         p, r = self.parts, self.parts.cfg.run
         t0 = time.perf_counter()
         p.acting.eval()
         values = _floats(evaluate(p.acting, p.task, [self.eval_prompts], p.d.max_new_tokens,
                                   p.cfg.sampling.stop_token_ids,
                                   decode_graphs=p.cfg.sampling.decode_graphs and r.cuda_graphs))
+        if p.spec.builtin_teacher and p.teacher is not None:
+            t, obj = p.cfg.teacher_options, p.spec.objective
+            topk = "opd_top_k" in p.spec.objective_component.settings  # else k = overlap_k
+            values |= _floats(opd_evaluation(
+                p.acting, p.task, p.teacher, step_generator(r.seed, step, OPD_EVAL_OFFSET),
+                r.batch_size, p.d.max_new_tokens, t.overlap_k,
+                obj.opd_top_k if topk else t.overlap_k,
+                obj.opd_support if topk else "student"))
         _sync(p.device)
-        record = {"step": step, **values, "time/eval": time.perf_counter() - t0}
+        record: dict[str, Any] = {"step": step, **values, "time/eval": time.perf_counter() - t0}
+        if phase:
+            record["phase"] = phase
         self.evals.append(record)
         self.doctor.add(record)
         self.evals_log.write(record)
@@ -568,7 +589,7 @@ class RankLog(RunLog):
         self.display = _Quiet()  # type: ignore[assignment]
         self.t_run = time.perf_counter()
 
-    def evaluate(self, step: int) -> None:
+    def evaluate(self, step: int, phase: str = "") -> None:
         pass
 
     def step(self, step: int, values: dict[str, float], batch: RolloutBatch,
@@ -748,6 +769,8 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
     entropy = diagnose and diag.entropy_diagnostics
     before = snapshot(p.policy, batch, inputs, plan.dist) \
         if entropy else None
+    if p.spec.reads_step:  # a warm-up switch (opd_topk_reverse_kl's --opd_warmup_steps)
+        inputs = dataclasses.replace(inputs, step=torch.tensor(state.step))
     if p.spec.needs_batch_statistic:  # Clip-Cov's draws: from the run seed and the step
         inputs = dataclasses.replace(inputs, draw_seed=torch.tensor(
             (p.cfg.run.seed * 1_000_003 + state.step) % 2**62))
@@ -857,8 +880,9 @@ def train(cfg: TrainConfig) -> RunResult:
             if spec.kl.control == "warmup":
                 state.beta = kl_warmup_beta(step, spec.kl)
             diagnose = eval_due(step, r)
-            if diagnose:
-                log.evaluate(step)
+            switch = 0 < spec.objective.opd_warmup_steps == step and spec.reads_step
+            if diagnose or switch:  # the warm-up switch's row: before step W's update
+                log.evaluate(step, "switch" if switch else "")
             collect.begin()
             batch = source.next(step)
             t_step, t_sampled, t_scored = collect.timings()
