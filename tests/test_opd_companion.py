@@ -303,3 +303,79 @@ def test_the_warmup_switch_adds_a_switch_row_at_step_w(tmp_path: Path) -> None:
     result = train(_cfg(tmp_path, components=MethodConfig(opd_warmup_steps=2), name="w2"))
     assert [(e["step"], e.get("phase")) for e in result.evals] == [(0, None), (2, "switch"),
                                                                     (4, None)]
+
+
+# --------------------------------------------------------------------------- manifests
+
+OPD_MANIFESTS = {"opd_compare": 2, "opd_topk_stability": 5, "opd_topk_cold_start": 7,
+                 "opd_topk_warmup": 13, "opd_soft_teacher": 26}
+"""Ids of each builtin OPD manifest: baselines + grid points (COMPANIONS.md §1, Experiments)."""
+
+
+@pytest.mark.parametrize("name", sorted(OPD_MANIFESTS))
+def test_builtin_opd_manifests_validate(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    from rlscope.cli import main
+
+    assert main(["sweep", "--builtin", name, "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    ids = OPD_MANIFESTS[name]
+    assert out.startswith(f"sweep {name}: {ids * 3} runs ({ids} ids × 3 seeds)")
+    assert "--method opd_reverse_kl" in out  # every OPD experiment has the exact baseline
+    if name != "opd_compare":
+        assert "--vocab 8 --seq_len 8" in out or ("--vocab 8" in out and "--seq_len 8" in out)
+        assert "--overlap_k 4" in out
+
+
+@pytest.mark.slow
+def test_an_opd_warmup_manifest_smoke_run_writes_its_csv_and_switch_table(tmp_path: Path
+                                                                           ) -> None:
+    """opd_topk_cold_start shrunk to 2 steps, one seed, k = 2, W in {0, 1} (3 runs, each a
+    process of its own: ~20 s): every run completes, the results CSV holds every id, and
+    switch.md has the W = 1 row only."""
+    from importlib.resources import files
+
+    from rlscope.cli import main
+
+    text = (files("rlscope.sweep") / "builtin" / "opd_topk_cold_start.toml").read_text()
+    text = (text.replace("seeds = [0, 1, 2]", "seeds = [0]")
+            .replace("num_steps = 300", "num_steps = 2")
+            .replace("eval_every = 20", "eval_every = 1")
+            .replace("batch_size = 64", "batch_size = 8")
+            .replace("opd_top_k = [1, 2, 4], opd_warmup_steps = [0, 100]",
+                     "opd_top_k = [2], opd_warmup_steps = [0, 1]"))
+    manifest = tmp_path / "smoke.toml"
+    manifest.write_text(text)
+    out_dir = tmp_path / "sweep"
+    assert main(["sweep", str(manifest), "--output", str(out_dir)]) == 0
+    results = (out_dir / "results.csv").read_text()
+    for run_id in ("opd_reverse_kl_s0", "topk-opd_top_k=2-opd_warmup_steps=0_s0",
+                   "topk-opd_top_k=2-opd_warmup_steps=1_s0"):
+        assert run_id in results
+    switch = (out_dir / "switch.md").read_text()
+    assert "| topk-opd_top_k=2-opd_warmup_steps=1 | 1 | 1 ± nan |" in switch
+    assert "opd_warmup_steps=0" not in switch
+
+
+def test_switch_markdown_is_mean_and_sd_of_the_switch_rows(tmp_path: Path) -> None:
+    """Two seeds of one id with switch rows (test_error 0.5 and 0.3 at the switch, 0.2 and
+    0.2 at the end) and one id without: mean 0.4 ± sd 0.1414 (√((0.1² + 0.1²)/1)), final −
+    switch = (−0.3, −0.1) → −0.2 ± 0.1414; the id without a switch row is absent."""
+    from rlscope.sweep.aggregate import switch_markdown
+
+    def run(name: str, rows: list[dict[str, Any]]) -> None:
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "eval.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows))
+
+    run("warm_s0", [{"step": 0, "eval/test_error": 0.9},
+                    {"step": 5, "phase": "switch", "eval/test_error": 0.5},
+                    {"step": 10, "eval/test_error": 0.2}])
+    run("warm_s1", [{"step": 5, "phase": "switch", "eval/test_error": 0.3},
+                    {"step": 10, "eval/test_error": 0.2}])
+    run("cold_s0", [{"step": 10, "eval/test_error": 0.1}])
+    table = switch_markdown(tmp_path)
+    row = next(line for line in table.splitlines() if line.startswith("| warm |"))
+    assert row.startswith("| warm | 2 | 5 ± 0 | 0.4 ± 0.1414 |")
+    assert row.endswith("| -0.2 ± 0.1414 |")
+    assert "cold" not in table
+    assert switch_markdown(tmp_path / "runs" / "cold_s0") == ""
