@@ -379,3 +379,34 @@ def test_switch_markdown_is_mean_and_sd_of_the_switch_rows(tmp_path: Path) -> No
     assert row.endswith("| -0.2 ± 0.1414 |")
     assert "cold" not in table
     assert switch_markdown(tmp_path / "runs" / "cold_s0") == ""
+
+
+# ------------------------------------------------------------------------------ probe
+
+
+def test_loglog_slope_of_a_power_law_is_its_exponent() -> None:
+    from rlscope.probes.opd_variance import loglog_slope, variance
+
+    # Var = 3·H² at H = 2, 4, 8: log Var = log 3 + 2 log H → slope 2
+    assert loglog_slope([2, 4, 8], [12.0, 48.0, 192.0]) == pytest.approx(2.0)
+    # population variance of (1, 2, 3, 6): mean 3, ((−2)² + (−1)² + 0 + 3²)/4 = 3.5
+    assert variance([1.0, 2.0, 3.0, 6.0]) == pytest.approx(3.5)
+
+
+def test_opd_variance_probe_writes_its_csv_and_summary(tmp_path: Path) -> None:
+    from rlscope.cli import main
+
+    out = tmp_path / "probe"
+    assert main(["probe", "opd_variance", "--horizons", "2", "4", "--num_batches", "3",
+                 "--batch_size", "4", "--num_seeds", "2", "--output", str(out)]) == 0
+    rows = (out / "opd_variance.csv").read_text().splitlines()
+    assert rows[0].startswith("seed,horizon,estimator,variance")
+    assert len(rows) == 1 + 2 * 2 * 3  # seeds × horizons × estimators
+    variances = [float(r.split(",")[3]) for r in rows[1:]]
+    assert all(v >= 0 and math.isfinite(v) for v in variances)
+    assert any(v > 0 for v in variances)
+    summary = (out / "summary.md").read_text()
+    for name in ("sequence_pg", "token_pg", "full_vocab_rkl"):
+        assert f"| {name} |" in summary
+    assert main(["probe", "opd_variance", "--num_batches", "1", "--output", str(out)]) == 2
+    assert main(["probe", "nope"]) == 2
