@@ -294,7 +294,7 @@ def test_every_opd_preset_runs_with_finite_metrics(tmp_path: Path, method: str,
 
 def test_the_warmup_switch_adds_a_switch_row_at_step_w(tmp_path: Path) -> None:
     result = train(_cfg(tmp_path, components=MethodConfig(opd_warmup_steps=3),
-                        output=str(tmp_path / "rows.csv")))
+                        output=str(tmp_path / "rows.csv"), micro_batch_size=4))
     evals = [json.loads(line) for line in (result.run_dir / "eval.jsonl").read_text().splitlines()]
     assert [(e["step"], e.get("phase")) for e in evals] == [(0, None), (2, None), (3, "switch"),
                                                              (4, None)]

@@ -358,7 +358,7 @@ def setup(cfg: TrainConfig) -> RunParts:
               if p.requires_grad]
     # The CUDA-graph learner does not sum gradients over ranks: data parallel runs eager.
     use_graphs = r.cuda_graphs and graphs.supported(policy, device) and dp is None \
-        and not spec.needs_batch_statistic  # its per-step selection runs eager
+        and not spec.needs_batch_statistic and not spec.reads_step  # per-step inputs: eager
     # CUDA graphs need capturable AdamW; elsewhere the fused kernel (4x the default on CPU).
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
@@ -762,6 +762,8 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
     p, plan, diag = parts, parts.plan, parts.cfg.diagnostics
     p.policy.train()
     m: dict[str, torch.Tensor] = {}
+    if p.spec.reads_step:  # a warm-up switch (opd_topk_reverse_kl's --opd_warmup_steps)
+        inputs = dataclasses.replace(inputs, step=torch.tensor(state.step))
     if diagnose and diag.grad_diagnostics:
         m |= gradient_diagnostics(p.spec, p.policy, p.value_head, batch, inputs, state.beta,
                                   plan.dist, plan.grad_clip,
@@ -769,8 +771,6 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
     entropy = diagnose and diag.entropy_diagnostics
     before = snapshot(p.policy, batch, inputs, plan.dist) \
         if entropy else None
-    if p.spec.reads_step:  # a warm-up switch (opd_topk_reverse_kl's --opd_warmup_steps)
-        inputs = dataclasses.replace(inputs, step=torch.tensor(state.step))
     if p.spec.needs_batch_statistic:  # Clip-Cov's draws: from the run seed and the step
         inputs = dataclasses.replace(inputs, draw_seed=torch.tensor(
             (p.cfg.run.seed * 1_000_003 + state.step) % 2**62))

@@ -88,9 +88,9 @@ def opd_topk_reverse_kl(x: PolicyTerms, cfg: ObjectiveConfig) -> ObjectiveOut:
     terms_BTV = reverse_kl_terms_BTV(student_BTV, teacher_BTV)
     mask_BTV = support_mask_BTV(student_BTV, teacher_BTV, cfg.opd_top_k, cfg.opd_support)
     topk_BT = (terms_BTV * mask_BTV).sum(-1)
-    if cfg.opd_warmup_steps > 0:
-        step = require(x.step, "step", "opd_topk_reverse_kl")
-        topk_BT = torch.where(step < cfg.opd_warmup_steps, terms_BTV.sum(-1), topk_BT)
+    if cfg.opd_warmup_steps > 0 and int(require(x.step, "step", "opd_topk_reverse_kl")) \
+            < cfg.opd_warmup_steps:  # the warm-up: the exact loss (the stats stay top-k's)
+        topk_BT = terms_BTV.sum(-1)
     m_BT = x.mask_BT.to(topk_BT.dtype)
     return topk_BT * m_BT, _support_stats(student_BTV, teacher_BTV, mask_BTV)
 
