@@ -410,3 +410,13 @@ def test_opd_variance_probe_writes_its_csv_and_summary(tmp_path: Path) -> None:
         assert f"| {name} |" in summary
     assert main(["probe", "opd_variance", "--num_batches", "1", "--output", str(out)]) == 2
     assert main(["probe", "nope"]) == 2
+
+
+def test_the_opd_diagnostics_leave_the_training_stream_untouched(tmp_path: Path) -> None:
+    """The same run with and without evaluations (each drawing a fresh diagnostic batch from
+    the evaluation stream) trains on the same batches: equal losses at every step."""
+    def losses(eval_every: int, name: str) -> list[float]:
+        result = train(_cfg(tmp_path, "opd_reverse_kl", eval_every=eval_every, name=name))
+        return [row["loss/policy"] for row in result.metrics]
+
+    assert losses(1, "with") == losses(0, "without")
