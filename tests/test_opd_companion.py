@@ -247,6 +247,8 @@ REJECTIONS: dict[str, tuple[dict[str, Any], str]] = {
               r"needs clean rewards"),
     "opd_flag_on_grpo": ({"method": "grpo", "teacher": TC(teacher="soft")},
                          r"--teacher: set, but method 'grpo' reads no built-in teacher"),
+    "topk_flags_on_grpo": ({"method": "grpo", "components": MC(opd_top_k=3, opd_support="teacher")},
+                           r"--opd_top_k, --opd_support: set, but method 'grpo' reads no"),
 }
 
 

@@ -26,6 +26,7 @@ from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, res
 from rlscope.methods import validate_method as _validate_method
 from rlscope.methods.advantages import ADVANTAGES
 from rlscope.methods.component import record
+from rlscope.methods.configs import ObjectiveConfig
 from rlscope.methods.teacher import TeacherConfig, builtin_teacher_errors
 from rlscope.metrics.sinks import parse_log_to
 from rlscope.paths import check_name_component
@@ -595,8 +596,8 @@ def opd_config_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[st
         changed = [f"--{name}" for name in ("teacher", "teacher_epsilon", "teacher_temperature",
                                            "special_token_weight", "overlap_k")
                    if getattr(t, name) != getattr(default_t, name)]
-        if obj.opd_warmup_steps != 0 and not spec.objective_component.reads_step:
-            changed.append("--opd_warmup_steps")
+        changed += [f"--{name}" for name in ("opd_top_k", "opd_support", "opd_warmup_steps")
+                    if getattr(obj, name) != getattr(ObjectiveConfig(), name)]
         return [f"{', '.join(changed)}: set, but method {cfg.method!r} reads no built-in "
                 "teacher (opd_reverse_kl, opd_topk_reverse_kl and opd_pg do); drop them"] \
             if changed else []
