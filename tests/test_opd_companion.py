@@ -422,3 +422,38 @@ def test_the_opd_diagnostics_leave_the_training_stream_untouched(tmp_path: Path)
         return [row["loss/policy"] for row in result.metrics]
 
     assert losses(1, "with") == losses(0, "without")
+
+
+# ------------------------------------------------------------------ std ribbons ([sweep] band)
+
+
+def test_curves_carry_the_sample_sd_and_the_std_band_uses_it(tmp_path: Path) -> None:
+    """Two seeds logging 1 and 3 at step 0: mean 2, sd √((1 + 1)/1) = 1.4142, SEM sd/√2 = 1;
+    the std ribbon is ±1.4142, the default ±1."""
+    pytest.importorskip("matplotlib")
+    from rlscope.report.build import sweep_band
+    from rlscope.report.figures import Style, _band_S, plot_metric
+    from rlscope.results import TidyRow, curves
+
+    rows = [TidyRow(f"a_s{s}", "a", "m", s, "eval", 0, "eval/x", v)
+            for s, v in ((0, 1.0), (1, 3.0))]
+    c = curves(rows, "eval/x")["a"]
+    assert c.mean_S[0] == pytest.approx(2.0)
+    assert c.sd_S is not None and c.sd_S[0] == pytest.approx(math.sqrt(2.0))
+    assert c.sem_S[0] == pytest.approx(1.0)
+    assert _band_S(c, "std")[0] == pytest.approx(math.sqrt(2.0))
+    assert _band_S(c, "sem")[0] == pytest.approx(1.0)
+    fig = plot_metric("eval/x", {"a": c}, {"a": Style("C0", "-")}, band="std")
+    assert fig.axes[0].get_title() == "eval/x: mean ± SD across seeds"
+    (tmp_path / "manifest.toml").write_text('[sweep]\nname = "s"\nband = "std"\n')
+    assert sweep_band(tmp_path) == "std"
+    assert sweep_band(tmp_path / "nowhere") == "sem"
+
+
+def test_a_manifest_band_other_than_sem_or_std_is_rejected(tmp_path: Path) -> None:
+    from rlscope.sweep.manifest import ManifestError, load_manifest
+
+    path = tmp_path / "m.toml"
+    path.write_text('[sweep]\nname = "s"\nband = "iqr"\n\n[runs.a]\nmethod = "grpo"\n')
+    with pytest.raises(ManifestError, match=r"band = 'iqr': use \"sem\""):
+        load_manifest(path)
