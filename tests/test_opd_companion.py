@@ -358,6 +358,39 @@ def test_an_opd_warmup_manifest_smoke_run_writes_its_csv_and_switch_table(tmp_pa
     assert "opd_warmup_steps=0" not in switch
 
 
+def _smoke_manifest(name: str) -> str:
+    """Builtin manifest ``name`` shrunk to a smoke run: one seed, 2 steps, evaluation every
+    step, batch 8, every warm-up grid W ∈ {0, 1}."""
+    import re
+    from importlib.resources import files
+
+    text = (files("rlscope.sweep") / "builtin" / f"{name}.toml").read_text()
+    text = text.replace("seeds = [0, 1, 2]", "seeds = [0]")
+    text = re.sub(r"num_steps = \d+", "num_steps = 2", text)
+    text = re.sub(r"eval_every = \d+", "eval_every = 1", text)
+    text = text.replace("batch_size = 64", "batch_size = 8")
+    return re.sub(r"opd_warmup_steps = \[[0-9, ]+\]", "opd_warmup_steps = [0, 1]", text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(OPD_MANIFESTS))
+def test_every_opd_manifest_smoke_run_writes_its_csv(tmp_path: Path, name: str) -> None:
+    """Each OPD manifest at 2 steps (`_smoke_manifest`; one process per run, up to ~2 min):
+    every run completes and results.csv names every id; switch.md exists exactly where the
+    manifest has a warm-up grid."""
+    from rlscope.cli import main
+    from rlscope.sweep.manifest import parse_manifest
+
+    text = _smoke_manifest(name)
+    (tmp_path / "smoke.toml").write_text(text)
+    out_dir = tmp_path / "sweep"
+    ids = {r.id for r in parse_manifest(text, output=out_dir).runs}
+    assert main(["sweep", str(tmp_path / "smoke.toml"), "--output", str(out_dir)]) == 0
+    results = (out_dir / "results.csv").read_text()
+    assert all(f"{run_id}_s0" in results for run_id in ids)
+    assert (out_dir / "switch.md").exists() == ("opd_warmup_steps = [0, 1]" in text)
+
+
 def test_switch_markdown_is_mean_and_sd_of_the_switch_rows(tmp_path: Path) -> None:
     """Two seeds of one id with switch rows (test_error 0.5 and 0.3 at the switch, 0.2 and
     0.2 at the end) and one id without: mean 0.4 ± sd 0.1414 (√((0.1² + 0.1²)/1)), final −
