@@ -114,7 +114,8 @@ def _in_regime(cfg: TrainConfig) -> TrainConfig:
     elif "binary_rewards" in needs:
         cfg = dataclasses.replace(cfg, task_options=dataclasses.replace(
             cfg.task_options, binary_reward=True))
-    if METHODS[cfg.method].needs_teacher:  # a random policy of the same model as teacher
+    if METHODS[cfg.method].needs_teacher and not METHODS[cfg.method].builtin_teacher:
+        # a random policy of the same model as teacher (the OPD presets' teacher is built in)
         teacher = Path(cfg.run.runs_dir) / "teacher.pt"
         policy = make_policy_for(make_task(cfg.task, cfg.task_options), cfg.model)
         torch.save({"policy": policy.state_dict()}, teacher)
@@ -146,7 +147,9 @@ OUT_OF_REGIME = {"replay_dg": {}, "fresh_dg": {}, "dg_token": {"task_options": N
                     for m in ("clip_cov", "kl_cov", "dapo_forking")},
                  "opo": {"delay": 1}, "gpg": {"components": MethodConfig(selection="mixed_groups")},
                  "scalerl": {"components": MethodConfig(kl_coef=0.1)},
-                 "vapo": {"components": MethodConfig(critic_pretrain_steps=0)}}
+                 "vapo": {"components": MethodConfig(critic_pretrain_steps=0)},
+                 "opd_reverse_kl": {"delay": 1}, "opd_topk_reverse_kl": {"task_options": NOISY},
+                 "opd_pg": {"task": "digits_bandit"}}
 REASONS = "(needs|weighs|is defined|is for|takes one|trains on|has no KL)"
 
 

@@ -30,6 +30,7 @@ commands:
   doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
   report    a self-contained HTML report and figures for a run or sweep (`rlscope report --help`)
   serve     a local Tinker-compatible server for the tinker SDK (`rlscope serve --help`)
+  probe     a measurement that is not a training run: rlscope probe NAME (`rlscope probe --help`)
 
 options (before or after COMMAND):
   --debug   show the full traceback of an error (otherwise one line: `error: ...`)
@@ -277,10 +278,31 @@ def cmd_tasks(args: list[str]) -> int:
     return 0
 
 
+def cmd_probe(args: list[str]) -> int:
+    from rlscope.probes import PROBES
+
+    if not args or args[0] in ("-h", "--help") or args[0] not in PROBES:
+        listing = "".join(f"  {n:<14}{p.description}\n" for n, p in PROBES.items())
+        out = sys.stdout if args and args[0] in ("-h", "--help") else sys.stderr
+        unknown = f"rlscope probe: unknown probe {args[0]!r}\n\n" if args and out is sys.stderr \
+            else ""
+        out.write(f"{unknown}usage: rlscope probe NAME [OPTIONS]   (rlscope probe NAME --help)"
+                  f"\n\nprobes:\n{listing}")
+        if out is sys.stdout:  # as tyro's --help does
+            raise SystemExit(0)
+        return 2
+    probe = PROBES[args[0]]
+    cfg = _tyro_parse(probe.config, args[1:], f"rlscope probe {args[0]}")
+    if _report_errors(cfg.errors()):  # type: ignore[attr-defined]
+        return 2
+    probe.run(cfg)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train, "sft": cmd_sft, "rm": cmd_rm, "demo": cmd_demo, "bench": cmd_bench,
     "methods": cmd_methods, "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report,
-    "sweep": cmd_sweep, "serve": cmd_serve,
+    "sweep": cmd_sweep, "serve": cmd_serve, "probe": cmd_probe,
 }
 
 

@@ -26,7 +26,8 @@ from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, res
 from rlscope.methods import validate_method as _validate_method
 from rlscope.methods.advantages import ADVANTAGES
 from rlscope.methods.component import record
-from rlscope.methods.teacher import TeacherConfig
+from rlscope.methods.configs import ObjectiveConfig
+from rlscope.methods.teacher import TeacherConfig, builtin_teacher_errors
 from rlscope.metrics.sinks import parse_log_to
 from rlscope.paths import check_name_component
 from rlscope.policy import ModelConfig
@@ -386,6 +387,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
                       "different rewards; drop --env_workers or run one process")
     errors += fsdp_errors(cfg, spec, task)
     errors += teacher_config_errors(cfg, spec)
+    errors += opd_config_errors(cfg, spec, task)
     errors += environment_errors(cfg, errors)
     if not errors:
         errors += memory_errors(step_memory(cfg, task, d), _memory_device(r.device))
@@ -583,12 +585,49 @@ def correction_warnings(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
             "--is_correction none"]
 
 
+def opd_config_errors(cfg: TrainConfig, spec: MethodSpec, task: Task) -> list[str]:
+    """Why the built-in teacher and the OPD settings do not fit (COMPANIONS.md §1,
+    "Validation"): the teacher's own settings (`builtin_teacher_errors`), k within the
+    vocabulary, 0 ≤ W < num_steps and W > 0 only with the warm-up objective, clip bounds > 0;
+    and any OPD setting given to a method that reads no built-in teacher."""
+    t, obj = cfg.teacher_options, spec.objective
+    default_t = TeacherConfig()
+    if not spec.builtin_teacher:
+        changed = [f"--{name}" for name in ("teacher", "teacher_epsilon", "teacher_temperature",
+                                           "special_token_weight", "overlap_k")
+                   if getattr(t, name) != getattr(default_t, name)]
+        changed += [f"--{name}" for name in ("opd_top_k", "opd_support", "opd_warmup_steps")
+                    if getattr(obj, name) != getattr(ObjectiveConfig(), name)]
+        return [f"{', '.join(changed)}: set, but method {cfg.method!r} reads no built-in "
+                "teacher (opd_reverse_kl, opd_topk_reverse_kl and opd_pg do); drop them"] \
+            if changed else []
+    A = task.vocab_size
+    errors = builtin_teacher_errors(t, cfg.task, A)
+    if "opd_top_k" in spec.objective_component.settings and not 1 <= obj.opd_top_k <= A:
+        errors.append(f"method.opd_top_k={obj.opd_top_k} must lie in [1, {A}] (the student's "
+                      "actions)")
+    W = obj.opd_warmup_steps
+    if W > 0 and not spec.reads_step:
+        errors.append(f"method.opd_warmup_steps={W}: the warm-up switches to the top-k loss, "
+                      "so it needs --method opd_topk_reverse_kl; drop --opd_warmup_steps")
+    elif W >= max(cfg.run.num_steps, 1):
+        errors.append(f"method.opd_warmup_steps={W} must be below run.num_steps="
+                      f"{cfg.run.num_steps} (the switch happens at step W)")
+    if "clip_low" in spec.objective_component.settings and (obj.clip_low <= 0
+                                                              or obj.clip_high <= 0):
+        errors.append(f"method.clip_low={obj.clip_low} and method.clip_high={obj.clip_high} "
+                      "must be > 0 for an OPD preset")
+    return errors
+
+
 def teacher_config_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     """Why the teacher setting does not fit the method (METHODS_2026.md §4): a method that
     reads a teacher (opd, gkd) without ``--teacher_path``, a path that does not exist, or a
     teacher given to a method that reads none. The teacher's vocabulary and distribution are
     checked once it is built (`rlscope.methods.teacher.teacher_errors`)."""
     path = cfg.teacher_options.teacher_path
+    if spec.builtin_teacher:  # --teacher oracle|soft: `opd_config_errors`
+        return []
     if spec.needs_teacher and not path:
         return [f"method {cfg.method!r} distils from a teacher: set --teacher_path (an rlscope "
                 "checkpoint or run directory of the same model and task, or a Hugging Face "

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 from rlscope.batch import PromptBatch
+from rlscope.methods.opd import opd_diagnostics
+from rlscope.methods.teacher import Teacher
 from rlscope.policy.base import Policy
 from rlscope.sampling.episodes import generate_episodes
 from rlscope.sampling.sampler import SamplingConfig, generate
@@ -66,4 +68,42 @@ def evaluate(policy: Policy, task: Task, prompt_sets: list[PromptBatch],
     out = {f"eval/{k}": v / n_rows for k, v in sums.items()}
     assert ent_sum is not None and ent_count is not None
     out["eval/entropy"] = ent_sum / ent_count.clamp_min(1.0)
+    return out
+
+
+OPD_EVAL_OFFSET = 7_000_003
+"""Stream offset of the OPD diagnostics' prompts and samples (apart from the training stream)."""
+
+
+@torch.no_grad()
+def opd_evaluation(policy: Policy, task: Task, teacher: Teacher, generator: torch.Generator,
+                   batch_size: int, max_new_tokens: int, overlap_k: int, support_k: int,
+                   support: str) -> dict[str, torch.Tensor]:
+    """The OPD diagnostics of COMPANIONS.md §1 (`rlscope.methods.opd.opd_diagnostics`) on a
+    fresh batch of ``batch_size`` student samples at temperature 1, its prompts and seeds
+    drawn from ``generator`` (the evaluation stream: the training stream stays untouched),
+    plus ``eval/sampled_reward`` (the task reward of those samples) and ``eval/token_error``
+    (greedy token error against the targets on the same prompts)."""
+    device = next(policy.parameters()).device  # type: ignore[attr-defined]
+    prompts = task.sample_prompts(generator, batch_size)
+    seeds_B = torch.randint(0, 2**62, (batch_size,), generator=generator).to(device)
+    prompts = prompts.to(device)
+    rollout = generate(policy, prompts, SamplingConfig(temperature=1.0), seeds_B,
+                       max_new_tokens)
+    tokens_BT, mask_BT = rollout.completion_tokens_BT, rollout.completion_mask_BT
+    full_BL = torch.cat([rollout.prompt_tokens_BP, tokens_BT], 1)
+    mask_BL = None if rollout.prompt_mask_BP is None \
+        else torch.cat([rollout.prompt_mask_BP, torch.ones_like(tokens_BT)], 1)
+    logits_BLV, _ = policy.forward(full_BL, mask_BL)
+    P, T = rollout.prompt_len, tokens_BT.shape[1]
+    student_BTV = logits_BLV[:, P - 1:P - 1 + T].float().log_softmax(-1)
+    teacher_BTV = teacher.logp_BTV(rollout).to(student_BTV)
+    out = opd_diagnostics(student_BTV, teacher_BTV, tokens_BT, mask_BT, overlap_k, support_k,
+                          support)
+    out["eval/sampled_reward"] = task.score(rollout).rewards_B.float().mean()
+    greedy = generate(policy, prompts, GREEDY, seeds_B, max_new_tokens)
+    assert prompts.targets_BT is not None
+    targets_BT = prompts.targets_BT[:, :greedy.completion_tokens_BT.shape[1]]
+    wrong_BT = (greedy.completion_tokens_BT[:, :targets_BT.shape[1]] != targets_BT).float()
+    out["eval/token_error"] = wrong_BT.mean()
     return out

@@ -114,6 +114,9 @@ class LearnerInputs:
     """Valid tokens of each row's whole group (the ``prompt_mean`` aggregation)."""
     teacher_logp_BTV: torch.Tensor | None = None
     """The teacher's distribution at each completion position (objectives that read it)."""
+    step: torch.Tensor | None = None
+    """The run's step of this update, a 0-d CPU integer tensor (objectives that read it: a
+    warm-up switch); None = not read."""
 
     @property
     def batch_size(self) -> int:
@@ -382,7 +385,7 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
                         cand_rewards_BTK=inputs.cand_rewards_BTK, tokens_BT=inputs.tokens_BT,
                         targets_BT=inputs.labels_BT, label_mask_BT=inputs.label_mask_BT,
                         gate_BT=stats.get("gate_mean"), select_BT=inputs.select_BT,
-                        teacher_logp_BTV=inputs.teacher_logp_BTV)
+                        teacher_logp_BTV=inputs.teacher_logp_BTV, step=inputs.step)
     obj_BT, obj_stats = spec.objective_component(terms, spec.objective)
     if inputs.is_weight_BT is not None:
         obj_BT = obj_BT * inputs.is_weight_BT

@@ -240,6 +240,9 @@ class Curve:
     """Standard error of the mean across runs; NaN where fewer than two runs logged."""
     n_S: np.ndarray
     """How many runs contributed at each step."""
+    sd_S: np.ndarray | None = None
+    """Sample standard deviation across runs (ddof = 1; NaN where fewer than two runs
+    logged); None where not computed."""
 
     @property
     def n_runs(self) -> int:
@@ -247,16 +250,19 @@ class Curve:
 
 
 def curve(name: str, series: Series) -> Curve:
-    """At each step, the mean over the runs that logged it and its standard error."""
+    """At each step, the mean over the runs that logged it, its standard error and the sample
+    standard deviation."""
     steps = sorted({s for values in series.by_run.values() for s in values})
-    mean, err, n = [], [], []
+    mean, sd, err, n = [], [], [], []
     for step in steps:
         values = [v[step] for v in series.by_run.values() if step in v]
-        mean.append(mean_sd(values)[0])
+        m, d = mean_sd(values)
+        mean.append(m)
+        sd.append(d)
         err.append(sem(values))
         n.append(len(values))
     return Curve(name=name, steps_S=np.array(steps, dtype=np.int64), mean_S=np.array(mean),
-                 sem_S=np.array(err), n_S=np.array(n, dtype=np.int64))
+                 sem_S=np.array(err), n_S=np.array(n, dtype=np.int64), sd_S=np.array(sd))
 
 
 def curves(rows: Iterable[TidyRow], metric: str) -> dict[str, Curve]:

@@ -52,7 +52,7 @@ from rlscope.diagnostics import entropy_diagnostics, gradient_diagnostics, snaps
 from rlscope.doctor.live import LiveDoctor, alert_line
 from rlscope.doctor.render import findings_json
 from rlscope.env_workers import PoolOptions, close_env_workers, env_metrics, with_env_workers
-from rlscope.evaluation import evaluate, heldout_batch
+from rlscope.evaluation import OPD_EVAL_OFFSET, evaluate, heldout_batch, opd_evaluation
 from rlscope.learner import (
     LearnerInputs,
     UpdatePlan,
@@ -84,7 +84,7 @@ from rlscope.methods.selection import (
     top_up_mixed_groups,
 )
 from rlscope.methods.spec import MethodSpec, OverlongConfig
-from rlscope.methods.teacher import PolicyTeacher, Teacher, teacher_errors
+from rlscope.methods.teacher import PolicyTeacher, TargetTeacher, Teacher, teacher_errors
 from rlscope.metrics import estimators as est
 from rlscope.metrics.sinks import (
     JsonlWriter,
@@ -342,7 +342,8 @@ def setup(cfg: TrainConfig) -> RunParts:
     value_head = ValueHead(policy.hidden_size).to(device, dtype) if spec.needs_value else None
     ref = reference_of(policy) if spec.needs_reference else None
     try:  # the teacher's weights, vocabulary and distribution: before anything is written
-        teacher = load_teacher(cfg, task, device, policy, spec) if spec.needs_teacher else None
+        teacher = builtin_teacher(cfg, task) if spec.builtin_teacher \
+            else load_teacher(cfg, task, device, policy, spec) if spec.needs_teacher else None
     except (ValueError, OSError) as e:  # a path that holds no loadable teacher
         raise ConfigError(str(e)) from None
     if cfg.learner.compile_blocks:  # after the reference's copy: only the trained policy
@@ -357,7 +358,7 @@ def setup(cfg: TrainConfig) -> RunParts:
               if p.requires_grad]
     # The CUDA-graph learner does not sum gradients over ranks: data parallel runs eager.
     use_graphs = r.cuda_graphs and graphs.supported(policy, device) and dp is None \
-        and not spec.needs_batch_statistic  # its per-step selection runs eager
+        and not spec.needs_batch_statistic and not spec.reads_step  # per-step inputs: eager
     # CUDA graphs need capturable AdamW; elsewhere the fused kernel (4x the default on CPU).
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                   betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
@@ -406,6 +407,14 @@ def initial_policy(cfg: TrainConfig, task: Task, device: torch.device) -> Policy
         if isinstance(task, WatchesPolicy):  # its frozen initial copy is the loaded model
             task.attach_policy(policy)
     return policy
+
+
+def builtin_teacher(cfg: TrainConfig, task: Task) -> Teacher:
+    """The built-in teacher of ``--teacher`` over the task's targets (`TargetTeacher`):
+    A = the student's vocabulary, V = the task's content alphabet (``--vocab``)."""
+    t = cfg.teacher_options
+    return TargetTeacher(t.teacher, task.vocab_size, cfg.task_options.vocab, t.teacher_epsilon,
+                         t.teacher_temperature, t.special_token_weight)
 
 
 def load_teacher(cfg: TrainConfig, task: Task, device: torch.device, student: Policy,
@@ -496,16 +505,28 @@ class RunLog:
                 self.doctor.add(old_record)
         self.t_run = time.perf_counter()
 
-    def evaluate(self, step: int) -> None:
-        """Greedy held-out evaluation, logged at ``step``."""
+    def evaluate(self, step: int, phase: str = "") -> None:
+        """Greedy held-out evaluation, logged at ``step``; a built-in teacher's run adds the OPD
+        diagnostics (`rlscope.evaluation.opd_evaluation`). ``phase`` (e.g. ``"switch"``, the
+        warm-up switch's row) tags the record."""
         p, r = self.parts, self.parts.cfg.run
         t0 = time.perf_counter()
         p.acting.eval()
         values = _floats(evaluate(p.acting, p.task, [self.eval_prompts], p.d.max_new_tokens,
                                   p.cfg.sampling.stop_token_ids,
                                   decode_graphs=p.cfg.sampling.decode_graphs and r.cuda_graphs))
+        if p.spec.builtin_teacher and p.teacher is not None:
+            t, obj = p.cfg.teacher_options, p.spec.objective
+            topk = "opd_top_k" in p.spec.objective_component.settings  # else k = overlap_k
+            values |= _floats(opd_evaluation(
+                p.acting, p.task, p.teacher, step_generator(r.seed, step, OPD_EVAL_OFFSET),
+                r.batch_size, p.d.max_new_tokens, t.overlap_k,
+                obj.opd_top_k if topk else t.overlap_k,
+                obj.opd_support if topk else "student"))
         _sync(p.device)
-        record = {"step": step, **values, "time/eval": time.perf_counter() - t0}
+        record: dict[str, Any] = {"step": step, **values, "time/eval": time.perf_counter() - t0}
+        if phase:
+            record["phase"] = phase
         self.evals.append(record)
         self.doctor.add(record)
         self.evals_log.write(record)
@@ -568,7 +589,7 @@ class RankLog(RunLog):
         self.display = _Quiet()  # type: ignore[assignment]
         self.t_run = time.perf_counter()
 
-    def evaluate(self, step: int) -> None:
+    def evaluate(self, step: int, phase: str = "") -> None:
         pass
 
     def step(self, step: int, values: dict[str, float], batch: RolloutBatch,
@@ -741,6 +762,8 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
     p, plan, diag = parts, parts.plan, parts.cfg.diagnostics
     p.policy.train()
     m: dict[str, torch.Tensor] = {}
+    if p.spec.reads_step:  # a warm-up switch (opd_topk_reverse_kl's --opd_warmup_steps)
+        inputs = dataclasses.replace(inputs, step=torch.tensor(state.step))
     if diagnose and diag.grad_diagnostics:
         m |= gradient_diagnostics(p.spec, p.policy, p.value_head, batch, inputs, state.beta,
                                   plan.dist, plan.grad_clip,
@@ -857,8 +880,9 @@ def train(cfg: TrainConfig) -> RunResult:
             if spec.kl.control == "warmup":
                 state.beta = kl_warmup_beta(step, spec.kl)
             diagnose = eval_due(step, r)
-            if diagnose:
-                log.evaluate(step)
+            switch = 0 < spec.objective.opd_warmup_steps == step and spec.reads_step
+            if diagnose or switch:  # the warm-up switch's row: before step W's update
+                log.evaluate(step, "switch" if switch else "")
             collect.begin()
             batch = source.next(step)
             t_step, t_sampled, t_scored = collect.timings()

@@ -482,6 +482,18 @@ def teacher_rkl(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
     return adv_BT
 
 
+def teacher_logratio(x: AdvantageInputs, cfg: AdvantageConfig) -> torch.Tensor:
+    """OPD's policy-gradient advantage: A_t = sg(log π_T(a_t | s_t) − ℓ_μ,t) m_t, the sampled
+    token's log-ratio to a built-in teacher (COMPANIONS.md §1 ``opd_pg``). With one update per
+    batch and ``ppo_clip`` this is per-token REINFORCE with γ = 0; it equals ``teacher_rkl``
+    with β_T = 1, γ_T = 0, c_env = 0. Regime: a built-in teacher over the task's targets."""
+    if x.teacher_logp_BT is None or x.behaviour_logp_BT is None:
+        raise ValueError("advantage 'teacher_logratio' needs teacher_logp_BT and "
+                         "behaviour_logp_BT (a built-in teacher: --teacher)")
+    m_BT = x.mask_BT.to(x.teacher_logp_BT.dtype)
+    return (x.teacher_logp_BT - x.behaviour_logp_BT).detach() * m_BT
+
+
 Estimator = Component[[AdvantageInputs, AdvantageConfig], torch.Tensor]
 
 _CLIP = ("std_floor", "clip")
@@ -512,6 +524,8 @@ ADVANTAGES: dict[str, Estimator] = {
                                                *_CLIP), needs_value_head=True),
     "teacher_rkl": Component(teacher_rkl, ("teacher_beta", "teacher_gamma", "teacher_env_coef",
                                            "env_advantage", *_CLIP), needs_teacher=True),
+    "teacher_logratio": Component(teacher_logratio, _CLIP, needs_teacher=True,
+                                  builtin_teacher=True),
 }
 
 _WITH_RETURNS = {"gae_decoupled": gae_decoupled_with_returns}

@@ -67,6 +67,11 @@ class Component(Generic[P, R]):
     """Reads a frozen teacher's log-probs of the student's samples (`methods.teacher`)."""
     needs_teacher_distribution: bool = False
     """Reads the teacher's whole distribution over the vocabulary (top-k teachers rejected)."""
+    builtin_teacher: bool = False
+    """Its teacher is a built-in analytic one over the task's targets (``--teacher``,
+    `rlscope.methods.teacher.TargetTeacher`), not a frozen model (COMPANIONS.md §1)."""
+    reads_step: bool = False
+    """Reads the optimizer step of the update (``PolicyTerms.step``: a warm-up switch)."""
     sampler_mismatch: bool = False
     """Acts only where the sampler's log-probs differ from the learner's (a no-op, warned
     about, when the learner samples on-policy)."""

@@ -169,6 +169,14 @@ class ObjectiveConfig:
     gkd_lambda: float = 1.0
     """``gkd_jsd``: fraction λ of student-sampled sequences (1 = on-policy only; λ < 1 needs
     labelled sequences and is not supported)."""
+    opd_top_k: int = 2
+    """``opd_topk_reverse_kl``: k of the top-k support, in [1, vocabulary size]."""
+    opd_support: str = "student"
+    """``opd_topk_reverse_kl``: the support S_t, ``student`` (top-k of π, chosen under
+    no-grad), ``teacher`` (top-k of π_T) or ``intersection`` (both; may be empty)."""
+    opd_warmup_steps: int = 0
+    """``opd_topk_reverse_kl``: steps 0..W−1 use the exact full-vocabulary reverse KL, steps ≥ W
+    the top-k loss (0 = no warm-up)."""
 
     def validate(self) -> list[str]:
         errors: list[str] = []
@@ -197,6 +205,13 @@ class ObjectiveConfig:
             errors.append(f"method.gkd_lambda={self.gkd_lambda}: λ < 1 mixes in labelled "
                           "sequences, which needs a task with target sequences and is not "
                           "supported (METHODS_2026.md §5); use gkd_lambda 1")
+        if self.opd_top_k < 1:
+            errors.append(f"method.opd_top_k={self.opd_top_k} must be >= 1")
+        if self.opd_support not in ("student", "teacher", "intersection"):
+            errors.append(f"method.opd_support={self.opd_support!r} is unknown; valid: "
+                          "student, teacher, intersection")
+        if self.opd_warmup_steps < 0:
+            errors.append(f"method.opd_warmup_steps={self.opd_warmup_steps} must be >= 0")
         if self.sapo_tau_pos <= 0 or self.sapo_tau_neg <= 0 or self.pmd_tau <= 0:
             errors.append("method.sapo_tau_pos, method.sapo_tau_neg and method.pmd_tau must "
                           "be > 0")

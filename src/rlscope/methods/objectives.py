@@ -14,6 +14,7 @@ from rlscope.methods.component import Component
 from rlscope.methods.configs import ObjectiveConfig
 from rlscope.methods.distill import DISTILL_OBJECTIVES
 from rlscope.methods.objectives_2026 import OBJECTIVES_2026
+from rlscope.methods.opd import OPD_OBJECTIVES
 from rlscope.methods.terms import (
     LOG_RATIO_CLAMP,
     Objective,
@@ -217,6 +218,7 @@ OBJECTIVES: dict[str, Objective] = {
     **TPO_OBJECTIVES,
     **DISTILL_OBJECTIVES,
     **OBJECTIVES_2026,
+    **OPD_OBJECTIVES,
 }
 
 __all__ = ["LOG_RATIO_CLAMP", "OBJECTIVES", "Objective", "ObjectiveOut", "PolicyTerms", "ratio"]

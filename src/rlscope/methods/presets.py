@@ -18,6 +18,8 @@ from rlscope.methods.spec import (
 )
 
 _GRPO_KL = KLConfig(coef=0.04, estimator="k3", target="behaviour", place="loss")
+_OPD = ("token_labels", "on_policy", "clean_rewards", "no_kl")
+"""What every OPD preset requires (COMPANIONS.md §0: no delay, replay or reward noise)."""
 
 METHODS: dict[str, MethodSpec] = {
     "ce": MethodSpec(
@@ -370,6 +372,32 @@ METHODS: dict[str, MethodSpec] = {
         advantage=AdvantageConfig("zero"),
         objective=ObjectiveConfig("gkd_jsd", gkd_beta=0.5, gkd_temperature=1.0,
                                   gkd_lambda=1.0)),
+    # issue 21, companion 1: OPD from a built-in teacher over the targets (COMPANIONS.md §1)
+    "opd_reverse_kl": MethodSpec(
+        description="Exact full-vocabulary reverse KL(π‖π_T) to a built-in teacher at every "
+        "visited student prefix.",
+        source="rl-experiments opd_sandbox (COMPANIONS.md §1)",
+        regime="a task with per-token targets and a built-in teacher (--teacher oracle|soft); "
+        "on-policy, clean rewards (the reward is only logged)",
+        advantage=AdvantageConfig("zero"), objective=ObjectiveConfig("opd_reverse_kl"),
+        requires=_OPD),
+    "opd_topk_reverse_kl": MethodSpec(
+        description="Reverse KL on a top-k support (student, teacher or both), not "
+        "renormalised; optional full-vocabulary warm-up.",
+        source="rl-experiments opd_sandbox (COMPANIONS.md §1)",
+        regime="a task with per-token targets and a built-in teacher; 1 <= opd_top_k <= "
+        "vocabulary; on-policy, clean rewards",
+        advantage=AdvantageConfig("zero"),
+        objective=ObjectiveConfig("opd_topk_reverse_kl", opd_top_k=2, opd_support="student"),
+        requires=_OPD),
+    "opd_pg": MethodSpec(
+        description="PPO clip 0.2 on the sampled token's log-ratio to a built-in teacher "
+        "(per-token REINFORCE, γ = 0).",
+        source="rl-experiments opd_sandbox (COMPANIONS.md §1)",
+        regime="a task with per-token targets and a built-in teacher; on-policy, clean "
+        "rewards",
+        advantage=AdvantageConfig("teacher_logratio"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2), requires=_OPD),
 }
 
 

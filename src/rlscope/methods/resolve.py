@@ -197,6 +197,14 @@ class MethodConfig:
     distributions."""
     gkd_lambda: float | None = None
     """gkd_jsd objective (gkd): fraction λ of student samples; only 1 is supported."""
+    opd_top_k: int | None = None
+    """opd_topk_reverse_kl: k of the top-k support, in [1, vocabulary size]."""
+    opd_support: str | None = None
+    """opd_topk_reverse_kl: the support, student (top-k of π), teacher (top-k of π_T) or
+    intersection (both)."""
+    opd_warmup_steps: int | None = None
+    """opd_topk_reverse_kl: steps 0..W−1 train the exact full-vocabulary reverse KL, then the
+    top-k loss; W in [0, num_steps); W > 0 adds an evaluation at step W (phase "switch")."""
 
 
 
@@ -276,6 +284,9 @@ FLAGS: dict[str, str] = {
     "gkd_beta": "objective.gkd_beta",
     "gkd_temperature": "objective.gkd_temperature",
     "gkd_lambda": "objective.gkd_lambda",
+    "opd_top_k": "objective.opd_top_k",
+    "opd_support": "objective.opd_support",
+    "opd_warmup_steps": "objective.opd_warmup_steps",
 }
 """The one table from a `MethodConfig` field (the flag ``--<key>``) to the `MethodSpec` setting
 it overrides: ``axis.field`` for a component config's field, ``field`` for the spec's own."""

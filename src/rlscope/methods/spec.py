@@ -197,6 +197,18 @@ class MethodSpec:
         return self.objective_component.needs_teacher_distribution
 
     @property
+    def builtin_teacher(self) -> bool:
+        """The teacher is a built-in analytic one over the task's targets (``--teacher``), not
+        ``--teacher_path`` (the OPD presets of COMPANIONS.md §1)."""
+        return any(c.builtin_teacher for c in (self.advantage_component,
+                                               self.objective_component))
+
+    @property
+    def reads_step(self) -> bool:
+        """The objective reads the update's step (a warm-up switch, ``--opd_warmup_steps``)."""
+        return self.objective_component.reads_step
+
+    @property
     def needs_labels(self) -> bool:
         """The learner is teacher-forced on the task's ground truth instead of the rollout."""
         return self.objective_component.teacher_forced

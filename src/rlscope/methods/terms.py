@@ -38,7 +38,8 @@ class PolicyTerms:
     - ``select_BT``: the objective's batch-statistic token selection (1.0 = selected),
       chosen over the whole optimizer minibatch (`rlscope.methods.batch_stats`).
     - ``teacher_logp_BTV``: a teacher's log-probs over the vocabulary at each position
-      (detached; ``gkd_jsd``).
+      (detached; ``gkd_jsd``, the OPD objectives).
+    - ``step``: the run's step of this update (``opd_topk_reverse_kl``'s warm-up switch).
     """
 
     logp_BT: torch.Tensor
@@ -59,6 +60,8 @@ class PolicyTerms:
     gate_BT: torch.Tensor | None = None
     select_BT: torch.Tensor | None = None
     teacher_logp_BTV: torch.Tensor | None = None
+    step: torch.Tensor | None = None
+    """The optimizer step of the update, a 0-d tensor (objectives that switch with it)."""
 
 
 ObjectiveOut = tuple[torch.Tensor, dict[str, torch.Tensor]]

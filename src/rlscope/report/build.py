@@ -44,18 +44,33 @@ def diagnose_runs(inp: ReportInput) -> dict[str, list[Diagnosis] | str]:
     return out
 
 
+def sweep_band(path: Path) -> str:
+    """The ribbon a sweep's manifest asks for (``[sweep] band`` in ``<path>/manifest.toml``:
+    ``sem`` or ``std``); ``sem`` for a run directory or a manifest without it."""
+    import tomllib
+
+    try:
+        band = tomllib.loads((path / "manifest.toml").read_text(encoding="utf-8")).get(
+            "sweep", {}).get("band", "sem")
+    except (OSError, ValueError, AttributeError):
+        return "sem"
+    return band if band in ("sem", "std") else "sem"
+
+
 def build_report(path: str | Path, out: str | Path | None = None,
                  metrics: Sequence[str] = DEFAULT_METRICS, samples: int = 6,
-                 doctor: bool = True) -> Report:
+                 doctor: bool = True, band: str | None = None) -> Report:
     """Write ``<path>/figures/<metric>.png|svg`` and the report (default
-    ``<path>/report.html``) for a run directory or a sweep directory."""
+    ``<path>/report.html``) for a run directory or a sweep directory; the figures' ribbons are
+    mean ± ``band`` (``sem`` or ``std``; None = the sweep manifest's `sweep_band`)."""
     if not metrics:
         raise ReportError("metrics is empty: name at least one metric to plot")
     metrics = list(dict.fromkeys(metrics))
     inp = load(path, metrics)
     styles = name_colors(inp.names)
     figures = write_figures({m: curves(inp.rows, m) for m in metrics}, styles,
-                            inp.path / "figures")
+                            inp.path / "figures",
+                            band=sweep_band(inp.path) if band is None else band)
     diagnoses = diagnose_runs(inp) if doctor else {}
     target = Path(out) if out else inp.path / "report.html"
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -69,9 +69,18 @@ def legend_label(curve: Curve) -> str:
     return f"{curve.name} ({curve.n_runs} runs)" if curve.n_runs != 1 else f"{curve.name} (1 run)"
 
 
-def plot_metric(metric: str, curves: dict[str, Curve], styles: dict[str, Style]) -> Figure:
+def _band_S(c: Curve, band: str) -> np.ndarray:
+    """The half-width of a curve's ribbon: its SEM, or its sd for ``band="std"``."""
+    if band == "std" and c.sd_S is not None:
+        return c.sd_S
+    return c.sem_S
+
+
+def plot_metric(metric: str, curves: dict[str, Curve], styles: dict[str, Style],
+                band: str = "sem") -> Figure:
     """One panel: each name's mean line and, where at least two runs logged a step, its
-    mean ± SEM band. Legend entries carry the number of runs behind the line."""
+    mean ± SEM band (``band="std"``: mean ± sd across seeds). Legend entries carry the number
+    of runs behind the line."""
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.subplots()
     for name, c in curves.items():
@@ -79,14 +88,16 @@ def plot_metric(metric: str, curves: dict[str, Curve], styles: dict[str, Style])
         marker = "o" if len(c.steps_S) <= MARKER_MAX_POINTS else None
         ax.plot(c.steps_S, c.mean_S, color=style.color, linestyle=style.linestyle,
                 marker=marker, markersize=3, linewidth=1.5, label=legend_label(c))
-        has_band = np.isfinite(c.sem_S)
+        err_S = _band_S(c, band)
+        has_band = np.isfinite(err_S)
         if has_band.any():
-            ax.fill_between(c.steps_S, c.mean_S - c.sem_S, c.mean_S + c.sem_S, where=has_band,
+            ax.fill_between(c.steps_S, c.mean_S - err_S, c.mean_S + err_S, where=has_band,
                             color=style.color, alpha=BAND_ALPHA, linewidth=0)
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
-    banded = any(np.isfinite(c.sem_S).any() for c in curves.values())
-    ax.set_title(f"{metric}: mean ± SEM across seeds" if banded else metric, fontsize=10)
+    banded = any(np.isfinite(_band_S(c, band)).any() for c in curves.values())
+    label = "SD" if band == "std" else "SEM"
+    ax.set_title(f"{metric}: mean ± {label} across seeds" if banded else metric, fontsize=10)
     ax.grid(True, alpha=0.3, linewidth=0.5)
     if curves:
         ax.legend(fontsize=8, loc="best", frameon=False)
@@ -94,15 +105,15 @@ def plot_metric(metric: str, curves: dict[str, Curve], styles: dict[str, Style])
 
 
 def write_figures(curves_by_metric: dict[str, dict[str, Curve]], styles: dict[str, Style],
-                  out_dir: Path, dpi: int = 120) -> list[FigureFiles]:
+                  out_dir: Path, dpi: int = 120, band: str = "sem") -> list[FigureFiles]:
     """``out_dir/<slug>.png`` and ``.svg`` for every metric with at least one curve, in the
-    order given."""
+    order given (``band``: see `plot_metric`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for metric, curves in curves_by_metric.items():
         if not curves:
             continue
-        fig = plot_metric(metric, curves, styles)
+        fig = plot_metric(metric, curves, styles, band)
         png, svg = out_dir / f"{slug(metric)}.png", out_dir / f"{slug(metric)}.svg"
         fig.savefig(png, dpi=dpi, metadata={"Software": None})
         with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "rlscope"}):

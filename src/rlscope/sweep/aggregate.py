@@ -389,11 +389,57 @@ def _write_dataclass_csv(path: Path, items: Sequence[Any], columns: Sequence[str
     return path
 
 
+SWITCH_METRICS = ("eval/test_error", "eval/top1_agreement", "eval/sampled_reward",
+                  "eval/opd_reverse_kl", "eval/student_topk_mass", "eval/teacher_topk_mass")
+"""The switch-row quantities `switch_markdown` shows (COMPANIONS.md §1, ``opd_topk_warmup``)."""
+
+
+def switch_markdown(sweep_dir: Path) -> str:
+    """``switch.md``: per name, mean ± sd over seeds of the evaluation rows tagged ``phase =
+    "switch"`` (the OPD warm-up switch, before step W's update), and of final − switch
+    ``eval/test_error`` (the last evaluation row's minus the switch row's); "" when no run has
+    a switch row."""
+    by_name: dict[str, dict[str, list[float]]] = {}
+    for run_dir, name in _run_dirs(sweep_dir):
+        try:
+            records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text(
+                encoding="utf-8").splitlines() if line.strip()]
+        except (OSError, ValueError):
+            continue
+        switch = next((r for r in records if r.get("phase") == "switch"), None)
+        if switch is None:
+            continue
+        values = by_name.setdefault(name or _SEED_SUFFIX.sub("", run_dir.name), {})
+        values.setdefault("step", []).append(float(switch["step"]))
+        for metric in SWITCH_METRICS:
+            if isinstance(switch.get(metric), (int, float)):
+                values.setdefault(metric, []).append(float(switch[metric]))
+        final = records[-1]
+        if isinstance(final.get("eval/test_error"), (int, float)) \
+                and isinstance(switch.get("eval/test_error"), (int, float)):
+            values.setdefault("final − switch test_error", []).append(
+                float(final["eval/test_error"]) - float(switch["eval/test_error"]))
+    if not by_name:
+        return ""
+    columns = ["step", *SWITCH_METRICS, "final − switch test_error"]
+    lines = ["# Warm-up switch rows (mean ± sd over seeds)", "",
+             "| name | n | " + " | ".join(columns) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in columns) + " |"]
+    for name, values in by_name.items():
+        cells = []
+        for column in columns:
+            mean, sd = mean_sd(values.get(column, []))
+            cells.append(f"{_g(mean)} ± {_g(sd)}")
+        lines.append(f"| {name} | {len(values['step'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def aggregate(sweep_dir: str | Path, metrics: Sequence[str] | None = None,
               crossing_specs: Sequence[CrossingSpec] = DEFAULT_CROSSINGS) -> Aggregate:
     """Read a sweep's runs and write, beside them: ``results.csv`` (+ ``results.parquet``),
     ``final.csv`` / ``final.md``, ``crossings.csv`` / ``crossings.md`` and ``curves.csv``
-    (every metric's mean ± SEM per name and step)."""
+    (every metric's mean ± SEM per name and step); ``switch.md`` where runs have warm-up
+    switch rows (`switch_markdown`)."""
     sweep_dir = Path(sweep_dir)
     rows = tidy(sweep_dir)
     files, note = write_tidy(rows, sweep_dir)
@@ -415,6 +461,10 @@ def aggregate(sweep_dir: str | Path, metrics: Sequence[str] | None = None,
     files.append(path)
     (sweep_dir / "crossings.md").write_text(crossings_markdown(found), encoding="utf-8")
     files.append(sweep_dir / "crossings.md")
+    switch = switch_markdown(sweep_dir)
+    if switch:  # OPD warm-up sweeps (COMPANIONS.md §1)
+        (sweep_dir / "switch.md").write_text(switch, encoding="utf-8")
+        files.append(sweep_dir / "switch.md")
     all_points = [p for m, named in index(rows).items() for p in _curves(m, named)]
     files.append(_write_dataclass_csv(sweep_dir / "curves.csv", all_points,
                                       [f.name for f in fields(CurvePoint)]))

@@ -58,7 +58,11 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 SECTIONS = ("sweep", "defaults", "runs")
 SWEEP_KEYS = ("name", "description", "seeds", "num_seeds", "output", "final_metrics",
-              "crossings")
+              "crossings", "band")
+BANDS = ("sem", "std")
+"""``[sweep] band``: the figures' ribbon, mean ± SEM (default) or mean ± sd across seeds (the
+companions' figures, COMPANIONS.md §1); `rlscope.report.build` reads it from the sweep's
+``manifest.toml``."""
 CROSSING_KEYS = ("metric", "threshold", "direction")
 RESERVED = {
     "seed": "list the seeds in [sweep] seeds (or num_seeds)",
@@ -315,6 +319,9 @@ def _read_sweep(table: Any, default_name: str, problems: list[str]
                         f"cannot name a folder: set [sweep] name ({NAME_RULE})")
         name = "sweep"
     description = str(table.get("description", ""))
+    if table.get("band", "sem") not in BANDS:
+        problems.append(f"[sweep] band = {table['band']!r}: use \"sem\" (mean ± standard error, "
+                        "the default) or \"std\" (mean ± sd across seeds)")
     output = table.get("output", f"sweeps/{name}")
     if not isinstance(output, str) or not output:
         problems.append(f"[sweep] output = {output!r} must be a folder path")
