@@ -71,6 +71,6 @@ def make_task(name: str, cfg: TaskConfig | None = None) -> Task:
     return TASKS[name](cfg or TaskConfig())
 
 
-__all__ = ["TASKS", "GroupSized", "Interactive", "OwnsPolicy", "PreferencePairs", "Scores", "SupervisedPairs",
-           "Task", "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks", "WatchesPolicy",
-           "make_task"]
+__all__ = ["TASKS", "GroupSized", "Interactive", "OwnsPolicy", "PreferencePairs", "Scores",
+           "SupervisedPairs", "Task", "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks",
+           "WatchesPolicy", "make_task"]
