@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "train.py": 9, "supervised/": 9,
     # 10 applications over the loops
     "seeds.py": 10, "bench.py": 10, "demo.py": 10, "report/": 10, "serve/": 10,
+    "probes/": 10,
     # 11 sweeps (they build reports)
     "sweep/": 11,
     # 12 the command line

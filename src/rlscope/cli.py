@@ -1,5 +1,5 @@
 """The `rlscope` command line: train, sft, sweep, demo, bench, methods, tasks, doctor, report,
-serve.
+serve, probe.
 
 Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers at once.
 """
@@ -30,6 +30,8 @@ commands:
   doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
   report    a self-contained HTML report and figures for a run or sweep (`rlscope report --help`)
   serve     a local Tinker-compatible server for the tinker SDK (`rlscope serve --help`)
+  probe     a measurement that is not a training run: writes NAME.csv and summary.md
+            (`rlscope probe --help` lists the probes)
 
 options (before or after COMMAND):
   --debug   show the full traceback of an error (otherwise one line: `error: ...`)
@@ -277,10 +279,37 @@ def cmd_tasks(args: list[str]) -> int:
     return 0
 
 
+def cmd_probe(args: list[str]) -> int:
+    from rlscope.probes import PROBES, run_probe
+
+    if not args or args[0] in ("-h", "--help") or args[0] not in PROBES:
+        usage = ("usage: rlscope probe NAME [OPTIONS]\n\nMeasurements that are not training "
+                 "runs; each writes <out_dir>/NAME.csv (a row per seed and setting) and "
+                 "summary.md. `rlscope probe NAME --help` lists a probe's options.\n\nprobes:\n"
+                 + "".join(f"  {n:<20}{p.description}\n" for n, p in PROBES.items()))
+        if args and args[0] in ("-h", "--help"):
+            sys.stdout.write(usage)
+            raise SystemExit(0)
+        if args:
+            _print_error(f"unknown probe {args[0]!r}; valid probes: {', '.join(PROBES)}")
+        else:
+            sys.stderr.write(usage)
+        return 2
+    cfg = _tyro_parse(PROBES[args[0]].config, args[1:], f"rlscope probe {args[0]}")
+    try:
+        result, csv_path, summary_path = run_probe(args[0], cfg)  # type: ignore[arg-type]
+    except ValueError as e:
+        _print_error(str(e))
+        return 2
+    sys.stdout.write(summary_path.read_text())
+    sys.stdout.write(f"\n{len(result.rows)} rows: {csv_path}; summary: {summary_path}\n")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train, "sft": cmd_sft, "rm": cmd_rm, "demo": cmd_demo, "bench": cmd_bench,
     "methods": cmd_methods, "tasks": cmd_tasks, "doctor": cmd_doctor, "report": cmd_report,
-    "sweep": cmd_sweep, "serve": cmd_serve,
+    "sweep": cmd_sweep, "serve": cmd_serve, "probe": cmd_probe,
 }
 
 
