@@ -162,11 +162,16 @@ def policy_gradient_step(logits_SNDb: torch.Tensor, depth_mask_SND: torch.Tensor
     rewards_SNK = correct_SNKD.all(-1).float()
     adv_SNK = group_advantages(rewards_SNK, normalisation)
     w_SNKD = adv_SNK[..., None] * valid_SNKD / (N * group_size)
-    # ∂loss/∂logits = −Σ_k w (onehot(a) − π)
-    onehot_SNDb = torch.zeros_like(logits_SNDb).scatter_add_(
+    logits_SNDb.sub_(lr * score_loss_grad(probs_SNDb, actions_SNKD, w_SNKD))
+
+
+def score_loss_grad(probs_SNDb: torch.Tensor, actions_SNKD: torch.Tensor,
+                    w_SNKD: torch.Tensor) -> torch.Tensor:
+    """∂/∂logits of −Σ_{k,d} w_{k,d} log π(a_{k,d}) for softmax tables: −Σ_k w (onehot(a) − π),
+    ``[S, N, D, b]``."""
+    onehot_SNDb = torch.zeros_like(probs_SNDb).scatter_add_(
         -1, actions_SNKD.transpose(2, 3), w_SNKD.transpose(2, 3))
-    grad_SNDb = -(onehot_SNDb - probs_SNDb * w_SNKD.sum(2)[..., None])
-    logits_SNDb.sub_(lr * grad_SNDb)
+    return -(onehot_SNDb - probs_SNDb * w_SNKD.sum(2)[..., None])
 
 
 def simulate(q0_S: torch.Tensor, depth_SN: torch.Tensor, cfg: DriftConfig, group_size: int,
