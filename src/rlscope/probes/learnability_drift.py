@@ -193,21 +193,27 @@ def simulate(q0_S: torch.Tensor, depth_SN: torch.Tensor, cfg: DriftConfig, group
     drift_reached = torch.zeros(S, dtype=torch.bool, device=device)
     conversion = torch.full((S,), big, device=device)
     converted = torch.zeros(S, dtype=torch.bool, device=device)
+    active_A = torch.arange(S, device=device)  # settings still running (finished ones leave)
     for step in range(1, big + 1):
         policy_gradient_step(logits_SNDb, depth_mask_SND, group_size, normalisation, cfg.lr,
                              generator)
-        q_S = success_q(logits_SNDb, depth_mask_SND).mean(-1)
+        q_A = success_q(logits_SNDb, depth_mask_SND).mean(-1)
         if step <= cfg.drift_max_steps:
-            hit = ~drift_reached & (q_S >= 2 * q0_S)
-            drift_steps = torch.where(hit, torch.full_like(drift_steps, step), drift_steps)
-            drift_q = torch.where(hit | (~drift_reached & (step == cfg.drift_max_steps)), q_S,
-                                  drift_q)
-            drift_reached |= hit
-        hit = ~converted & (q_S >= 0.5)
-        conversion = torch.where(hit, torch.full_like(conversion, step), conversion)
-        converted |= hit
-        if bool(converted.all()) and (bool(drift_reached.all()) or step >= cfg.drift_max_steps):
-            break
+            hit = ~drift_reached[active_A] & (q_A >= 2 * q0_S[active_A])
+            last = ~drift_reached[active_A] & (step == cfg.drift_max_steps)
+            drift_steps[active_A[hit]] = step
+            drift_q[active_A[hit | last]] = q_A[hit | last]
+            drift_reached[active_A[hit]] = True
+        hit = ~converted[active_A] & (q_A >= 0.5)
+        conversion[active_A[hit]] = step
+        converted[active_A[hit]] = True
+        done_A = converted[active_A] & (drift_reached[active_A] | (step >= cfg.drift_max_steps))
+        if bool(done_A.any()):
+            keep_A = ~done_A
+            active_A, logits_SNDb = active_A[keep_A], logits_SNDb[keep_A]
+            depth_mask_SND = depth_mask_SND[keep_A]
+            if active_A.numel() == 0:
+                break
     return Trajectory(drift_steps, drift_q, drift_reached, conversion, converted)
 
 
