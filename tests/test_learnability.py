@@ -289,3 +289,18 @@ def test_builtin_learnability_manifest_validates(capsys: pytest.CaptureFixture[s
                  "--task unique_path --method traj_group_pg --horizon 3",
                  "--batch_size 512 --lr 0.01 --num_steps 200 --eval_every 10"):
         assert args in out
+
+
+def test_remote_scoring_keeps_the_valid_mask() -> None:
+    """--env_workers' chunk concatenation carries Scores.valid_mask_BT in row order; a failed
+    chunk keeps every position (pure function, no Ray)."""
+    from rlscope.env_workers import concat_scores
+    from rlscope.tasks import Scores
+
+    ok = Scores(torch.tensor([1.0, 0.0]), valid_mask_BT=torch.tensor([[1.0, 1.0], [1.0, 0.0]]))
+    out = concat_scores([ok, None], [slice(0, 2), slice(2, 3)], 2, 0.0, torch.device("cpu"))
+    assert out.valid_mask_BT is not None
+    assert out.valid_mask_BT.tolist() == [[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]]
+    plain = concat_scores([Scores(torch.tensor([1.0]))], [slice(0, 1)], 2, 0.0,
+                          torch.device("cpu"))
+    assert plain.valid_mask_BT is None
