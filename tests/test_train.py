@@ -146,7 +146,8 @@ OUT_OF_REGIME = {"replay_dg": {}, "fresh_dg": {}, "dg_token": {"task_options": N
                     for m in ("clip_cov", "kl_cov", "dapo_forking")},
                  "opo": {"delay": 1}, "gpg": {"components": MethodConfig(selection="mixed_groups")},
                  "scalerl": {"components": MethodConfig(kl_coef=0.1)},
-                 "vapo": {"components": MethodConfig(critic_pretrain_steps=0)}}
+                 "vapo": {"components": MethodConfig(critic_pretrain_steps=0)},
+                 "traj_group_pg": {"delay": 1}}
 REASONS = "(needs|weighs|is defined|is for|takes one|trains on|has no KL)"
 
 
