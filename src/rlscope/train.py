@@ -714,7 +714,8 @@ def select_stage(parts: RunParts, batch: RolloutBatch, state: LoopState, step: i
     p = parts
     m = rollout_metrics(batch, p.overlong, p.d.max_new_tokens)
     assert batch.rewards_B is not None
-    m |= est.group_outcome_metrics(batch.rewards_B, p.d.group_size)
+    if p.spec.advantage_component.grouped:  # the contrast a group baseline learns from
+        m |= est.group_outcome_metrics(batch.rewards_B, p.d.group_size)
     batch, select_m, fallback = select_rows(
         batch, p.spec.selection, p.overlong, p.d.max_new_tokens,
         SelectionInputs(p.d.group_size, p.spec.keep_ratio, p.spec.gate.eta, p.cfg.run.seed,
