@@ -304,3 +304,44 @@ def test_remote_scoring_keeps_the_valid_mask() -> None:
     plain = concat_scores([Scores(torch.tensor([1.0]))], [slice(0, 1)], 2, 0.0,
                           torch.device("cpu"))
     assert plain.valid_mask_BT is None
+
+
+def test_one_loop_update_is_the_trajectory_policy_gradient(tmp_path: Path) -> None:
+    """Identity: one traj_group_pg step of the loop (plain SGD, no clipping) moves the table by
+    −lr · ∇ of −(1/B) Σ_b (r_b − mean_group r) Σ_{t valid} log π(a_t | x_b, t), computed here
+    by autograd on the batch the loop sampled (the termination mask included)."""
+    from rlscope.config import OptimConfig
+    from rlscope.learner import prepare, update
+    from rlscope.train import sample_rollouts, score_rollouts, setup
+
+    cfg = TrainConfig(method="traj_group_pg", task="unique_path",
+                      task_options=TaskConfig(num_prompts=6, horizon=3, branching=3),
+                      optim=OptimConfig(grad_clip=0.0),
+                      run=RunConfig(batch_size=24, group_size=4, runs_dir=str(tmp_path),
+                                    device="cpu", progress=False))
+    parts = setup(cfg)
+    policy = parts.policy
+    assert isinstance(policy, TabularPolicy)
+    rollout = sample_rollouts(policy, parts.task, parts.cfg, parts.generator, parts.device,
+                              parts.d.num_prompts, parts.d.group_size, parts.d.max_new_tokens)
+    batch = score_rollouts(rollout, policy, parts.task, parts.cfg, False, 0)
+    assert batch.rewards_B is not None and batch.targets_BT is not None
+    # the loss mask is the termination mask: positions after the first wrong action dropped
+    correct_BT = batch.completion_tokens_BT == batch.targets_BT
+    assert torch.equal(batch.completion_mask_BT, path_valid_mask(correct_BT))
+    assert float(batch.completion_mask_BT.sum()) < batch.completion_mask_BT.numel()
+    table0 = policy.table_NHb.detach().clone()
+    # the expected gradient, by autograd on a copy of the table
+    table = table0.clone().requires_grad_(True)
+    x_B = batch.prompt_tokens_BP[:, 0]
+    logp_BT = table[x_B].log_softmax(-1).gather(-1, batch.completion_tokens_BT[..., None])[..., 0]
+    r_GK = batch.rewards_B.view(-1, 4)
+    adv_B = (r_GK - r_GK.mean(-1, keepdim=True)).reshape(-1)
+    loss = -(adv_B * (logp_BT * batch.completion_mask_BT).sum(-1)).mean()
+    (grad,) = torch.autograd.grad(loss, table)
+    assert float(grad.abs().sum()) > 0  # the batch has mixed groups
+    inputs, _ = prepare(parts.spec, batch, policy, None, None, 0.0, parts.d.group_size,
+                        parts.plan.dist, None, parts.plan.packed, None)
+    sgd = torch.optim.SGD(parts.params, lr=0.1)
+    update(parts.plan, policy, None, sgd, batch, inputs, 0.0)
+    assert torch.allclose(policy.table_NHb.detach() - table0, -0.1 * grad, atol=1e-6)
