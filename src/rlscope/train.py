@@ -204,7 +204,9 @@ def score_rollouts(rollout: RolloutBatch, policy: Policy, task: Task, cfg: Train
     where the task exposes it and rewards are clean, the exact E[r | x] under the behaviour
     policy (one teacher-forced pass over the targets). ``raw_rewards_B`` keeps the rewards
     before noise and before the task's own shaping; ``noise_B`` marks the rows the noise
-    replaced. ``noise`` is the noise stream (default: the step's `noise_generator`)."""
+    replaced. ``noise`` is the noise stream (default: the step's `noise_generator`). Where the
+    task returns a valid mask (``Scores.valid_mask_BT``: unique_path's termination), the
+    completion mask, hence the loss mask and the length metrics, is multiplied by it."""
     scores = task.score(rollout)
     noise_cfg = cfg.task_options
     raw_B = scores.rewards_B if scores.unshaped_rewards_B is None else scores.unshaped_rewards_B
