@@ -433,7 +433,7 @@ def test_opd_variance_probe_writes_its_csv_and_summary(tmp_path: Path) -> None:
 
     out = tmp_path / "probe"
     assert main(["probe", "opd_variance", "--horizons", "2", "4", "--num_batches", "3",
-                 "--batch_size", "4", "--num_seeds", "2", "--output", str(out)]) == 0
+                 "--batch_size", "4", "--num_seeds", "2", "--out_dir", str(out)]) == 0
     rows = (out / "opd_variance.csv").read_text().splitlines()
     assert rows[0].startswith("seed,horizon,estimator,variance")
     assert len(rows) == 1 + 2 * 2 * 3  # seeds × horizons × estimators
@@ -443,7 +443,7 @@ def test_opd_variance_probe_writes_its_csv_and_summary(tmp_path: Path) -> None:
     summary = (out / "summary.md").read_text()
     for name in ("sequence_pg", "token_pg", "full_vocab_rkl"):
         assert f"| {name} |" in summary
-    assert main(["probe", "opd_variance", "--num_batches", "1", "--output", str(out)]) == 2
+    assert main(["probe", "opd_variance", "--num_batches", "1", "--out_dir", str(out)]) == 2
     assert main(["probe", "nope"]) == 2
 
 

@@ -76,7 +76,10 @@ def test_grouped_presets_select_mixed_groups_by_default() -> None:
     assert all(METHODS[n].selection == "none" for n in ("tpo_token", "grpo_token"))
     # gpg's α = B/(B − M) replaces filtering (METHODS_2026.md §6): it must not select
     assert METHODS["gpg"].selection == "none"
-    for name in grouped - {"gpg"}:
+    # traj_group_pg (COMPANIONS.md §5) trains on every group: flat groups have zero centred
+    # advantage anyway, and the learnability experiments measure the mixed rate, not filter on it
+    assert METHODS["traj_group_pg"].selection == "none"
+    for name in grouped - {"gpg", "traj_group_pg"}:
         assert METHODS[name].selection == "mixed_groups", name
 
 

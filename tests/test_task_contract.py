@@ -8,6 +8,7 @@ import pytest
 
 from rlscope.tasks import (
     TASKS,
+    GroupSized,
     Interactive,
     OwnsPolicy,
     PreferencePairs,
@@ -23,7 +24,7 @@ from rlscope.tasks import (
 from rlscope.tasks.text import STOP_ID
 
 CAPABILITIES = (OwnsPolicy, WatchesPolicy, SupervisedPairs, PreferencePairs, TrainingChecks,
-                Tokenized, Interactive)
+                Tokenized, Interactive, GroupSized)
 TEXT = {"arithmetic", "length_target", "preference_rm"}
 EXPECTED: dict[str, set[type]] = {
     "token_reversal": {SupervisedPairs},
@@ -37,6 +38,7 @@ EXPECTED: dict[str, set[type]] = {
     "length_target": {SupervisedPairs, Tokenized},
     "code_unit_tests": {SupervisedPairs, Tokenized},
     "preference_rm": {SupervisedPairs, PreferencePairs, TrainingChecks, Tokenized},
+    "unique_path": {OwnsPolicy, GroupSized},
     "guess_number": {Interactive},
     "twenty_questions": {Interactive},
     "calculator_tool": {Interactive},
@@ -105,6 +107,7 @@ def test_stop_tokens_and_dense_credit(tasks: dict[str, Task]) -> None:
     ("length_target", "band_max_words", 5, True),
     ("code_unit_tests", None, None, False),
     ("preference_rm", None, None, False),
+    ("unique_path", None, None, True),
 ])
 def test_binary_rewards_follow_the_options(name: str, option: str | None, value: object,
                                            binary: bool) -> None:

@@ -196,13 +196,15 @@ def test_expected_reward_matches_monte_carlo() -> None:
 
 # The token tasks draw their held-out set from the seed; digits_bandit's is the fixed test
 # split (tests/test_digits_bandit.py); code_unit_tests' is its fixed held-out specs, which every
-# seed draws from, with no targets (tests/test_code_task.py).
+# seed draws from, with no targets (tests/test_code_task.py); unique_path's is every prompt
+# once (its exact metrics are means over prompts; tests/test_learnability.py).
 INTERACTIVE = ("guess_number", "twenty_questions", "calculator_tool", "code_repair")
 """The multi-turn environments: their held-out set is a set of environment seeds."""
 
 
 @pytest.mark.parametrize("name", [n for n in TASKS
-                                  if n not in ("digits_bandit", "code_unit_tests", *INTERACTIVE)])
+                                  if n not in ("digits_bandit", "code_unit_tests", "unique_path",
+                                               *INTERACTIVE)])
 def test_eval_sets_deterministic_per_seed_and_distinct_from_training(name: str) -> None:
     task = make_task(name, TaskConfig(eval_batches=3, eval_batch_size=50))
     a, b, other = task.eval_prompts(0), task.eval_prompts(0), task.eval_prompts(1)

@@ -149,7 +149,8 @@ OUT_OF_REGIME = {"replay_dg": {}, "fresh_dg": {}, "dg_token": {"task_options": N
                  "scalerl": {"components": MethodConfig(kl_coef=0.1)},
                  "vapo": {"components": MethodConfig(critic_pretrain_steps=0)},
                  "opd_reverse_kl": {"delay": 1}, "opd_topk_reverse_kl": {"task_options": NOISY},
-                 "opd_pg": {"task": "digits_bandit"}}
+                 "opd_pg": {"task": "digits_bandit"},
+                 "traj_group_pg": {"delay": 1}}
 REASONS = "(needs|weighs|is defined|is for|takes one|trains on|has no KL)"
 
 
@@ -183,9 +184,11 @@ def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
 
 
 # The bandits and the text tasks have their own option sets and eval tests
-# (test_digits_bandit, test_lm_bandit, test_arithmetic, test_reward_model).
+# (test_digits_bandit, test_lm_bandit, test_arithmetic, test_reward_model; unique_path:
+# test_learnability).
 @pytest.mark.parametrize("task", [t for t in TASKS if t != "token_reversal" and t not in (
-    "digits_bandit", "lm_bandit", "arithmetic", "length_target", "preference_rm")])
+    "digits_bandit", "lm_bandit", "arithmetic", "length_target", "preference_rm",
+    "unique_path")])
 def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
     options = dataclasses.replace(SMALL_TASK, score_len=2)
     if task == "code_unit_tests":  # reads none of the token-sandbox options

@@ -1,5 +1,5 @@
 """The `rlscope` command line: train, sft, sweep, demo, bench, methods, tasks, doctor, report,
-serve.
+serve, probe.
 
 Heavy imports (torch) happen inside the commands so ``rlscope --help`` answers at once.
 """
@@ -30,7 +30,8 @@ commands:
   doctor    diagnose a run directory or a verl / TRL / W&B / tinker log (`rlscope doctor --help`)
   report    a self-contained HTML report and figures for a run or sweep (`rlscope report --help`)
   serve     a local Tinker-compatible server for the tinker SDK (`rlscope serve --help`)
-  probe     a measurement that is not a training run: rlscope probe NAME (`rlscope probe --help`)
+  probe     a measurement that is not a training run: writes NAME.csv and summary.md
+            (`rlscope probe --help` lists the probes)
 
 options (before or after COMMAND):
   --debug   show the full traceback of an error (otherwise one line: `error: ...`)
@@ -279,23 +280,29 @@ def cmd_tasks(args: list[str]) -> int:
 
 
 def cmd_probe(args: list[str]) -> int:
-    from rlscope.probes import PROBES
+    from rlscope.probes import PROBES, run_probe
 
     if not args or args[0] in ("-h", "--help") or args[0] not in PROBES:
-        listing = "".join(f"  {n:<14}{p.description}\n" for n, p in PROBES.items())
-        out = sys.stdout if args and args[0] in ("-h", "--help") else sys.stderr
-        unknown = f"rlscope probe: unknown probe {args[0]!r}\n\n" if args and out is sys.stderr \
-            else ""
-        out.write(f"{unknown}usage: rlscope probe NAME [OPTIONS]   (rlscope probe NAME --help)"
-                  f"\n\nprobes:\n{listing}")
-        if out is sys.stdout:  # as tyro's --help does
+        usage = ("usage: rlscope probe NAME [OPTIONS]\n\nMeasurements that are not training "
+                 "runs; each writes <out_dir>/NAME.csv (a row per seed and setting) and "
+                 "summary.md. `rlscope probe NAME --help` lists a probe's options.\n\nprobes:\n"
+                 + "".join(f"  {n:<20}{p.description}\n" for n, p in PROBES.items()))
+        if args and args[0] in ("-h", "--help"):
+            sys.stdout.write(usage)
             raise SystemExit(0)
+        if args:
+            _print_error(f"unknown probe {args[0]!r}; valid probes: {', '.join(PROBES)}")
+        else:
+            sys.stderr.write(usage)
         return 2
-    probe = PROBES[args[0]]
-    cfg = _tyro_parse(probe.config, args[1:], f"rlscope probe {args[0]}")
-    if _report_errors(cfg.errors()):  # type: ignore[attr-defined]
+    cfg = _tyro_parse(PROBES[args[0]].config, args[1:], f"rlscope probe {args[0]}")
+    try:
+        result, csv_path, summary_path = run_probe(args[0], cfg)  # type: ignore[arg-type]
+    except ValueError as e:
+        _print_error(str(e))
         return 2
-    probe.run(cfg)
+    sys.stdout.write(summary_path.read_text())
+    sys.stdout.write(f"\n{len(result.rows)} rows: {csv_path}; summary: {summary_path}\n")
     return 0
 
 

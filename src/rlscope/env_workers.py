@@ -102,6 +102,7 @@ def concat_scores(parts: list[Scores | None], slices: list[slice], width: int, r
     done = [p for p in parts if p is not None]
     dense = any(p.token_rewards_BT is not None for p in done)
     unshaped = any(p.unshaped_rewards_B is not None for p in done)
+    valid = any(p.valid_mask_BT is not None for p in done)
     dtype = done[0].rewards_B.dtype if done else torch.float32
     filled = [p if p is not None else failure_scores(s.stop - s.start, width, reward, dense,
                                                      unshaped)
@@ -114,7 +115,11 @@ def concat_scores(parts: list[Scores | None], slices: list[slice], width: int, r
         rewards_B=cat([p.rewards_B.to(dtype) for p in filled]),
         token_rewards_BT=cat([p.token_rewards_BT for p in filled]) if dense else None,
         unshaped_rewards_B=cat([p.unshaped_rewards_B if p.unshaped_rewards_B is not None
-                                else p.rewards_B for p in filled]) if unshaped else None)
+                                else p.rewards_B for p in filled]) if unshaped else None,
+        # a failed chunk keeps every generated position (its reward is the failure reward)
+        valid_mask_BT=cat([p.valid_mask_BT if p.valid_mask_BT is not None
+                           else torch.ones(p.rewards_B.shape[0], width) for p in filled])
+        if valid else None)
 
 
 class Scorer:
@@ -132,7 +137,8 @@ class Scorer:
         s = self.task.score(batch)
         return Scores(s.rewards_B.cpu(),
                       None if s.token_rewards_BT is None else s.token_rewards_BT.cpu(),
-                      None if s.unshaped_rewards_B is None else s.unshaped_rewards_B.cpu())
+                      None if s.unshaped_rewards_B is None else s.unshaped_rewards_B.cpu(),
+                      None if s.valid_mask_BT is None else s.valid_mask_BT.cpu())
 
 
 @dataclass

@@ -107,7 +107,7 @@ from rlscope.sampling.candidates import sample_candidates
 from rlscope.sampling.episodes import episode_loss_metrics, episode_metrics, generate_episodes
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import SamplingConfig, generate
-from rlscope.tasks.base import Interactive, Task, WatchesPolicy, make_policy_for
+from rlscope.tasks.base import GroupSized, Interactive, Task, WatchesPolicy, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
 
@@ -204,7 +204,9 @@ def score_rollouts(rollout: RolloutBatch, policy: Policy, task: Task, cfg: Train
     where the task exposes it and rewards are clean, the exact E[r | x] under the behaviour
     policy (one teacher-forced pass over the targets). ``raw_rewards_B`` keeps the rewards
     before noise and before the task's own shaping; ``noise_B`` marks the rows the noise
-    replaced. ``noise`` is the noise stream (default: the step's `noise_generator`)."""
+    replaced. ``noise`` is the noise stream (default: the step's `noise_generator`). Where the
+    task returns a valid mask (``Scores.valid_mask_BT``: unique_path's termination), the
+    completion mask, hence the loss mask and the length metrics, is multiplied by it."""
     scores = task.score(rollout)
     noise_cfg = cfg.task_options
     raw_B = scores.rewards_B if scores.unshaped_rewards_B is None else scores.unshaped_rewards_B
@@ -224,6 +226,8 @@ def score_rollouts(rollout: RolloutBatch, policy: Policy, task: Task, cfg: Train
     return dataclasses.replace(
         rollout, rewards_B=rewards_B, raw_rewards_B=raw_B, noise_B=noise_B,
         token_rewards_BT=scores.token_rewards_BT, expected_reward_B=expected,
+        completion_mask_BT=rollout.completion_mask_BT if scores.valid_mask_BT is None
+        else rollout.completion_mask_BT * scores.valid_mask_BT.to(rollout.completion_mask_BT),
         age_B=torch.zeros(rollout.batch_size, device=rollout.completion_tokens_BT.device))
 
 
@@ -335,6 +339,8 @@ def setup(cfg: TrainConfig) -> RunParts:
         torch.set_num_threads(r.threads)
     torch.manual_seed(r.seed)
     policy = initial_policy(cfg, task, device)
+    if isinstance(task, GroupSized):  # its evaluation metrics read K
+        task.use_group_size(d.group_size)
     if spec.fp32_head:  # before the reference's copy, which keeps the patch
         fp32_output_head(policy)
     check_backend(cfg.sampling, policy, device)  # --backend static on a model it lacks
@@ -730,6 +736,9 @@ def select_stage(parts: RunParts, batch: RolloutBatch, state: LoopState, step: i
     (`rlscope.methods.selection.select_rows`); counts the streak of mixed-group fallbacks."""
     p = parts
     m = rollout_metrics(batch, p.overlong, p.d.max_new_tokens)
+    assert batch.rewards_B is not None
+    if p.spec.advantage_component.grouped:  # the contrast a group baseline learns from
+        m |= est.group_outcome_metrics(batch.rewards_B, p.d.group_size)
     batch, select_m, fallback = select_rows(
         batch, p.spec.selection, p.overlong, p.d.max_new_tokens,
         SelectionInputs(p.d.group_size, p.spec.keep_ratio, p.spec.gate.eta, p.cfg.run.seed,

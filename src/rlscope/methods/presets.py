@@ -398,6 +398,17 @@ METHODS: dict[str, MethodSpec] = {
         "rewards",
         advantage=AdvantageConfig("teacher_logratio"),
         objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2), requires=_OPD),
+    # issue 21: the learnability companion (COMPANIONS.md §5)
+    "traj_group_pg": MethodSpec(
+        description="Trajectory policy gradient with a within-prompt group baseline (mean; "
+        "--advantage group_zscore for GRPO's std scaling), token sums per sequence, no clip, "
+        "no KL.",
+        source="learnability sandbox (rl-experiments companions)",
+        regime="grouped sampling, group_size > 1; on-policy, clean rewards (unique_path: lr "
+        "1e-2, 64 groups of 8)",
+        advantage=AdvantageConfig("group_center"), objective=ObjectiveConfig("score"),
+        agg="seq_mean_token_sum", selection="none", grouped=True,
+        requires=("on_policy", "clean_rewards", "no_kl")),
 }
 
 

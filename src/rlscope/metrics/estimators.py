@@ -63,6 +63,18 @@ def advantage_metrics(adv_BT: torch.Tensor, mask_BT: torch.Tensor, rewards_B: to
     return out
 
 
+def group_outcome_metrics(rewards_B: torch.Tensor, group_size: int) -> Metrics:
+    """``group/mixed_rate`` (reward std > 1e-6), ``group/all_zero_rate`` (every reward 0) and
+    ``group/all_one_rate`` (every reward 1) over contiguous groups of ``group_size`` rows,
+    before any selection; empty for ungrouped batches."""
+    if group_size < 2 or rewards_B.shape[0] % group_size:
+        return {}
+    r_GK = rewards_B.view(-1, group_size)
+    return {"group/mixed_rate": (r_GK.std(-1, unbiased=False) > 1e-6).float().mean(),
+            "group/all_zero_rate": (r_GK == 0).all(-1).float().mean(),
+            "group/all_one_rate": (r_GK == 1).all(-1).float().mean()}
+
+
 def pass_metrics(logp_BT: torch.Tensor, logp_old_BT: torch.Tensor, mask_BT: torch.Tensor,
                  stats: dict[str, torch.Tensor], suffix: str) -> Metrics:
     """Ratio, KL-to-behaviour and objective statistics of one learner pass (detached inputs).

@@ -68,6 +68,10 @@ METRICS: tuple[MetricDef, ...] = (
     _m("candidates/reward_mean", "tokens", "token_mean", "rollout",
        "mean dense reward of the K next-token candidates (tpo_token, grpo_token)"),
     _m("group/mixed_rate", "groups", "frac", "rollout", "groups with reward std > 1e-6"),
+    _m("group/all_zero_rate", "groups", "frac", "rollout",
+       "groups whose rewards are all 0 (no success: no contrast), before selection"),
+    _m("group/all_one_rate", "groups", "frac", "rollout",
+       "groups whose rewards are all 1 (no failure: no contrast), before selection"),
     _m("group/retained_rate", "sequences", "frac", "rollout", "rows kept by selection"),
     _m("group/fallback", "steps", "value", "rollout", "1 when no group was mixed"),
     _m("group/fill_rounds", "steps", "value", "rollout",
@@ -428,6 +432,23 @@ METRICS: tuple[MetricDef, ...] = (
     _m("episode/env_tokens_in_loss", "tokens", "frac", "rollout",
        "interactive tasks: fraction of environment tokens inside the learner's loss mask "
        "(0 in a correct run; the doctor's env_tokens_in_loss rule)"),
+    # issue 21, learnability (COMPANIONS.md §5): unique_path's exact metrics, read from the
+    # tabular policy (p_d = π(target | x, d), reach_d = Π_{t<d} p_t, q = Π_d p_d)
+    _m("eval/success_probability", "prompts", "seq_mean", "eval",
+       "unique_path: exact success probability q = Π_d p_d, mean over prompts"),
+    _m("eval/pass_at_group_size", "prompts", "seq_mean", "eval",
+       "unique_path: exact 1 − (1 − q)^K, K the run's group size"),
+    _m("eval/predicted_mixed_group_rate", "prompts", "seq_mean", "eval",
+       "unique_path: exact M(q, K) = 1 − q^K − (1 − q)^K, the mixed-group rate the theory "
+       "predicts (compare group/mixed_rate)"),
+    _m("eval/mean_state_correct_probability", "prompts", "seq_mean", "eval",
+       "unique_path: mean over prompts and depths of p_d"),
+    _m("eval/expected_visited_steps", "prompts", "seq_mean", "eval",
+       "unique_path: exact expected actions per episode Σ_d reach_d"),
+    _m("eval/correct_probability_d*", "prompts", "seq_mean", "eval",
+       "unique_path: p_d at depth d (d = 0..H − 1)"),
+    _m("eval/reach_probability_d*", "prompts", "seq_mean", "eval",
+       "unique_path: reach_d = Π_{t<d} p_t, the probability an episode reaches depth d"),
     _m("env/time", "steps", "sum", "rollout",
        "interactive tasks: seconds spent inside the environments (reset and steps) while the "
        "step's episodes were sampled (part of time/sample)"),

@@ -18,16 +18,15 @@ least-squares slope of log Var on log H per estimator).
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from rlscope.methods.opd import reverse_kl_terms_BTV
 from rlscope.methods.teacher import oracle_logp_BTV
 from rlscope.policy.tiny import TinyConfig, TinyTransformer
+from rlscope.probes.base import ProbeResult
 from rlscope.sampling.sampler import SamplingConfig, generate
 from rlscope.tasks import TaskConfig, make_task
 
@@ -49,7 +48,7 @@ class OpdVarianceConfig:
     """Seeds 0..num_seeds−1: each a new random student and direction u (>= 1)."""
     teacher_epsilon: float = 1e-3
     """ε of the oracle teacher, in (0, 1)."""
-    output: str = "probes/opd_variance"
+    out_dir: str = "probes/opd_variance"
     """Directory for opd_variance.csv and summary.md (created)."""
 
     def errors(self) -> list[str]:
@@ -131,11 +130,12 @@ def loglog_slope(horizons: list[int], variances: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sxx
 
 
-def run(cfg: OpdVarianceConfig) -> tuple[Path, Path]:
-    """Measure every (seed, H, estimator) and write the CSV and the summary; returns their
-    paths."""
-    out_dir = Path(cfg.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def run(cfg: OpdVarianceConfig) -> ProbeResult:
+    """Measure every (seed, H, estimator): the rows and the summary (`rlscope.probes.run_probe`
+    writes opd_variance.csv and summary.md). ValueError naming the flags when ``cfg`` cannot
+    run."""
+    if errors := cfg.errors():
+        raise ValueError("; ".join(errors))
     rows: list[dict[str, float | int | str]] = []
     for seed in range(cfg.num_seeds):
         for horizon in cfg.horizons:
@@ -146,14 +146,7 @@ def run(cfg: OpdVarianceConfig) -> tuple[Path, Path]:
                              "variance": variance(proj[name]),
                              "mean": sum(proj[name]) / len(proj[name]),
                              "num_batches": cfg.num_batches, "batch_size": cfg.batch_size})
-    csv_path = out_dir / "opd_variance.csv"
-    with csv_path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    summary = out_dir / "summary.md"
-    summary.write_text(summary_markdown(rows, list(cfg.horizons)), encoding="utf-8")
-    return csv_path, summary
+    return ProbeResult(rows, summary_markdown(rows, list(cfg.horizons)))
 
 
 def summary_markdown(rows: list[dict[str, float | int | str]], horizons: list[int]) -> str:

@@ -9,6 +9,7 @@ from rlscope.envs.registry import ENVIRONMENTS
 from rlscope.tasks.arithmetic import ArithmeticTask
 from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import (
+    GroupSized,
     Interactive,
     OwnsPolicy,
     PreferencePairs,
@@ -28,6 +29,7 @@ from rlscope.tasks.length_target import LengthTargetTask
 from rlscope.tasks.lm_bandit import LMBanditTask
 from rlscope.tasks.preference import PreferenceTask
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
+from rlscope.tasks.unique_path import UniquePathTask
 
 TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "token_reversal": ReversalTask,
@@ -41,6 +43,7 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "length_target": LengthTargetTask,
     "code_unit_tests": CodeUnitTestsTask,
     "preference_rm": PreferenceTask,
+    "unique_path": UniquePathTask,
     # multi-turn environments (rlscope.envs): each reads the EnvConfig options named after it
     "guess_number": lambda cfg: EpisodeTask(
         "guess_number", ENVIRONMENTS["guess_number"](cfg.env), cfg, "guess_",
@@ -68,6 +71,6 @@ def make_task(name: str, cfg: TaskConfig | None = None) -> Task:
     return TASKS[name](cfg or TaskConfig())
 
 
-__all__ = ["TASKS", "Interactive", "OwnsPolicy", "PreferencePairs", "Scores", "SupervisedPairs",
-           "Task", "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks", "WatchesPolicy",
-           "make_task"]
+__all__ = ["TASKS", "GroupSized", "Interactive", "OwnsPolicy", "PreferencePairs", "Scores",
+           "SupervisedPairs", "Task", "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks",
+           "WatchesPolicy", "make_task"]

@@ -15,6 +15,8 @@ The contract, in full (every check on a task goes through one of these; none thr
 
   - `OwnsPolicy` (``build_policy``): the task builds its own default model (digits_bandit's
     MLP, lm_bandit's byte model).
+  - `GroupSized` (``use_group_size``): the task's evaluation metrics read the run's group
+    size (unique_path's pass@K and M(q, K)); the loop passes it when the run starts.
   - `WatchesPolicy` (``attach_policy``): the task reads the policy being trained (lm_bandit's
     perplexity and its frozen π_ref); `rlscope train --init` attaches the loaded model.
   - `SupervisedPairs` (``sft_pairs``): correct (prompt, completion) pairs, the warm-start data
@@ -133,6 +135,18 @@ class TaskConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     """The multi-turn environments' options (guess_number, twenty_questions, calculator_tool,
     code_repair), each prefixed by its environment's name: docs/environments.md."""
+    num_prompts: int = 0
+    """unique_path: number of prompts (0 = 128)."""
+    horizon: int = 3
+    """unique_path: decisions H per episode (>= 1)."""
+    branching: int = 4
+    """unique_path: actions b at each decision (>= 2)."""
+    task_seed: int = 0
+    """unique_path: seed of the random target action per (prompt, depth); the run seed never
+    changes the targets."""
+    initial_correct_probability: float = 0.5
+    """unique_path: p₀ in (0, 1), the tabular policy's initial probability of each target
+    action."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,10 @@ class Scores:
     token_rewards_BT: torch.Tensor | None = None
     unshaped_rewards_B: torch.Tensor | None = None
     """The task's reward before any shaping it applies (None when it applies none)."""
+    valid_mask_BT: torch.Tensor | None = None
+    """1 on the completion positions that count (e.g. up to the first wrong action of
+    unique_path, after which the episode has ended), multiplied into the loss mask; None = all
+    generated positions count."""
 
 
 def first_token_correct(batch: RolloutBatch, task_name: str) -> torch.Tensor:
@@ -215,6 +233,14 @@ class OwnsPolicy(Protocol):
     """A task that builds its own default model."""
 
     def build_policy(self, model_cfg: object) -> Policy: ...
+
+
+@runtime_checkable
+class GroupSized(Protocol):
+    """A task whose evaluation metrics depend on the run's group size K (unique_path's
+    pass@K and predicted mixed-group rate); the loop tells it K once, when the run starts."""
+
+    def use_group_size(self, group_size: int) -> None: ...
 
 
 @runtime_checkable
