@@ -196,7 +196,13 @@ class Task(Protocol):
     exist for the task."""
     vocab_size: int
     """Token ids the policy reads and writes."""
-    prompt_len: int
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt positions the policy's context must hold (an attribute of most tasks; a
+        property where it is computed, as for the interactive tasks)."""
+        ...
+
     completion_len: int
     """Default number of generated tokens."""
     options: tuple[str, ...]
