@@ -98,7 +98,7 @@ def one_environment(name: str, seeds: list[int], runs_dir: Path) -> dict[str, ob
         start = [s["curve"][0][metric] for s in per_seed]  # type: ignore[index]
         end = [s["curve"][-1][metric] for s in per_seed]  # type: ignore[index]
         summary[metric] = {"warm_start": mean_sd(start), "after_rl": mean_sd(end),
-                           "gain": mean_sd([b - a for a, b in zip(start, end)])}
+                           "gain": mean_sd([b - a for a, b in zip(start, end, strict=True)])}
     return {"commands": {"sft": ["rlscope", "sft", *r["task"], *r["sft"]],
                          "rl": ["rlscope", "train", *r["task"], *r["rl"]]},
             "seeds": per_seed, "summary": summary}

@@ -35,8 +35,8 @@ def test_episode_pairs_are_the_demonstrations_with_the_policy_segments_in_the_lo
         assert len(mask) == len(completion) and set(mask) == {0, 1}
         text = bytes(prompt).decode()
         assert text.startswith("I am thinking of a number from 1 to 20")
-        policy = bytes(t for t, m in zip(completion, mask) if m).decode()
-        env = bytes(t for t, m in zip(completion, mask) if not m).decode()
+        policy = bytes(t for t, m in zip(completion, mask, strict=True) if m).decode()
+        env = bytes(t for t, m in zip(completion, mask, strict=True) if not m).decode()
         assert all(line.isdigit() for line in policy.splitlines())  # guesses only
         assert set(env.splitlines()) <= {"higher", "lower"}  # answers only
         assert mask[-1] == 1  # the episode ends with the policy's (solving) guess
@@ -63,12 +63,13 @@ def test_environment_targets_change_neither_loss_nor_gradient() -> None:
         policy.zero_grad(set_to_none=True)
         loss = sft_loss(policy(tokens, attention)[0], t, mask)[0]
         loss.backward()
-        return float(loss.detach()), [p.grad.clone() for p in policy.parameters() if p.grad is not None]
+        grads = [p.grad.clone() for p in policy.parameters() if p.grad is not None]
+        return float(loss.detach()), grads
 
     loss, grads = loss_and_grad(targets)
     g = torch.Generator().manual_seed(2)
     env_positions = torch.zeros_like(mask, dtype=torch.bool)
-    for i, (_, completion, token_mask) in enumerate(pairs):
+    for i, (_, _, token_mask) in enumerate(pairs):
         for j, m in enumerate(token_mask):
             env_positions[i, P - 1 + j] = m == 0
     assert env_positions.sum() > 0
@@ -76,7 +77,7 @@ def test_environment_targets_change_neither_loss_nor_gradient() -> None:
         0, 200, targets.shape, generator=g)) % 256, targets)
     assert not torch.equal(planted, targets)
     loss2, grads2 = loss_and_grad(planted)
-    assert loss2 == loss and all(torch.equal(a, b) for a, b in zip(grads, grads2))
+    assert loss2 == loss and all(torch.equal(a, b) for a, b in zip(grads, grads2, strict=True))
     # the same change at a policy position does change the loss (the check can fail)
     policy_positions = mask.bool()
     moved = torch.where(policy_positions, (targets + 7) % 256, targets)
