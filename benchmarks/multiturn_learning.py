@@ -47,7 +47,7 @@ RECIPES: dict[str, dict[str, list[str]]] = {
         "task": ["--task", "twenty_questions", "--twenty_questions_turn_penalty", "0.1",
                  "--max_turns", "10", "--max_turn_tokens", "32", "--max_episode_tokens", "232",
                  "--eval_batches", "1", "--eval_batch_size", "49"],
-        "sft": ["--num_steps", "300", "--batch_size", "32", "--lr", "3e-3"],
+        "sft": ["--num_steps", "1000", "--batch_size", "32", "--lr", "3e-3"],
         "rl": ["--method", "grpo", "--num_steps", "40", "--batch_size", "64", "--lr", "3e-4",
                "--eval_every", "20"],
     },
