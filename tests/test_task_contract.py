@@ -37,10 +37,10 @@ EXPECTED: dict[str, set[type]] = {
     "length_target": {SupervisedPairs, Tokenized},
     "code_unit_tests": {SupervisedPairs, Tokenized},
     "preference_rm": {SupervisedPairs, PreferencePairs, TrainingChecks, Tokenized},
-    "guess_number": {Interactive},
-    "twenty_questions": {Interactive},
-    "calculator_tool": {Interactive},
-    "code_repair": {Interactive},
+    "guess_number": {Interactive, SupervisedPairs},
+    "twenty_questions": {Interactive, SupervisedPairs},
+    "calculator_tool": {Interactive, SupervisedPairs},
+    "code_repair": {Interactive, SupervisedPairs},
 }
 
 
