@@ -12,7 +12,7 @@ import torch
 from rlscope.config import ModelConfig, RunConfig, TrainConfig
 from rlscope.envs import EnvConfig
 from rlscope.supervised.sft import SftConfig, pad_id, sft, sft_batch, sft_loss, validate_sft
-from rlscope.tasks import TaskConfig, make_task
+from rlscope.tasks import TASKS, TaskConfig, make_task
 from rlscope.tasks.base import make_policy_for
 from rlscope.tasks.episodes import EpisodeTask
 from rlscope.train import train
@@ -96,6 +96,21 @@ def test_a_demonstration_over_the_budget_is_a_clear_error() -> None:
     assert isinstance(short, EpisodeTask)
     with pytest.raises(ValueError, match=r"raise --max_episode_tokens \(now 8\)"):
         short.sft_pairs(torch.Generator().manual_seed(0), 16)
+
+
+def test_an_environment_without_demonstrations_is_refused_before_sft(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from episode_envs import EchoFactory
+
+    monkeypatch.setitem(TASKS, "echo_test",
+                        lambda cfg: EpisodeTask("echo_test", EchoFactory(exact=True), cfg))
+    errors = validate_sft(SftConfig(task="echo_test", runs_dir=str(tmp_path)))
+    assert errors == ["task 'echo_test': its environment has no demonstrations to warm-start "
+                      "from: give --data FILE.jsonl"]
+    task = make_task("echo_test", TaskConfig())
+    assert isinstance(task, EpisodeTask)
+    with pytest.raises(ValueError, match="has no demonstrations"):
+        task.sft_pairs(torch.Generator().manual_seed(0), 1)
 
 
 def test_sft_on_episodes_lowers_the_loss_and_warm_starts_train(tmp_path: Path) -> None:
