@@ -114,8 +114,9 @@ def test_an_environment_without_demonstrations_is_refused_before_sft(
 
 
 def test_sft_on_episodes_lowers_the_loss_and_warm_starts_train(tmp_path: Path) -> None:
-    """60 steps of 32 demonstrations (lr 3e-3): held-out loss 5.9 → about 0.5 (2-core CPU,
-    a few seconds); rlscope train --init then starts from the same greedy episodes."""
+    """60 steps of 32 demonstrations (lr 3e-3, a few seconds on the 2-core CPU): the held-out
+    loss falls from ~5.9 (ln 256 = 5.55 at init) to below 1.5 (200 steps reach 0.078);
+    rlscope train --init then starts from the same greedy episodes."""
     cfg = SftConfig(task="guess_number", task_options=GUESS, num_steps=60, batch_size=32,
                     eval_every=60, device="cpu", threads=1, progress=False,
                     runs_dir=str(tmp_path), name="sft")
