@@ -39,10 +39,10 @@ EXPECTED: dict[str, set[type]] = {
     "code_unit_tests": {SupervisedPairs, Tokenized},
     "preference_rm": {SupervisedPairs, PreferencePairs, TrainingChecks, Tokenized},
     "unique_path": {OwnsPolicy, GroupSized},
-    "guess_number": {Interactive},
-    "twenty_questions": {Interactive},
-    "calculator_tool": {Interactive},
-    "code_repair": {Interactive},
+    "guess_number": {Interactive, SupervisedPairs},
+    "twenty_questions": {Interactive, SupervisedPairs},
+    "calculator_tool": {Interactive, SupervisedPairs},
+    "code_repair": {Interactive, SupervisedPairs},
 }
 
 

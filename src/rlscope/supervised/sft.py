@@ -10,10 +10,14 @@ completion as written: end it with the stop token, a newline, to teach stopping)
 Layout of a batch: the prompt left-padded to the task's ``prompt_len`` (attention mask 0 on
 padding), then the completion right-padded to ``completion_len`` with the task's first stop
 token (or 0); the logits at position j predict token j + 1; the loss mask is 1 exactly on the
-completion's own tokens. The output directory holds ``sft.pt`` (policy weights, model config,
-task name and options: what ``rlscope train --init`` reads), ``config.json`` and
-``metrics.jsonl`` (``sft/loss`` every step; ``sft/heldout_loss`` and the task's greedy
-``eval/*`` metrics on its held-out prompts every ``eval_every`` steps and at the end).
+completion's own tokens. An interactive task's pairs are its environments' demonstration
+episodes (`rlscope.tasks.episodes.EpisodeTask.sft_pairs`): the completion is the interleaved
+policy and environment segments and carries a per-token mask (`MaskedPair`), so the loss covers
+the policy's segments only; the environment's tokens are context. The output directory holds
+``sft.pt`` (policy weights, model config, task name and options: what ``rlscope train --init``
+reads), ``config.json`` and ``metrics.jsonl`` (``sft/loss`` every step; ``sft/heldout_loss``
+and the task's greedy ``eval/*`` metrics on its held-out prompts every ``eval_every`` steps
+and at the end).
 """
 
 from __future__ import annotations
@@ -30,10 +34,18 @@ import torch
 
 from rlscope.batch import PromptBatch
 from rlscope.checkpoint import SFT_FILE, atomic_save
+from rlscope.envs.demos import Demonstrator
 from rlscope.evaluation import evaluate, heldout_batch
 from rlscope.supervised.loop import JobConfig, JobResult, job_task, run_job, torch_threads
 from rlscope.tasks import Task, make_task
-from rlscope.tasks.base import Pair, SupervisedPairs, Tokenized, make_policy_for
+from rlscope.tasks.base import (
+    Interactive,
+    MaskedPair,
+    Pair,
+    SupervisedPairs,
+    Tokenized,
+    make_policy_for,
+)
 from rlscope.utils import resolve_device
 
 HELDOUT_SEED_OFFSET = 2_000_029
@@ -85,16 +97,19 @@ def pad_id(task: Task) -> int:
     return stops[0] if stops else 0
 
 
-def sft_batch(pairs: Sequence[Pair], prompt_len: int, completion_len: int, pad: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def sft_batch(pairs: Sequence[Pair | MaskedPair], prompt_len: int, completion_len: int,
+              pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(tokens_BL, attention_BL, targets_BL, loss_mask_BL)``, L = prompt_len + completion_len
-    (see the module docstring); a pair that does not fit is a ValueError."""
+    (see the module docstring); a pair that does not fit is a ValueError. A `MaskedPair`'s
+    completion mask selects which of its tokens are predicted in the loss (the others are
+    context)."""
     P, T = prompt_len, completion_len
     B = len(pairs)
     tokens_BL = torch.full((B, P + T), pad, dtype=torch.long)
     attention_BL = torch.ones(B, P + T, dtype=torch.long)
     loss_BL = torch.zeros(B, P + T)
-    for i, (prompt, completion) in enumerate(pairs):
+    for i, pair in enumerate(pairs):
+        prompt, completion = pair[0], pair[1]
         if not 0 < len(prompt) <= P or not 0 < len(completion) <= T:
             raise ValueError(f"pair {i}: a prompt of {len(prompt)} and a completion of "
                              f"{len(completion)} tokens must fit 1..{P} and 1..{T} (the task's "
@@ -102,18 +117,25 @@ def sft_batch(pairs: Sequence[Pair], prompt_len: int, completion_len: int, pad: 
         tokens_BL[i, P - len(prompt):P] = torch.tensor(prompt)
         attention_BL[i, :P - len(prompt)] = 0
         tokens_BL[i, P:P + len(completion)] = torch.tensor(completion)
-        loss_BL[i, P - 1:P - 1 + len(completion)] = 1.0  # positions predicting the completion
+        if len(pair) == 3:  # a MaskedPair: only the completion tokens with mask 1 are learnt
+            mask = pair[2]  # type: ignore[misc]
+            if len(mask) != len(completion):
+                raise ValueError(f"pair {i}: a loss mask of {len(mask)} for a completion of "
+                                 f"{len(completion)} tokens")
+            loss_BL[i, P - 1:P - 1 + len(completion)] = torch.tensor(mask, dtype=torch.float)
+        else:
+            loss_BL[i, P - 1:P - 1 + len(completion)] = 1.0  # positions predicting it
     targets_BL = torch.cat([tokens_BL[:, 1:], torch.full((B, 1), pad)], 1)
     return tokens_BL, attention_BL, targets_BL, loss_BL
 
 
-def read_pairs(path: str, task: Task) -> list[Pair]:
+def read_pairs(path: str, task: Task) -> list[Pair | MaskedPair]:
     """The JSONL pairs of ``path`` tokenised with ``task.tokenizer``; clear errors for a task
     without a text tokenizer or a malformed line."""
     if not isinstance(task, Tokenized):
         raise ValueError(f"--data needs a task with a text tokenizer; {task.name!r} has none "
                          "(use its generated pairs: leave --data empty)")
-    pairs = []
+    pairs: list[Pair | MaskedPair] = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -135,6 +157,10 @@ def validate_sft(cfg: SftConfig) -> list[str]:
         return errors
     if not cfg.data and not isinstance(task, SupervisedPairs):
         errors.append(f"task {cfg.task!r} generates no supervised pairs: give --data FILE.jsonl")
+    if not cfg.data and isinstance(task, Interactive) \
+            and not isinstance(task.environment_factory, Demonstrator):
+        errors.append(f"task {cfg.task!r}: its environment has no demonstrations to warm-start "
+                      "from: give --data FILE.jsonl")
     if cfg.data and not Path(cfg.data).is_file():
         errors.append(f"--data {cfg.data}: no such file")
     if cfg.batch_size < 1 or cfg.lr <= 0:  # job_errors has rejected negative counts
@@ -142,11 +168,11 @@ def validate_sft(cfg: SftConfig) -> list[str]:
     return errors
 
 
-def _pairs_of(task: Task, generator: torch.Generator, n: int) -> list[Pair]:
+def _pairs_of(task: Task, generator: torch.Generator, n: int) -> list[Pair | MaskedPair]:
     """``n`` fresh pairs from ``task.sft_pairs`` (the `SupervisedPairs` capability)."""
     if not isinstance(task, SupervisedPairs):
         raise ValueError(f"task {task.name!r} generates no supervised pairs")
-    return task.sft_pairs(generator, n)
+    return list(task.sft_pairs(generator, n))
 
 
 def sft(cfg: SftConfig) -> SftResult:
@@ -168,7 +194,7 @@ def sft(cfg: SftConfig) -> SftResult:
         stops = task.traits.stop_token_ids
         eval_prompts: PromptBatch = heldout_batch(task, cfg.seed).to(device)
 
-        def batch_loss(pairs: Sequence[Pair]) -> torch.Tensor:
+        def batch_loss(pairs: Sequence[Pair | MaskedPair]) -> torch.Tensor:
             tokens, attention, targets, mask = (x.to(device)
                                                 for x in sft_batch(pairs, P, T, pad))
             return sft_loss(policy(tokens, attention)[0], targets, mask)[0]

@@ -20,7 +20,8 @@ The contract, in full (every check on a task goes through one of these; none thr
   - `WatchesPolicy` (``attach_policy``): the task reads the policy being trained (lm_bandit's
     perplexity and its frozen π_ref); `rlscope train --init` attaches the loaded model.
   - `SupervisedPairs` (``sft_pairs``): correct (prompt, completion) pairs, the warm-start data
-    of `rlscope sft`.
+    of `rlscope sft` (an interactive task's are demonstration episodes with a loss mask on the
+    policy's segments, `MaskedPair`).
   - `PreferencePairs` (``preference_pairs``, ``repeat_probe_pairs``): comparisons that train a
     reward model (`rlscope rm`) and its out-of-distribution probe.
   - `TrainingChecks` (``validate_training``): problems that stop `rlscope train` only (e.g.
@@ -35,6 +36,7 @@ The contract, in full (every check on a task goes through one of these; none thr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
@@ -259,6 +261,11 @@ class WatchesPolicy(Protocol):
 Pair = tuple[list[int], list[int]]
 """A supervised example: (prompt ids, completion ids)."""
 
+MaskedPair = tuple[list[int], list[int], list[int]]
+"""A supervised example whose completion is partly context: (prompt ids, completion ids, loss
+mask per completion token: 1 on the tokens the model learns to write, 0 on those it only reads,
+such as an environment's observations inside an episode)."""
+
 
 @dataclass(frozen=True)
 class PreferencePair:
@@ -272,9 +279,11 @@ class PreferencePair:
 
 @runtime_checkable
 class SupervisedPairs(Protocol):
-    """A task that generates correct (prompt, completion) pairs (`rlscope sft`)."""
+    """A task that generates correct (prompt, completion) pairs (`rlscope sft`); an
+    interactive task's are `MaskedPair` episodes (the policy's segments in the loss only)."""
 
-    def sft_pairs(self, generator: torch.Generator, n: int) -> list[Pair]: ...
+    def sft_pairs(self, generator: torch.Generator, n: int
+                  ) -> Sequence[Pair] | Sequence[MaskedPair]: ...
 
 
 @runtime_checkable

@@ -13,6 +13,9 @@ The task is `Interactive`: the loop samples its rows as episodes
   refused before training).
 - **Evaluation** (greedy episodes on held-out seeds): ``success`` (episodes the environment
   ended 'solved'), ``test_error`` = 1 − success, ``turns``, ``return``.
+- **Warm start** (``sft_pairs``, for `rlscope sft`): the factory's demonstration episodes
+  (`rlscope.envs.demos.Demonstrator`) of fresh seeds, each a `MaskedPair` whose loss mask is 1
+  on the policy's segments only.
 
 Budgets are the task options ``--max_turns``, ``--max_turn_tokens``, ``--max_episode_tokens``
 (``--env_processes N``: slow environments step in N worker processes, `EpisodePool`);
@@ -32,10 +35,12 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.envs.base import DONE_REASONS, EnvironmentFactory, EpisodeBudget
 from rlscope.envs.config import EnvConfig
+from rlscope.envs.demos import Demonstrator
 from rlscope.sampling.episodes import EpisodePool, initial_observations
 from rlscope.tasks.base import (
     EPISODE_OPTIONS,
     EVAL_OPTIONS,
+    MaskedPair,
     Scores,
     TaskConfig,
     TaskTraits,
@@ -146,6 +151,43 @@ class EpisodeTask:
         """``n`` fresh environments: their seeds from ``generator`` and initial observations."""
         seeds = torch.randint(0, SEED_RANGE, (n,), generator=generator).tolist()
         return self._prompts(seeds)
+
+    def sft_pairs(self, generator: torch.Generator, n: int) -> list[MaskedPair]:
+        """``n`` demonstration episodes of fresh seeds from ``generator``, as (initial
+        observation, the segments after it, 1 on the policy's tokens): the episodes the
+        sampler would record for the demonstrator's turns (`rlscope sft` learns the policy's
+        segments only). A seed whose initial observation is longer than ``prompt_len`` is
+        skipped (another is drawn); a demonstration that exceeds the turn or episode token
+        budget is a ValueError naming the option to raise."""
+        if not isinstance(self.factory, Demonstrator):
+            raise ValueError(f"environment {self.factory.name!r} has no demonstrations "
+                             "(rlscope sft needs them: give --data FILE.jsonl)")
+        b, P = self.budget, self.prompt_len
+        pairs: list[MaskedPair] = []
+        while len(pairs) < n:
+            seed = int(torch.randint(0, SEED_RANGE, (1,), generator=generator))
+            segments = self.factory.demonstration(seed, max_turns=b.max_turns)
+            if len(segments[0][0]) > P:
+                continue
+            while len(segments) > 1 and not segments[-1][1]:  # no observation after the end
+                segments.pop()
+            completion: list[int] = []
+            mask: list[int] = []
+            for tokens, is_policy in segments[1:]:
+                if is_policy and len(tokens) > b.max_turn_tokens:
+                    raise ValueError(
+                        f"{self.name}: the demonstration of seed {seed} has a policy turn of "
+                        f"{len(tokens)} tokens: raise --max_turn_tokens (now "
+                        f"{b.max_turn_tokens}) to at least {len(tokens)}")
+                completion += tokens
+                mask += [int(is_policy)] * len(tokens)
+            if len(completion) > b.max_episode_tokens:
+                raise ValueError(
+                    f"{self.name}: the demonstration of seed {seed} has {len(completion)} "
+                    f"tokens after the initial observation: raise --max_episode_tokens (now "
+                    f"{b.max_episode_tokens}) to at least {len(completion)}")
+            pairs.append((list(segments[0][0]), completion, mask))
+        return pairs
 
     def score(self, batch: RolloutBatch) -> Scores:
         """The episode return Σ_k γ^k r_k of each row."""
