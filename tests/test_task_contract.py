@@ -113,3 +113,16 @@ def test_binary_rewards_follow_the_options(name: str, option: str | None, value:
                                            binary: bool) -> None:
     cfg = TaskConfig(**{option: value}) if option else TaskConfig()
     assert make_task(name, cfg).traits.binary_rewards is binary
+
+
+@pytest.mark.parametrize(("name", "model"), [("digits_bandit", "MLP 64 → 50 → 50 → 10"),
+                                             ("unique_path", "tabular policy")])
+def test_a_task_with_its_own_model_refuses_transformer_options(name: str, model: str) -> None:
+    from rlscope.policy import ModelConfig
+
+    task = make_task(name)
+    assert isinstance(task, OwnsPolicy)
+    with pytest.raises(ValueError, match=f"{name} trains its own {model}; model.d_model=32 "
+                       r"does not apply \(only model.dtype does\)"):
+        task.build_policy(ModelConfig(d_model=32))
+    assert task.build_policy(ModelConfig()) is not None

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
-from rlscope.policy import ModelConfig
 from rlscope.policy.base import Policy
 from rlscope.policy.mlp import MLPConfig, MLPPolicy
 from rlscope.tasks.base import (
@@ -34,6 +33,7 @@ from rlscope.tasks.base import (
     TaskConfig,
     TaskTraits,
     first_token_correct,
+    refuse_transformer_options,
     unused_option_errors,
 )
 from rlscope.tasks.noise import exposes_expected_reward
@@ -114,15 +114,7 @@ class DigitsBanditTask:
 
     def build_policy(self, model_cfg: object) -> Policy:
         """The task's own model, an `MLPPolicy` (the transformer options do not apply)."""
-        if not isinstance(model_cfg, ModelConfig):
-            raise TypeError(f"expected a ModelConfig, got {type(model_cfg).__name__}")
-        default = ModelConfig()
-        changed = [f"model.{name}={getattr(model_cfg, name)!r}"
-                   for name in ("arch", "path", "d_model", "n_heads", "n_layers", "embed_init")
-                   if getattr(model_cfg, name) != getattr(default, name)]
-        if changed:
-            raise ValueError(f"digits_bandit trains its own MLP 64 → 50 → 50 → 10; "
-                             f"{', '.join(changed)} does not apply (only model.dtype does)")
+        model_cfg = refuse_transformer_options(model_cfg, self.name, "MLP 64 → 50 → 50 → 10")
         cfg = MLPConfig(n_inputs=N_PIXELS, max_level=MAX_LEVEL, hidden=(50, 50),
                         n_actions=N_CLASSES)
         return MLPPolicy(cfg).to(getattr(torch, model_cfg.dtype))

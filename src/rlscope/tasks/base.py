@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -48,6 +48,9 @@ from rlscope.envs.config import EnvConfig
 from rlscope.policy.base import Policy
 from rlscope.sampling.episodes import EpisodePool
 from rlscope.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from rlscope.policy import ModelConfig
 
 EVAL_OPTIONS = ("eval_batches", "eval_batch_size")
 NOISE_OPTIONS = ("reward_noise", "reward_noise_mode")
@@ -356,6 +359,24 @@ def env_option_errors(cfg: TaskConfig, task_name: str, prefix: str | None) -> li
     return [f"task.{name} does not apply to {task_name} ({why}); leave it at "
             f"{getattr(default, name)}"
             for name in changed if prefix is None or not name.startswith(prefix)]
+
+
+def refuse_transformer_options(model_cfg: object, task_name: str, what: str) -> ModelConfig:
+    """For a task that builds its own model (`OwnsPolicy`): ``model_cfg`` as a `ModelConfig`,
+    or ValueError naming every transformer option set away from its default (they do not
+    apply; only model.dtype does); ``what`` names the task's model in the message."""
+    from rlscope.policy import ModelConfig
+
+    if not isinstance(model_cfg, ModelConfig):
+        raise TypeError(f"expected a ModelConfig, got {type(model_cfg).__name__}")
+    default = ModelConfig()
+    changed = [f"model.{name}={getattr(model_cfg, name)!r}"
+               for name in ("arch", "path", "d_model", "n_heads", "n_layers", "embed_init")
+               if getattr(model_cfg, name) != getattr(default, name)]
+    if changed:
+        raise ValueError(f"{task_name} trains its own {what}; {', '.join(changed)} does not "
+                         "apply (only model.dtype does)")
+    return model_cfg
 
 
 def make_policy_for(task: Task, model_cfg: object) -> Policy:

@@ -19,7 +19,6 @@ import torch
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.metrics.learnability import mixed_group_probability, pass_at_k
-from rlscope.policy import ModelConfig
 from rlscope.policy.base import Policy
 from rlscope.policy.tabular import TabularPolicy
 from rlscope.tasks.base import (
@@ -28,6 +27,7 @@ from rlscope.tasks.base import (
     Scores,
     TaskConfig,
     TaskTraits,
+    refuse_transformer_options,
     unused_option_errors,
 )
 
@@ -127,15 +127,7 @@ class UniquePathTask:
 
     def build_policy(self, model_cfg: object) -> Policy:
         """The task's own `TabularPolicy` (the transformer options do not apply)."""
-        if not isinstance(model_cfg, ModelConfig):
-            raise TypeError(f"expected a ModelConfig, got {type(model_cfg).__name__}")
-        default = ModelConfig()
-        changed = [f"model.{name}={getattr(model_cfg, name)!r}"
-                   for name in ("arch", "path", "d_model", "n_heads", "n_layers", "embed_init")
-                   if getattr(model_cfg, name) != getattr(default, name)]
-        if changed:
-            raise ValueError(f"unique_path trains its own tabular policy; "
-                             f"{', '.join(changed)} does not apply (only model.dtype does)")
+        model_cfg = refuse_transformer_options(model_cfg, self.name, "tabular policy")
         policy = TabularPolicy(self.targets_NH, self.vocab_size,
                                self.cfg.initial_correct_probability)
         policy = policy.to(getattr(torch, model_cfg.dtype))
