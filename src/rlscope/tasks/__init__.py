@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlscope.envs.registry import ENVIRONMENTS
 from rlscope.tasks.arithmetic import ArithmeticTask
 from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import (
@@ -24,7 +23,7 @@ from rlscope.tasks.base import (
 )
 from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
 from rlscope.tasks.code import CodeUnitTestsTask
-from rlscope.tasks.episodes import EpisodeTask
+from rlscope.tasks.episodes import environment_task
 from rlscope.tasks.length_target import LengthTargetTask
 from rlscope.tasks.lm_bandit import LMBanditTask
 from rlscope.tasks.preference import PreferenceTask
@@ -45,20 +44,20 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
     "preference_rm": PreferenceTask,
     "unique_path": UniquePathTask,
     # multi-turn environments (rlscope.envs): each reads the EnvConfig options named after it
-    "guess_number": lambda cfg: EpisodeTask(
-        "guess_number", ENVIRONMENTS["guess_number"](cfg.env), cfg, "guess_",
+    "guess_number": environment_task(
+        "guess_number", "guess_",
         "Multi-turn: guess a hidden number, told higher or lower each turn; fewer turns "
         "earn more."),
-    "twenty_questions": lambda cfg: EpisodeTask(
-        "twenty_questions", ENVIRONMENTS["twenty_questions"](cfg.env), cfg, "twenty_questions_",
+    "twenty_questions": environment_task(
+        "twenty_questions", "twenty_questions_",
         "Multi-turn: find a hidden object by yes/no questions to an answerer (rule-based "
         "oracle over a shipped table)."),
-    "calculator_tool": lambda cfg: EpisodeTask(
-        "calculator_tool", ENVIRONMENTS["calculator_tool"](cfg.env), cfg, "calculator_",
+    "calculator_tool": environment_task(
+        "calculator_tool", "calculator_",
         "Multi-turn: a word problem with a calc(...) tool evaluated safely; reward for the "
         "right answer."),
-    "code_repair": lambda cfg: EpisodeTask(
-        "code_repair", ENVIRONMENTS["code_repair"](cfg.env), cfg, "code_repair_",
+    "code_repair": environment_task(
+        "code_repair", "code_repair_",
         "Multi-turn: write a function body; the failing test comes back from the sandbox; "
         "revise."),
 }

@@ -27,6 +27,7 @@ observation met in training is an error naming the sizes).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Protocol, runtime_checkable
 
@@ -36,6 +37,7 @@ from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.envs.base import DONE_REASONS, EnvironmentFactory, EpisodeBudget
 from rlscope.envs.config import EnvConfig
 from rlscope.envs.demos import Demonstrator
+from rlscope.envs.registry import ENVIRONMENTS
 from rlscope.sampling.episodes import EpisodePool, initial_observations
 from rlscope.tasks.base import (
     EPISODE_OPTIONS,
@@ -250,3 +252,13 @@ class EpisodeTask:
             errors.append(f"task.env_processes={c.env_processes} must be >= 0 (0 = step the "
                           "environments in the trainer's process)")
         return errors
+
+
+def environment_task(name: str, option_prefix: str, summary: str
+                     ) -> Callable[[TaskConfig], EpisodeTask]:
+    """The `TASKS` constructor of the registered environment ``name`` (`ENVIRONMENTS`): an
+    `EpisodeTask` over its factory built from the run's `EnvConfig`, reading the options named
+    ``option_prefix…``; ``summary`` is what `rlscope tasks` shows."""
+    def make(cfg: TaskConfig) -> EpisodeTask:
+        return EpisodeTask(name, ENVIRONMENTS[name](cfg.env), cfg, option_prefix, summary)
+    return make
