@@ -45,7 +45,7 @@ LAYERS: dict[str, int] = {
     # 8 the update
     "learner.py": 8, "learner_graphs.py": 8, "learner_packed.py": 8, "diagnostics.py": 8,
     # 9 the loops
-    "train.py": 9, "supervised/": 9,
+    "steps/": 8, "train.py": 9, "supervised/": 9,
     # 10 applications over the loops
     "seeds.py": 10, "bench.py": 10, "demo.py": 10, "report/": 10, "serve/": 10,
     "probes/": 10,  # measurements that are not training runs (rlscope probe)

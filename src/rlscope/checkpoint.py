@@ -92,6 +92,26 @@ def save(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
     return path
 
 
+def save_state(run_dir: Path, step: int, state: dict[str, Any]) -> Path:
+    """Checkpoint a run of another step kind (`rlscope.steps`): ``state`` (its modules',
+    optimizers' and generators' states: tensors, numbers, strings and containers) at ``step``,
+    written and pointed at like `save`; `load_state` reads it back."""
+    folder = run_dir / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = atomic_save({"format": FORMAT, "step": step, "state": state},
+                       folder / f"step_{step}.pt")
+    atomic_write_text(folder / LATEST, path.name)
+    return path
+
+
+def load_state(run_dir: Path, device: torch.device | str
+               ) -> tuple[int, dict[str, Any], list[str]]:
+    """The step and state of the newest intact `save_state` checkpoint of ``run_dir``, with
+    the notices about newer files skipped."""
+    payload, _, notices = newest_intact(run_dir, device, ("step", "state"))
+    return int(payload["step"]), payload["state"], notices
+
+
 def _loop_payload(ref: Policy | None, generator: torch.Generator, state: Any
                   ) -> dict[str, Any]:
     """What a checkpoint holds besides the trained modules and the optimizer."""
@@ -197,11 +217,12 @@ def checkpoint_files(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def newest_intact(run_dir: Path, device: torch.device | str
-                  ) -> tuple[dict[str, Any], Path, list[str]]:
-    """The payload and file of the newest checkpoint of ``run_dir`` that loads, with one
-    notice per newer file skipped (truncated or corrupt, e.g. killed mid-write by an older
-    rlscope or damaged on disk). A file refused as unsafe is never skipped: it raises."""
+def newest_intact(run_dir: Path, device: torch.device | str,
+                  keys: tuple[str, ...] = RESUME_KEYS) -> tuple[dict[str, Any], Path, list[str]]:
+    """The payload and file of the newest checkpoint of ``run_dir`` that loads and holds
+    ``keys``, with one notice per newer file skipped (truncated or corrupt, e.g. killed
+    mid-write by an older rlscope or damaged on disk, or written by another step kind). A file
+    refused as unsafe is never skipped: it raises."""
     files = checkpoint_files(run_dir)
     if not files:
         raise CheckpointError("--resume", run_dir, "no checkpoint to resume (no "
@@ -220,7 +241,7 @@ def newest_intact(run_dir: Path, device: torch.device | str
         except CheckpointError as error:
             notices.append(f"skipping checkpoint {path}: {error.reason}")
             continue
-        missing = [k for k in RESUME_KEYS
+        missing = [k for k in keys
                    if k not in payload and not (sharded and k in ("policy", "optimizer"))]
         if missing or payload["step"] != step:
             notices.append(f"skipping checkpoint {path}: not a training checkpoint of step "

@@ -50,11 +50,12 @@ def _tyro_parse(cls: type, args: list[str], prog: str) -> object:
 def cmd_train(args: list[str]) -> int:
     from rlscope.config import ConfigError, TrainConfig, validate
     from rlscope.seeds import run_seeds
+    from rlscope.steps import ROLLOUT, validate_run
 
     cfg = _tyro_parse(TrainConfig, args, "rlscope train")
     assert isinstance(cfg, TrainConfig)
     try:
-        validate(cfg)
+        kind = validate_run(cfg)
     except ConfigError as e:
         _print_error(str(e))
         return 2
@@ -67,7 +68,8 @@ def cmd_train(args: list[str]) -> int:
         _print_error(f"run.jobs={cfg.run.jobs}: data parallel runs one seed at a time over its "
                      "ranks: drop --jobs (or --nproc)")
         return 2
-    layout = distributed.check_layout(validate(cfg)[2].num_prompts, cfg.run.nproc)
+    layout = distributed.check_layout(validate(cfg)[2].num_prompts, cfg.run.nproc) \
+        if kind == ROLLOUT else []
     if layout and not distributed.launched():  # refused before any process starts
         _print_error(layout[0])
         return 2
@@ -275,6 +277,11 @@ def cmd_tasks(args: list[str]) -> int:
         task = make_task(name, TaskConfig())
         doc = " ".join((task.__doc__ or "").strip().split("\n\n")[0].split())
         table.add_row(name, task.family, doc, " ".join(f"--{o}" for o in task.options))
+    from rlscope.steps import STEPS
+
+    for kind, record in STEPS.items():  # the tasks of the other step kinds
+        for name, summary in record.tasks.items():
+            table.add_row(name, f"{kind} step", summary, "")
     Console().print(table)
     return 0
 

@@ -19,7 +19,10 @@ batch source (`rlscope.replay.batch_source`: staleness queue, replay or the fixe
 - **checkpoint**: divergence check, then `rlscope.checkpoint.save` when due.
 
 The loop never looks at the method's name: what a method needs it declares on its
-`MethodSpec`.
+`MethodSpec`. A method whose step kind is not ``rollout`` (`MethodSpec.step`: ``set``,
+``two_view``, ``tree``; `rlscope.steps.STEPS`) runs through `kind_train` instead: the same
+run directory, evaluation schedule, logs, live doctor, divergence stop and exact resume around
+its `KindStep`.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from rlscope.learner import (
 )
 from rlscope.learner_graphs import GraphedUpdate
 from rlscope.learner_packed import resolve_learner
-from rlscope.methods import canonical_method_name
+from rlscope.methods import canonical_method_name, resolve_method
 from rlscope.methods.advantages import gae_returns, last_token_rewards
 from rlscope.methods.regularizers import (
     adaptive_entropy_update,
@@ -107,6 +110,7 @@ from rlscope.sampling.candidates import sample_candidates
 from rlscope.sampling.episodes import episode_loss_metrics, episode_metrics, generate_episodes
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import SamplingConfig, generate
+from rlscope.steps import ROLLOUT, STEPS, kind_of, validate_run
 from rlscope.tasks.base import GroupSized, Interactive, Task, WatchesPolicy, make_policy_for
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
@@ -470,33 +474,26 @@ def open_run(parts: RunParts, state: LoopState) -> tuple[Path, LoopState, list[s
     if not parts.is_main:
         return run_dir, state, notices
     if r.resume:
-        checkpoint.adopt(run_dir, state.step)
-        # records logged after the checkpoint are written again by the resumed run
-        for name in LOGS:
-            notices += truncate_jsonl(run_dir / name, state.step)
-        if r.output:
-            notices += truncate_csv_rows(Path(r.output), run_dir.name, state.step)
-        # an earlier leg's final status no longer holds: a kill from here leaves none
-        (run_dir / "status.json").unlink(missing_ok=True)
+        notices += resume_cleanup(cfg, run_dir, state.step)
     checkpoint.atomic_write_text(run_dir / "config.json", json.dumps({
         "config": to_dict(cfg), "derived": to_dict(parts.d), "method_spec": to_dict(parts.spec),
         "task_description": parts.task.describe(), **environment_info(parts.device)}, indent=2))
     return run_dir, state, notices
 
 
-class RunLog:
+class RunRecords:
     """Where a run's records go: the JSONL logs, the scalar sinks, the live display and the
-    live doctor, the CSV of ``--output``; it also keeps the records `RunResult` returns."""
+    live doctor, the CSV of ``--output``; it also keeps the records `RunResult` returns. Every
+    step kind logs through it (`RunLog` adds the rollout step's evaluation and samples)."""
 
-    def __init__(self, parts: RunParts, run_dir: Path, start_step: int, notices: list[str]
-                 ) -> None:
-        cfg, r = parts.cfg, parts.cfg.run
-        self.parts, self.run_dir = parts, run_dir
+    def __init__(self, cfg: TrainConfig, derived: dict[str, Any], run_dir: Path,
+                 start_step: int, notices: list[str]) -> None:
+        r = cfg.run
+        self.cfg, self.run_dir = cfg, run_dir
         self.metrics, self.evals_log, self.samples = (
             JsonlWriter(run_dir / name, bool(r.resume)) for name in LOGS)
         self.sinks = ScalarSinks(parse_log_to(r.log_to), run_dir, run_dir.name,
-                                 {"config": to_dict(cfg), "derived": to_dict(parts.d)})
-        self.eval_prompts = heldout_batch(parts.task, r.seed).to(parts.device)
+                                 {"config": to_dict(cfg), "derived": derived})
         self.history: list[dict[str, float]] = []
         self.evals: list[dict[str, float]] = []
         self.display = LiveDisplay(r.progress, r.num_steps, f"{cfg.method} · {cfg.task}",
@@ -510,6 +507,57 @@ class RunLog:
                     run_dir / "eval.jsonl"):
                 self.doctor.add(old_record)
         self.t_run = time.perf_counter()
+
+    def add_eval(self, record: dict[str, Any]) -> None:
+        """Log one evaluation record (``step``, values, ``time/eval``, maybe ``phase``)."""
+        r = self.cfg.run
+        self.evals.append(record)
+        self.doctor.add(record)
+        self.evals_log.write(record)
+        self.sinks.log(record)
+        self.display.eval(record)
+        if r.output:
+            append_csv_rows(Path(r.output), [{
+                "run": self.run_dir.name, "method": self.cfg.method, "task": self.cfg.task,
+                "seed": r.seed, **record, "wall_time_s": time.perf_counter() - self.t_run}])
+
+    def add_step(self, record: dict[str, Any]) -> None:
+        """Log one trained step's record (``step`` and its values)."""
+        self.history.append(record)
+        self.metrics.write(record)
+        self.sinks.log(record)
+        for finding in self.doctor.step(record):
+            self.display.alert(alert_line(finding))
+        self.display.update({k: v for k, v in record.items() if k != "step"})
+
+    def close(self) -> None:
+        self.display.close()
+        for log in (self.metrics, self.evals_log, self.samples):
+            log.close()
+        self.sinks.close()
+
+    def result(self, steps: int, status: str, diverged: dict[str, Any]) -> RunResult:
+        """Write the findings and the final status (``steps`` trained); the run's
+        `RunResult`."""
+        wall = time.perf_counter() - self.t_run
+        (self.run_dir / "findings.json").write_text(json.dumps(
+            findings_json(self.doctor.final()), indent=2, default=float))
+        checkpoint.atomic_write_text(self.run_dir / "status.json", json.dumps(
+            {"status": status, "steps": steps, "wall_time_s": wall} | diverged))
+        return RunResult(run_dir=self.run_dir, seed=self.cfg.run.seed, status=status,
+                         metrics=self.history, evals=self.evals, wall_time_s=wall,
+                         reason=diverged.get("reason", ""))
+
+
+class RunLog(RunRecords):
+    """The rollout step's records: `RunRecords` plus its greedy held-out evaluation and the
+    decoded samples."""
+
+    def __init__(self, parts: RunParts, run_dir: Path, start_step: int, notices: list[str]
+                 ) -> None:
+        super().__init__(parts.cfg, to_dict(parts.d), run_dir, start_step, notices)
+        self.parts = parts
+        self.eval_prompts = heldout_batch(parts.task, parts.cfg.run.seed).to(parts.device)
 
     def evaluate(self, step: int, phase: str = "") -> None:
         """Greedy held-out evaluation, logged at ``step``; a built-in teacher's run adds the OPD
@@ -533,46 +581,15 @@ class RunLog:
         record: dict[str, Any] = {"step": step, **values, "time/eval": time.perf_counter() - t0}
         if phase:
             record["phase"] = phase
-        self.evals.append(record)
-        self.doctor.add(record)
-        self.evals_log.write(record)
-        self.sinks.log(record)
-        self.display.eval(record)
-        if r.output:
-            append_csv_rows(Path(r.output), [{
-                "run": self.run_dir.name, "method": p.cfg.method, "task": p.cfg.task,
-                "seed": r.seed, **record, "wall_time_s": time.perf_counter() - self.t_run}])
+        self.add_eval(record)
 
     def step(self, step: int, values: dict[str, float], batch: RolloutBatch,
              adv_BT: torch.Tensor) -> None:
         """Log one trained step's values (and a few decoded samples when due)."""
         r = self.parts.cfg.run
-        record = {"step": step, **values}
-        self.history.append(record)
-        self.metrics.write(record)
-        self.sinks.log(record)
+        self.add_step({"step": step, **values})
         if r.log_samples and step % max(r.samples_every, 1) == 0:
             _write_samples(self.samples, step, batch, adv_BT, r.log_samples)
-        for finding in self.doctor.step(record):
-            self.display.alert(alert_line(finding))
-        self.display.update(values)
-
-    def close(self) -> None:
-        self.display.close()
-        for log in (self.metrics, self.evals_log, self.samples):
-            log.close()
-        self.sinks.close()
-
-    def result(self, state: LoopState, status: str, diverged: dict[str, Any]) -> RunResult:
-        """Write the findings and the final status; the run's `RunResult`."""
-        wall = time.perf_counter() - self.t_run
-        (self.run_dir / "findings.json").write_text(json.dumps(
-            findings_json(self.doctor.final()), indent=2, default=float))
-        checkpoint.atomic_write_text(self.run_dir / "status.json", json.dumps(
-            {"status": status, "steps": state.step, "wall_time_s": wall} | diverged))
-        return RunResult(run_dir=self.run_dir, seed=self.parts.cfg.run.seed, status=status,
-                         metrics=self.history, evals=self.evals, wall_time_s=wall,
-                         reason=diverged.get("reason", ""))
 
 
 class _Quiet:
@@ -590,7 +607,7 @@ class RankLog(RunLog):
     prints nothing and does not evaluate (rank 0 logs the run)."""
 
     def __init__(self, parts: RunParts, run_dir: Path) -> None:
-        self.parts, self.run_dir = parts, run_dir
+        self.parts, self.cfg, self.run_dir = parts, parts.cfg, run_dir
         self.history, self.evals = [], []
         self.display = _Quiet()  # type: ignore[assignment]
         self.t_run = time.perf_counter()
@@ -605,7 +622,7 @@ class RankLog(RunLog):
     def close(self) -> None:
         pass
 
-    def result(self, state: LoopState, status: str, diverged: dict[str, Any]) -> RunResult:
+    def result(self, steps: int, status: str, diverged: dict[str, Any]) -> RunResult:
         return RunResult(run_dir=self.run_dir, seed=self.parts.cfg.run.seed, status=status,
                          metrics=self.history, evals=self.evals,
                          wall_time_s=time.perf_counter() - self.t_run,
@@ -864,8 +881,93 @@ def finish(parts: RunParts, log: RunLog, state: LoopState, status: str) -> None:
 
 
 def train(cfg: TrainConfig) -> RunResult:
-    """Run ``cfg`` (module docstring): setup, then eval → collect → select → prepare → learn →
-    log → checkpoint per step."""
+    """Run ``cfg`` with its method's step kind: the rollout loop (`rollout_train`), or the loop
+    of another kind (`kind_train`, `rlscope.steps.STEPS`)."""
+    kind = kind_of(cfg)
+    return rollout_train(cfg) if kind == ROLLOUT else kind_train(cfg, kind)
+
+
+def kind_train(cfg: TrainConfig, kind: str) -> RunResult:
+    """Run a method of step kind ``kind`` (`rlscope.steps`): checks, then eval (when due) →
+    `KindStep.train_step` → log → checkpoint per step, with the rollout loop's run directory,
+    logs, live doctor, divergence stop and exact resume."""
+    validate_run(cfg)
+    spec = resolve_method(cfg.method, cfg.components)
+    r = cfg.run
+    if r.resume:
+        check_resume_config(cfg)
+    threads_before = torch.get_num_threads()
+    device = resolve_device(r.device)
+    if r.threads:
+        torch.set_num_threads(r.threads)
+    torch.manual_seed(r.seed)
+    stepper = STEPS[kind].build(cfg, spec, device)
+    start, notices = 0, list[str]()
+    run_dir = Path(r.resume) if r.resume else checkpoint.new_run_dir(cfg, r.runs_dir)
+    if r.resume:
+        start, saved, notices = checkpoint.load_state(run_dir, device)
+        stepper.load_state_dict(saved)
+        if r.num_steps < start:
+            raise ConfigError(f"run.num_steps={r.num_steps} is below the step of the checkpoint "
+                              f"resumed ({start}): set --num_steps {start} or more")
+        notices += resume_cleanup(cfg, run_dir, start)
+    checkpoint.atomic_write_text(run_dir / "config.json", json.dumps({
+        "config": to_dict(cfg), "derived": {}, "method_spec": to_dict(spec),
+        "task_description": stepper.describe(), **environment_info(device)}, indent=2))
+    log = RunRecords(cfg, {}, run_dir, start, notices)
+    done, status, diverged = start, "completed", {}
+
+    def evaluate(step: int) -> None:
+        t0 = time.perf_counter()
+        values = stepper.evaluate(step)
+        log.add_eval({"step": step, **values, "time/eval": time.perf_counter() - t0})
+
+    try:
+        for step in range(start, r.num_steps):
+            if eval_due(step, r):
+                evaluate(step)
+            t0 = time.perf_counter()
+            values = stepper.train_step(step)
+            values["time/step"] = time.perf_counter() - t0
+            log.add_step({"step": step, **values})
+            done = step + 1
+            diverged = loss_divergence(values, step)
+            if diverged:
+                status = "diverged"
+                log.display.alert(f"diverged: {diverged['reason']}")
+                break
+            if r.checkpoint_every and done % r.checkpoint_every == 0:
+                checkpoint.save_state(run_dir, done, stepper.state_dict())
+        if status == "completed":
+            evaluate(r.num_steps)
+            checkpoint.save_state(run_dir, done, stepper.state_dict())
+    except BaseException as error:
+        checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
+            {"status": "failed", "steps": done, "error": repr(error)}))
+        raise
+    finally:
+        torch.set_num_threads(threads_before)
+        log.close()
+    return log.result(done, status, diverged)
+
+
+def resume_cleanup(cfg: TrainConfig, run_dir: Path, step: int) -> list[str]:
+    """A resumed run's directory made ready to go on from ``step``: the checkpoint adopted,
+    records logged after it cut (the resumed run writes them again), the CSV rows after it
+    dropped and the earlier leg's final status removed (a kill from here leaves none)."""
+    checkpoint.adopt(run_dir, step)
+    notices: list[str] = []
+    for name in LOGS:
+        notices += truncate_jsonl(run_dir / name, step)
+    if cfg.run.output:
+        notices += truncate_csv_rows(Path(cfg.run.output), run_dir.name, step)
+    (run_dir / "status.json").unlink(missing_ok=True)
+    return notices
+
+
+def rollout_train(cfg: TrainConfig) -> RunResult:
+    """Run a rollout-step method (module docstring): setup, then eval → collect → select →
+    prepare → learn → log → checkpoint per step."""
     threads_before = torch.get_num_threads()
     parts = setup(cfg)
     r, spec = parts.cfg.run, parts.spec
@@ -932,7 +1034,7 @@ def train(cfg: TrainConfig) -> RunResult:
         torch.set_num_threads(threads_before)
         log.close()
         close_env_workers(parts.task)
-    return log.result(state, status, diverged)
+    return log.result(state.step, status, diverged)
 
 
 def check_resume_config(cfg: TrainConfig) -> None:
@@ -979,21 +1081,29 @@ def divergence(values: dict[str, float], bad_params: float, params: list[torch.T
     or ``{}``: a non-finite loss (``loss/*``) or non-finite trainable parameters. A
     non-finite gradient alone is not divergence: the eager learner skips that optimizer step
     and counts it in ``optim/nonfinite_steps``."""
+    diverged = loss_divergence(values, step)
+    if diverged:
+        return diverged
+    if not bad_params:
+        return {}
+    names = {id(p): f"{prefix}{n}" for prefix, m in (("", policy), ("value_head.", value_head))
+             if m is not None for n, p in m.named_parameters()}
+    first = next((names.get(id(p), "?") for p in params
+                  if not torch.isfinite(distributed.local(p)).all()), "?")
+    return {"diverged_step": step, "diverged_metric": "parameters",
+            "reason": f"{int(bad_params)} parameter tensors non-finite after step {step} "
+                      f"(first: {first})"}
+
+
+def loss_divergence(values: dict[str, float], step: int) -> dict[str, Any]:
+    """`divergence`'s first test: the first non-finite ``loss/*`` value (``loss/total``
+    first), or ``{}``."""
     losses = sorted((k for k in values if k.startswith("loss/")), key=lambda k: k != "loss/total")
     metric = next((k for k in losses if not math.isfinite(values[k])), None)
-    if metric is not None:
-        reason = f"{metric} = {values[metric]} at step {step}"
-    elif bad_params:
-        names = {id(p): f"{prefix}{n}" for prefix, m in (("", policy), ("value_head.", value_head))
-                 if m is not None for n, p in m.named_parameters()}
-        first = next((names.get(id(p), "?") for p in params
-                      if not torch.isfinite(distributed.local(p)).all()), "?")
-        metric = "parameters"
-        reason = (f"{int(bad_params)} parameter tensors non-finite after step {step} "
-                  f"(first: {first})")
-    else:
+    if metric is None:
         return {}
-    return {"diverged_step": step, "diverged_metric": metric, "reason": reason}
+    return {"diverged_step": step, "diverged_metric": metric,
+            "reason": f"{metric} = {values[metric]} at step {step}"}
 
 
 def rollout_metrics(batch: RolloutBatch, overlong: OverlongConfig, max_new_tokens: int
@@ -1081,5 +1191,6 @@ def _write_samples(log: JsonlWriter, step: int, batch: RolloutBatch, adv_BT: tor
                    **episode})
 
 
-__all__ = ["LoopState", "RunParts", "RunResult", "rollout_metrics", "sample_rollouts",
-           "score_rollouts", "setup", "train", "update_controllers", "update_metrics"]
+__all__ = ["LoopState", "RunParts", "RunResult", "kind_train", "rollout_metrics",
+           "rollout_train", "sample_rollouts", "score_rollouts", "setup", "train",
+           "update_controllers", "update_metrics"]

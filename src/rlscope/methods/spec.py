@@ -73,6 +73,11 @@ class MethodSpec:
     """μ of VAPO's positive-example LM loss (``pos_nll``): + μ · Σ_{i∈S,t} m(−ℓ_t) /
     Σ_{i∈S,t} m over the optimizer batch's successful rows S (r_i ≥ 1, the sandbox tasks'
     r_max; 0 = off)."""
+    step: str = "rollout"
+    """The step kind that trains it: ``rollout`` (sample completions, score, one update of the
+    policy; the loop of `rlscope.train`) or a kind of `rlscope.steps.STEPS` (``set``,
+    ``two_view``, ``tree``: their own models, batch and update). A method trains only on the
+    tasks of its step kind."""
     fp32_head: bool = False
     """Run the LM head matmul and log-softmax in float32 under mixed precision (learner and,
     where it shares the policy's forward, the sampler); a no-op for a float32 model."""

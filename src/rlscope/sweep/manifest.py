@@ -21,7 +21,7 @@ grid = { filter_tau = [0.5, 0.3, 0.2] }   # the cartesian product over every lis
 A run's options are exactly `rlscope train`'s flags without the dashes, so every train option
 works here. Each is turned into train flags (``true`` → ``--flag``, ``false`` → ``--no_flag``
 for switches; arrays → several values) and parsed by the same tyro parser as
-`rlscope train`, then checked by `rlscope.config.validate`. Every problem of the whole manifest
+`rlscope train`, then checked by `rlscope.steps.validate_run`. Every problem of the whole manifest
 (unknown keys with close names suggested, bad values, configurations `validate` rejects) is
 collected into one `ManifestError` before any run starts.
 
@@ -48,7 +48,8 @@ from typing import Any
 
 import tyro
 
-from rlscope.config import ConfigError, TrainConfig, validate
+from rlscope.config import ConfigError, TrainConfig
+from rlscope.steps import validate_run
 from rlscope.sweep.aggregate import DEFAULT_CROSSINGS, CrossingSpec
 
 if sys.version_info >= (3, 11):
@@ -400,7 +401,7 @@ def _check_point(values: dict[str, tuple[Any, str]], where: str, problems: list[
             _check_point(rest, where, problems)
         return argv, None
     try:
-        validate(cfg)
+        validate_run(cfg)
     except ConfigError as e:
         problems += [f"{where}: {p}" for p in _config_problems(e)]
         return argv, None
