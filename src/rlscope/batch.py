@@ -272,3 +272,36 @@ class CandidateBatch:
     def select(self, index_B: torch.Tensor) -> CandidateBatch:
         picked = _map_tensors(self, lambda t: t[index_B], batched_only=True)
         return dataclasses.replace(picked, rollout=self.rollout.select(index_B))
+
+
+@dataclass(frozen=True)
+class SetBatch:
+    """One batch of the ``set`` step (COMPANIONS.md §2, VPO): G groups of K sets of M
+    candidates; ``B`` = G·K rows (sets), the rows of a group contiguous.
+
+    - ``prompt_ids_B``: the prompt of each set (one prompt per group).
+    - ``actions_BM``: the M candidate actions of each set; ``logp_old_BM`` their behaviour
+      log-probs ``ℓ_μ`` at sampling time.
+    - ``rewards_BMO``: each candidate's reward vector over the O objectives.
+    - ``weights_GNO``: the N preference weights w_j of each group, shared by its K sets.
+    - ``group_ids_B``: the group 0..G − 1 of each row.
+    """
+
+    prompt_ids_B: torch.Tensor
+    actions_BM: torch.Tensor
+    logp_old_BM: torch.Tensor
+    rewards_BMO: torch.Tensor
+    weights_GNO: torch.Tensor
+    group_ids_B: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.prompt_ids_B.shape[0])
+
+    @property
+    def weights_BNO(self) -> torch.Tensor:
+        """Each row's group weights, ``[B, N, O]``."""
+        return self.weights_GNO[self.group_ids_B]
+
+    def to(self, device: torch.device | str) -> SetBatch:
+        return _map_tensors(self, lambda t: t.to(device), batched_only=False)

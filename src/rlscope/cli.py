@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from rlscope.config import TrainConfig
 
 COMMANDS_HELP = """usage: rlscope COMMAND [OPTIONS]
 
@@ -47,13 +51,24 @@ def _tyro_parse(cls: type, args: list[str], prog: str) -> object:
                     use_underscores=True)
 
 
+def _train_parse(args: list[str], defaults: TrainConfig) -> TrainConfig:
+    """``args`` parsed over ``defaults`` (a step kind's own defaults, `StepKind.defaults`)."""
+    import tyro
+
+    from rlscope.config import TrainConfig
+
+    return tyro.cli(TrainConfig, args=args, prog="rlscope train", default=defaults,
+                    config=(tyro.conf.OmitArgPrefixes,), use_underscores=True)
+
+
 def cmd_train(args: list[str]) -> int:
     from rlscope.config import ConfigError, TrainConfig, validate
     from rlscope.seeds import run_seeds
-    from rlscope.steps import ROLLOUT, validate_run
+    from rlscope.steps import ROLLOUT, validate_run, with_kind_defaults
 
     cfg = _tyro_parse(TrainConfig, args, "rlscope train")
     assert isinstance(cfg, TrainConfig)
+    cfg = with_kind_defaults(cfg, lambda defaults: _train_parse(args, defaults))
     try:
         kind = validate_run(cfg)
     except ConfigError as e:
@@ -80,8 +95,6 @@ def cmd_train(args: list[str]) -> int:
                                 "--nproc_per_node", str(cfg.run.nproc), "-m", "rlscope.cli",
                                 "train", *_without_option(args, "--nproc")])
     table = Table(title=f"{cfg.method} on {cfg.task}")
-    for col in ("seed", "status", "test_error", "entropy", "wall s", "run dir"):
-        table.add_column(col)
     from rlscope.files import CheckpointError
 
     try:
@@ -93,13 +106,18 @@ def cmd_train(args: list[str]) -> int:
         distributed.shutdown()
         if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports the run
             return 0
+    # vector_pareto has no test error: its table shows best@1 and best@9 (COMPANIONS.md §2)
+    scores = ["best@1", "best@9"] if any("eval/best@1" in r.final_eval for r in results) \
+        else ["test_error"]
+    for col in ("seed", "status", *scores, "entropy", "wall s", "run dir"):
+        table.add_column(col)
     for result in results:
         if result.reason:
             Console(stderr=True, highlight=False, soft_wrap=True).print(
                 f"seed {result.seed} {result.status}: {escape(result.reason)}")
         final = result.final_eval
         table.add_row(str(result.seed), result.status,
-                      f"{final.get('eval/test_error', float('nan')):.4f}",
+                      *(f"{final.get(f'eval/{col}', float('nan')):.4f}" for col in scores),
                       f"{final.get('eval/entropy', float('nan')):.4f}",
                       f"{result.wall_time_s:.1f}", str(result.run_dir))
     Console().print(table)

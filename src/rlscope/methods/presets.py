@@ -409,6 +409,33 @@ METHODS: dict[str, MethodSpec] = {
         advantage=AdvantageConfig("group_center"), objective=ObjectiveConfig("score"),
         agg="seq_mean_token_sum", selection="none", grouped=True,
         requires=("on_policy", "clean_rewards", "no_kl")),
+    # issue 21: the VPO companion (COMPANIONS.md §2), trained by the ``set`` step
+    "vpo_grpo": MethodSpec(
+        description="Set GRPO: score a set of M candidates by the mean over N_w Dirichlet(1, 1) "
+        "preferences of its best candidate, group z-score over the K sets, ppo_clip 0.2 per "
+        "candidate.",
+        source="Bahlous-Boldi et al., Vector Policy Optimization (rl-experiments vpo_sandbox)",
+        regime="vector_pareto, num_candidates > 1; on-policy, clean rewards (defaults: 500 "
+        "steps, batch 128, K 8, inner_epochs 4, lr 3e-3)",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2),
+        grouped=True, step="set"),
+    "scalar_grpo": MethodSpec(
+        description="Set GRPO baseline with one candidate per set, scored by the gold "
+        "scalarisation w*ᵀ r (w* = (0.5, 0.5)).",
+        source="Bahlous-Boldi et al., Vector Policy Optimization (rl-experiments vpo_sandbox)",
+        regime="vector_pareto, num_candidates = 1; on-policy, clean rewards",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2),
+        grouped=True, step="set"),
+    "multi_rlvr": MethodSpec(
+        description="Set GRPO baseline scoring a set of M candidates by its best gold "
+        "scalarisation max_m w*ᵀ r_m.",
+        source="Bahlous-Boldi et al., Vector Policy Optimization (rl-experiments vpo_sandbox)",
+        regime="vector_pareto, num_candidates > 1; on-policy, clean rewards",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2),
+        grouped=True, step="set"),
 }
 
 

@@ -449,6 +449,21 @@ METRICS: tuple[MetricDef, ...] = (
        "unique_path: p_d at depth d (d = 0..H − 1)"),
     _m("eval/reach_probability_d*", "prompts", "seq_mean", "eval",
        "unique_path: reach_d = Π_{t<d} p_t, the probability an episode reaches depth d"),
+    # issue 21, VPO (COMPANIONS.md §2): the set step on vector_pareto (w* = (0.5, 0.5))
+    _m("vpo/gold_set_reward", "sequences", "seq_mean", "rollout",
+       "vector_pareto: mean over the batch's sets of max_m w*ᵀ r_m (every set preset; "
+       "reward/mean is the preset's own set score)"),
+    _m("eval/mean_scalar_reward", "prompts", "seq_mean", "eval",
+       "vector_pareto: mean gold score w*ᵀ r over the evaluation pool (12 sets per prompt)"),
+    _m("eval/best@1", "prompts", "seq_mean", "eval",
+       "vector_pareto: gold score of the pool's first candidate"),
+    _m("eval/best@3", "prompts", "seq_mean", "eval",
+       "vector_pareto: best gold score among the pool's first 3 candidates (set by set)"),
+    _m("eval/best@9", "prompts", "seq_mean", "eval",
+       "vector_pareto: best gold score among the pool's first 9 candidates (set by set)"),
+    _m("eval/pool_diversity_l1", "prompts", "seq_mean", "eval",
+       "vector_pareto: mean over sets of the mean pairwise ‖r_m − r_m'‖₁ inside a set (0 at "
+       "M = 1)"),
     _m("env/time", "steps", "sum", "rollout",
        "interactive tasks: seconds spent inside the environments (reset and steps) while the "
        "step's episodes were sampled (part of time/sample)"),

@@ -8,15 +8,18 @@ rejected before anything is built, naming both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rlscope.checks import field_errors
 from rlscope.config import FIELD_ALIASES, ConfigError, TrainConfig, validate
 from rlscope.methods import METHODS, canonical_method_name, resolve_method
+from rlscope.steps import set_step
 from rlscope.steps.base import KindStep, StepKind, common_errors
 
 ROLLOUT = "rollout"
 """The step kind of the loop in `rlscope.train` (every task of `rlscope.tasks.TASKS`)."""
 
-STEPS: dict[str, StepKind] = {}
+STEPS: dict[str, StepKind] = {"set": set_step.KIND}
 """Step kind → its record. Each kind is one module of this package."""
 
 
@@ -43,6 +46,15 @@ def kind_of(cfg: TrainConfig) -> str:
     return kind
 
 
+def with_kind_defaults(cfg: TrainConfig, parse: Callable[[TrainConfig], TrainConfig]
+                       ) -> TrainConfig:
+    """``cfg`` (parsed from flags over the generic defaults) parsed again by ``parse`` over the
+    defaults of its task's step kind (`StepKind.defaults`), so that the kind's defaults apply
+    to every option the flags do not give; ``cfg`` itself where the kind has none."""
+    record = STEPS.get(task_kind(cfg.task))
+    return parse(record.defaults(cfg)) if record is not None and record.defaults else cfg
+
+
 def validate_run(cfg: TrainConfig) -> str:
     """Check ``cfg`` whatever its step kind (`ConfigError` listing every problem) and return
     the kind: ``rollout`` goes through `rlscope.config.validate`; another kind through
@@ -59,4 +71,5 @@ def validate_run(cfg: TrainConfig) -> str:
     return kind
 
 
-__all__ = ["ROLLOUT", "STEPS", "KindStep", "StepKind", "kind_of", "task_kind", "validate_run"]
+__all__ = ["ROLLOUT", "STEPS", "KindStep", "StepKind", "kind_of", "task_kind", "validate_run",
+           "with_kind_defaults"]

@@ -64,6 +64,11 @@ class StepKind:
     build: Callable[[TrainConfig, MethodSpec, torch.device], KindStep]
     """The run's models, optimizers and generators, seeded from ``cfg.run.seed`` (called after
     the checks pass and torch's seed is set)."""
+    defaults: Callable[[TrainConfig], TrainConfig] | None = None
+    """The kind's own defaults (num_steps, batch size, lr, ...) for the options a command line
+    or a sweep manifest does not give: called with the first parse (its method and task), it
+    returns the config the flags are parsed over again (`rlscope.steps.with_kind_defaults`);
+    None = the generic defaults of `TrainConfig`."""
 
 
 def common_errors(cfg: TrainConfig, kind: str) -> list[str]:

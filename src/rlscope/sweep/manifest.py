@@ -49,7 +49,7 @@ from typing import Any
 import tyro
 
 from rlscope.config import ConfigError, TrainConfig
-from rlscope.steps import validate_run
+from rlscope.steps import validate_run, with_kind_defaults
 from rlscope.sweep.aggregate import DEFAULT_CROSSINGS, CrossingSpec
 
 if sys.version_info >= (3, 11):
@@ -224,6 +224,10 @@ def _parse_train(argv: list[str]) -> tuple[TrainConfig | None, str]:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
             cfg = tyro.cli(TrainConfig, args=argv, prog="rlscope train",
                            config=(tyro.conf.OmitArgPrefixes,), use_underscores=True)
+            # a step kind's own defaults (VPO's 500 steps, lr 3e-3, ...) under the given flags
+            cfg = with_kind_defaults(cfg, lambda defaults: tyro.cli(
+                TrainConfig, args=argv, prog="rlscope train", default=defaults,
+                config=(tyro.conf.OmitArgPrefixes,), use_underscores=True))
     except SystemExit:
         return None, _tyro_message(captured.getvalue())
     return cfg, ""

@@ -70,7 +70,8 @@ class TaskConfig:
     score_len: int = 5
     """masked_reversal: how many final output positions are scored."""
     eval_batches: int = 10
-    """Held-out evaluation: number of batches."""
+    """Held-out evaluation: number of batches (vector_pareto: independent pools of 12 sets per
+    prompt)."""
     eval_batch_size: int = 100
     """Held-out evaluation: prompts per batch."""
     reward_noise: float = 0.0
@@ -141,7 +142,7 @@ class TaskConfig:
     """The multi-turn environments' options (guess_number, twenty_questions, calculator_tool,
     code_repair), each prefixed by its environment's name: docs/environments.md."""
     num_prompts: int = 0
-    """unique_path: number of prompts (0 = 128)."""
+    """unique_path: number of prompts (0 = 128); vector_pareto: number of prompts (0 = 8)."""
     horizon: int = 3
     """unique_path: decisions H per episode (>= 1)."""
     branching: int = 4
@@ -152,6 +153,14 @@ class TaskConfig:
     initial_correct_probability: float = 0.5
     """unique_path: p₀ in (0, 1), the tabular policy's initial probability of each target
     action."""
+    num_candidates: int = 3
+    """vector_pareto: candidates M per set (the SetPolicy's slots); scalar_grpo needs 1,
+    vpo_grpo and multi_rlvr more than 1."""
+    num_weight_samples: int = 16
+    """vector_pareto: preference weights N_w ~ Dirichlet(1, 1) drawn per group and shared by
+    its K sets (vpo_grpo's set score averages over them)."""
+    set_hidden: int = 32
+    """vector_pareto: width h of the SetPolicy (prompt and slot embeddings, hidden layer)."""
 
 
 @dataclass(frozen=True)
