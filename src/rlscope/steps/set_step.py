@@ -265,9 +265,6 @@ def set_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
                         ("set_hidden", t.set_hidden), ("eval_batches", t.eval_batches)):
         if value < 1:
             errors.append(f"task.{name}={value} must be >= 1: set --{name} 1 or more")
-    if t.num_prompts < 0:
-        errors.append(f"task.num_prompts={t.num_prompts} must be >= 1 (0 = 8): set "
-                      "--num_prompts 1 or more")
     if r.num_minibatches != 1:
         errors.append(f"run.num_minibatches={r.num_minibatches}: the set step makes "
                       "--inner_epochs full-batch passes; drop --num_minibatches")
