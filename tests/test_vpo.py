@@ -4,6 +4,7 @@ metrics, every rejection, a short run, exact resume, the kind's defaults and the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from rlscope import steps
 from rlscope.batch import SetBatch
 from rlscope.cli import _train_parse, _tyro_parse, main
-from rlscope.config import ConfigError, RunConfig, TrainConfig
+from rlscope.config import ConfigError, OptimConfig, RunConfig, TrainConfig
 from rlscope.methods import resolve_method
 from rlscope.methods.resolve import MethodConfig
 from rlscope.metrics.schema import unregistered
@@ -324,6 +325,35 @@ def test_a_resumed_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
     assert strip(records(resumed.run_dir, "metrics.jsonl")) == strip(whole.metrics)
     assert strip(records(resumed.run_dir, "eval.jsonl")) == strip(whole.evals)
     assert [e["step"] for e in whole.evals] == [0, 4, 8]
+
+
+def test_vpo_grpo_learns_a_diverse_set_and_scalar_grpo_the_compromise(tmp_path: Path) -> None:
+    """60 steps of 8 groups: vpo_grpo's sets spread out (the optimal set, both corners and the
+    compromise, has in-set diversity 4/3) and its preference-averaged score rises (0.76 for that
+    set); scalar_grpo's one answer becomes the compromise, gold score 0.6."""
+    def run(method: str, m: int) -> Any:
+        cfg = config(tmp_path / method, method, {"num_candidates": m}, num_steps=60,
+                     batch_size=64, eval_every=60, inner_epochs=4, doctor_every=0)
+        return train(dataclasses.replace(cfg, optim=OptimConfig(lr=3e-3)))  # the VPO lr
+
+    vpo, scalar = run("vpo_grpo", 3), run("scalar_grpo", 1)
+    first, last = vpo.evals[0], vpo.evals[-1]
+    assert first["eval/pool_diversity_l1"] < 0.9 and last["eval/pool_diversity_l1"] > 1.2
+    assert vpo.metrics[0]["reward/mean"] < 0.66 and vpo.metrics[-1]["reward/mean"] > 0.72
+    assert scalar.evals[0]["eval/best@1"] < 0.5 and scalar.evals[-1]["eval/best@1"] > 0.59
+    assert scalar.evals[-1]["eval/pool_diversity_l1"] == 0.0
+
+
+def test_a_set_batch_selects_rows_and_keeps_the_group_weights() -> None:
+    batch = SetBatch(prompt_ids_B=torch.tensor([3, 3, 5, 5]), actions_BM=torch.arange(8).view(4, 2),
+                     logp_old_BM=torch.zeros(4, 2), rewards_BMO=torch.zeros(4, 2, 2),
+                     weights_GNO=torch.rand(2, 3, 2), group_ids_B=torch.tensor([0, 0, 1, 1]))
+    picked = batch.select(torch.tensor([1, 2]))
+    assert picked.prompt_ids_B.tolist() == [3, 5]
+    assert picked.actions_BM.tolist() == [[2, 3], [4, 5]]
+    assert picked.group_ids_B.tolist() == [0, 1] and picked.batch_size == 2
+    assert torch.equal(picked.weights_GNO, batch.weights_GNO)
+    assert torch.equal(picked.weights_BNO, batch.weights_GNO)
 
 
 # ------------------------------------------------------------------------ command line

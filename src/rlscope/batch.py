@@ -305,3 +305,10 @@ class SetBatch:
 
     def to(self, device: torch.device | str) -> SetBatch:
         return _map_tensors(self, lambda t: t.to(device), batched_only=False)
+
+    def select(self, index_B: torch.Tensor | slice) -> SetBatch:
+        """The rows ``index_B`` (every field whose name ends in ``_B…``); ``weights_GNO`` is
+        kept whole, so ``group_ids_B`` still indexes it."""
+        return dataclasses.replace(self, **{
+            f.name: getattr(self, f.name)[index_B] for f in dataclasses.fields(self)
+            if f.name.rsplit("_", 1)[-1].startswith("B")})
