@@ -394,3 +394,26 @@ def test_the_builtin_vpo_manifest_validates(capsys: pytest.CaptureFixture[str]) 
     for method, m in (("vpo_grpo", 3), ("scalar_grpo", 1), ("multi_rlvr", 3)):
         assert f"--method {method} --num_candidates {m} --seed 0" in out
     assert out.count("--num_steps 500") == 9 and out.count("--lr 0.003") == 9
+
+
+@pytest.mark.slow
+def test_the_vpo_manifest_smoke_run_writes_its_csv(tmp_path: Path) -> None:
+    """The builtin vpo manifest at 2 steps, one seed, batch 16, evaluation every step (three
+    runs, each a process of its own: ~20 s): every run completes and results.csv names every
+    id with the best@k columns."""
+    import re
+    from importlib.resources import files
+
+    text = (files("rlscope.sweep") / "builtin" / "vpo.toml").read_text()
+    text = text.replace("seeds = [0, 1, 2]", "seeds = [0]")
+    text = re.sub(r"num_steps = \d+", "num_steps = 2", text)
+    text = re.sub(r"eval_every = \d+", "eval_every = 1", text)
+    text = text.replace("batch_size = 128", "batch_size = 16")
+    (tmp_path / "smoke.toml").write_text(text)
+    out_dir = tmp_path / "sweep"
+    assert main(["sweep", str(tmp_path / "smoke.toml"), "--output", str(out_dir)]) == 0
+    results = (out_dir / "results.csv").read_text()
+    assert all(f"{run_id}_s0" in results for run_id in ("vpo_grpo", "scalar_grpo",
+                                                         "multi_rlvr"))
+    assert "eval/best@9" in results and "eval/best@1" in results
+    assert "| vpo_grpo | vpo_grpo |" in (out_dir / "final.md").read_text()
