@@ -64,6 +64,11 @@ SetScore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(rewards_BMO, weights_BNO, gold_O) → the set score S_B."""
 
 
+def gold_set_reward(rewards_BMO: torch.Tensor, gold_O: torch.Tensor) -> torch.Tensor:
+    """``[B]`` max_m w*ᵀ r_m (``vpo/gold_set_reward``, logged for every preset)."""
+    return (rewards_BMO * gold_O).sum(-1).max(-1).values
+
+
 def vpo_set_score(rewards_BMO: torch.Tensor, weights_BNO: torch.Tensor, gold_O: torch.Tensor
                   ) -> torch.Tensor:
     """S = (1/N_w) Σ_j max_m w_jᵀ r_m: the set's best candidate under each sampled preference,
@@ -81,7 +86,7 @@ def scalar_set_score(rewards_BMO: torch.Tensor, weights_BNO: torch.Tensor,
 def multi_rlvr_set_score(rewards_BMO: torch.Tensor, weights_BNO: torch.Tensor,
                          gold_O: torch.Tensor) -> torch.Tensor:
     """S = max_m w*ᵀ r_m: the set's best candidate under the gold scalarisation."""
-    return (rewards_BMO * gold_O).sum(-1).max(-1).values
+    return gold_set_reward(rewards_BMO, gold_O)
 
 
 SET_SCORES: dict[str, SetScore] = {
@@ -90,11 +95,6 @@ SET_SCORES: dict[str, SetScore] = {
 """Preset → its set score."""
 ONE_CANDIDATE = frozenset({"scalar_grpo"})
 """The presets that score exactly one candidate per set (the others need M > 1)."""
-
-
-def gold_set_reward(rewards_BMO: torch.Tensor, gold_O: torch.Tensor) -> torch.Tensor:
-    """``[B]`` max_m w*ᵀ r_m (``vpo/gold_set_reward``, logged for every preset)."""
-    return multi_rlvr_set_score(rewards_BMO, rewards_BMO.new_zeros(0), gold_O)
 
 
 def set_advantages(scores_B: torch.Tensor, group_size: int, cfg: AdvantageConfig
