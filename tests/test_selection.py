@@ -79,7 +79,11 @@ def test_grouped_presets_select_mixed_groups_by_default() -> None:
     # traj_group_pg (COMPANIONS.md §5) trains on every group: flat groups have zero centred
     # advantage anyway, and the learnability experiments measure the mixed rate, not filter on it
     assert METHODS["traj_group_pg"].selection == "none"
-    for name in grouped - {"gpg", "traj_group_pg"}:
+    # the set step's presets (COMPANIONS.md §2, VPO) have no group selection
+    set_presets = {name for name, spec in METHODS.items() if spec.step == "set"}
+    assert set_presets == {"vpo_grpo", "scalar_grpo", "multi_rlvr"}
+    assert all(METHODS[n].selection == "none" for n in set_presets)
+    for name in grouped - {"gpg", "traj_group_pg"} - set_presets:
         assert METHODS[name].selection == "mixed_groups", name
 
 

@@ -107,6 +107,11 @@ ALL_METHODS = list(METHODS)
 def _in_regime(cfg: TrainConfig) -> TrainConfig:
     """The smallest change that puts each preset inside its valid regime."""
     needs = METHODS[cfg.method].requires
+    if METHODS[cfg.method].step == "set":  # VPO: its own task; scalar_grpo scores one candidate
+        from rlscope.steps.set_step import ONE_CANDIDATE
+
+        return dataclasses.replace(cfg, task="vector_pareto", task_options=TaskConfig(
+            num_candidates=1 if cfg.method in ONE_CANDIDATE else 3, eval_batches=1))
     if "replay" in needs or "staleness" in needs:
         cfg = dataclasses.replace(cfg, replay=ReplayConfig(replay_capacity=4))
     if "bandit" in needs:
