@@ -27,6 +27,7 @@ from rlscope.methods import validate_method as _validate_method
 from rlscope.methods.advantages import ADVANTAGES
 from rlscope.methods.component import record
 from rlscope.methods.configs import ObjectiveConfig
+from rlscope.methods.pedagogy import PedagogyConfig
 from rlscope.methods.teacher import TeacherConfig, builtin_teacher_errors
 from rlscope.metrics.sinks import parse_log_to
 from rlscope.paths import check_name_component
@@ -247,6 +248,7 @@ class TrainConfig:
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     teacher_options: TeacherConfig = field(default_factory=TeacherConfig)
+    pedagogy: PedagogyConfig = field(default_factory=PedagogyConfig)
 
 
 @dataclass(frozen=True)
