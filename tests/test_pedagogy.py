@@ -392,3 +392,38 @@ def test_builtin_pedagogy_manifest_validates(capsys: pytest.CaptureFixture[str])
     for method in PRESETS:
         assert f"--method {method}" in out
     assert "--task teacher_student" in out and "--batch_size 96 --group_size 8" in out
+
+
+@pytest.mark.slow
+def test_pedagogical_rl_teaches_the_teacher_to_answer(tmp_path: Path) -> None:
+    """The teacher sees y, so GRPO on R·G teaches it to end on y. Measured (the pedagogy
+    manifest's setting, seeds 0–2): the teacher's greedy error over the 25 pairs is 0.8–1.0 at
+    step 0 and 0.12–0.28 at step 180; the student's falls from 0.8–1.0 to about 0.7.
+    At step 200 (seeds 0–2) the teacher's error is 0.09 ± 0.06 and its sampled reward 0.87 ±
+    0.09. Thresholds (seed 0): teacher error < 0.5 and below its start; reward > 0.5."""
+    from rlscope.train import train
+
+    result = train(cfg_of("pedagogical_rl", tmp_path, num_steps=200, batch_size=96,
+                          group_size=8, eval_every=100))
+    first, last = result.evals[0], result.evals[-1]
+    assert last["eval/teacher_test_error"] < min(0.5, first["eval/teacher_test_error"])
+    assert last["eval/teacher_reward"] > 0.5
+
+
+@pytest.mark.slow
+def test_teacher_rl_collapses_onto_what_the_student_already_predicts(tmp_path: Path) -> None:
+    """The surprisal reward R − λ·mean_t(−ℓ_t) with plain SFT feeds back: the teacher writes what
+    the student predicts, the student imitates it, and both settle on one completion the
+    student finds certain. Measured in the pedagogy sweep (the manifest's setting), the largest
+    value over steps 90–99 for seeds 0, 1, 2: ped/avg_student_surprisal 0.065, 0.054, 0.082
+    (from 1.4 at the start), ped/task_reward 0, 0, 0.42 (seed 2 settled on completions that
+    still end right on some pairs). This test runs seed 0: surprisal < 0.1 and task reward
+    < 0.05 over its last 10 steps."""
+    from rlscope.train import train
+
+    result = train(cfg_of("teacher_rl", tmp_path, num_steps=100, batch_size=96,
+                          group_size=8, eval_every=0))
+    first, late = result.metrics[0], result.metrics[-10:]
+    assert first["ped/avg_student_surprisal"] > 1.0
+    assert max(m["ped/avg_student_surprisal"] for m in late) < 0.1
+    assert max(m["ped/task_reward"] for m in late) < 0.05
