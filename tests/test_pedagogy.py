@@ -427,3 +427,13 @@ def test_teacher_rl_collapses_onto_what_the_student_already_predicts(tmp_path: P
     assert first["ped/avg_student_surprisal"] > 1.0
     assert max(m["ped/avg_student_surprisal"] for m in late) < 0.1
     assert max(m["ped/task_reward"] for m in late) < 0.05
+
+
+def test_pedagogy_options_on_a_rollout_task_are_refused() -> None:
+    from rlscope.config import validate
+
+    with pytest.raises(ConfigError, match=r"--sum_vocab, --gate_gamma: only the teacher_student "
+                                          r"task \(the two_view presets\) reads these options; "
+                                          r"drop them for --task token_reversal"):
+        validate(TrainConfig(method="grpo", pedagogy=PedagogyConfig(sum_vocab=7,
+                                                                    gate_gamma=-3.0)))

@@ -20,6 +20,7 @@ choice of both, as data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,16 @@ class PedagogyConfig:
     teacher_rl: at least 1)."""
     student_steps: int = 1
     """Student updates per step, each on a fresh batch (at least 1)."""
+
+
+def unused_pedagogy_errors(cfg: PedagogyConfig, task: str) -> list[str]:
+    """The pedagogy options set on a run of another task (rollout tasks read none of them)."""
+    default = PedagogyConfig()
+    given = [f"--{f.name}" for f in dataclasses.fields(cfg)
+             if getattr(cfg, f.name) != getattr(default, f.name)]
+    return [f"{', '.join(given)}: only the teacher_student task (the two_view presets) reads "
+            f"{'this option' if len(given) == 1 else 'these options'}; drop "
+            f"{'it' if len(given) == 1 else 'them'} for --task {task}"] if given else []
 
 
 @dataclass(frozen=True)
@@ -191,4 +202,4 @@ def grpo_clip_loss(logp_BT: torch.Tensor, logp_old_BT: torch.Tensor, rewards_B: 
 __all__ = ["STUDENT_UPDATES", "TEACHER_REWARDS", "PedagogyConfig", "TwoViewRule",
            "gate_weights_BT", "gated_imitation_loss", "grpo_clip_loss", "learnability_B",
            "mixed_group_rate", "reward_minus_surprisal", "reward_times_learnability",
-           "spike_B", "student_scores"]
+           "spike_B", "student_scores", "unused_pedagogy_errors"]
