@@ -28,6 +28,7 @@ from rlscope.methods.pedagogy import (
     spike_B,
     student_scores,
 )
+from rlscope.policy import ModelConfig
 from rlscope.sampling import SamplingConfig
 from rlscope.tasks import TaskConfig
 from rlscope.tasks import teacher_student as ts
@@ -314,6 +315,11 @@ def test_refusals_that_depend_on_the_preset_or_other_options() -> None:
     hot = TrainConfig(method=base.method, task=base.task, run=base.run,
                       sampling=SamplingConfig(temperature=0.7))
     assert "samples whole completions at temperature 1" in refusal(hot)
+    hf = TrainConfig(method=base.method, task=base.task, run=base.run,
+                     model=ModelConfig(arch="qwen2"))
+    assert "model.arch='qwen2': teacher_student trains two tiny transformers" in refusal(hf)
+    assert "--init is not supported by the two_view step" in refusal(
+        cfg_of(init="runs/elsewhere"))
     noisy = TrainConfig(method=base.method, task=base.task, run=base.run,
                         task_options=TaskConfig(reward_noise=0.1))
     assert "--reward_noise is not supported by the 'two_view' step" in refusal(noisy)
