@@ -335,6 +335,26 @@ def test_refusals_that_depend_on_the_preset_or_other_options() -> None:
 # --------------------------------------------------------------------------- runs
 
 
+def test_teacher_and_student_are_copies_of_one_init_with_their_own_optimisers() -> None:
+    from rlscope.steps.two_view import TwoViewStep
+
+    cfg = cfg_of(opts=PedagogyConfig(teacher_lr=3e-4))
+    torch.manual_seed(0)
+    step = TwoViewStep(cfg, METHODS["pedagogical_rl"], torch.device("cpu"))
+    teacher, student = step.teacher.state_dict(), step.student.state_dict()
+    assert teacher.keys() == student.keys()
+    assert all(torch.equal(teacher[k], student[k]) for k in teacher)
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(
+        step.teacher.parameters(), step.student.parameters(), strict=True))
+    assert step.teacher_opt.param_groups[0]["lr"] == 3e-4
+    assert step.student_opt.param_groups[0]["lr"] == 1e-3  # --lr
+    # vocabulary V + 2 = 7, max length 5 + T = 8 (the teacher view and a completion)
+    assert step.student.cfg.vocab_size == 7 and step.student.cfg.max_len == 8  # type: ignore[attr-defined]
+    step.train_step(0)  # one step moves both models apart
+    assert not torch.equal(step.teacher.state_dict()["head.weight"],
+                           step.student.state_dict()["head.weight"])
+
+
 def records(run_dir: Path, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
 
