@@ -40,7 +40,7 @@ REGISTRIES: dict[str, tuple[dict[str, Component[Any, Any]], str]] = {
     "overlong": (OVERLONG, "overlong"),
 }
 AXES = ("advantage", "gate", "objective", "kl", "entropy", "value", "overlong", "correction")
-PRESET_ONLY = {"description", "source", "regime", "grouped", "requires", "step"}
+PRESET_ONLY = {"description", "source", "regime", "grouped", "requires", "step", "two_view"}
 """`MethodSpec` fields that are what a preset *is* (text, declared needs), not settings."""
 REACHABLE = set(FLAGS.values()) | set(SET_ELSEWHERE) | INTERNAL
 

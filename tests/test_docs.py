@@ -103,6 +103,7 @@ def _check_train_command(argv: list[str], cfg: object) -> None:
     """A README train command validates, unless it reads an earlier command's output
     (--init, --rm_path), needs a GPU, or is the README's example of a rejected config."""
     from rlscope.config import ConfigError, TrainConfig, validate
+    from rlscope.steps import validate_run
 
     assert isinstance(cfg, TrainConfig)
     if {"--init", "--rm_path"} & set(argv) or cfg.run.device.startswith("cuda"):
@@ -111,9 +112,7 @@ def _check_train_command(argv: list[str], cfg: object) -> None:
         with pytest.raises(ConfigError, match=r"run\.group_size=1: this method compares"):
             validate(cfg)
         return
-    from rlscope.steps import validate_run
-
-    validate_run(cfg)  # the rollout checks, or a companion step kind's (vector_pareto)
+    validate_run(cfg)  # the check of every step kind (rollout: `validate`)
 
 
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:

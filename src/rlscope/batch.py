@@ -312,3 +312,28 @@ class SetBatch:
         return dataclasses.replace(self, **{
             f.name: getattr(self, f.name)[index_B] for f in dataclasses.fields(self)
             if f.name.rsplit("_", 1)[-1].startswith("B")})
+class TwoViewBatch:
+    """Completions of one prompt set seen two ways (COMPANIONS.md §3, the ``two_view`` step).
+
+    ``student_prompt_BP`` is each row's student view and ``teacher_prompt_BQ`` its teacher
+    view (the same pair, with the answer); ``completion_BT`` the sampled completion (from the
+    teacher on its view, or from the student on its own), every position generated;
+    ``logp_old_BT`` its log-probs under the sampler's distribution (the PPO behaviour
+    log-probs ℓ_μ); ``rewards_B`` the task reward R of each row.
+    """
+
+    student_prompt_BP: torch.Tensor
+    teacher_prompt_BQ: torch.Tensor
+    completion_BT: torch.Tensor
+    logp_old_BT: torch.Tensor
+    rewards_B: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.completion_BT.shape[0])
+
+    def to(self, device: torch.device | str) -> TwoViewBatch:
+        return _map_tensors(self, lambda t: t.to(device), batched_only=False)
+
+    def select(self, index_B: torch.Tensor | slice) -> TwoViewBatch:
+        return _map_tensors(self, lambda t: t[index_B], batched_only=True)

@@ -27,6 +27,7 @@ from rlscope.methods import validate_method as _validate_method
 from rlscope.methods.advantages import ADVANTAGES
 from rlscope.methods.component import record
 from rlscope.methods.configs import ObjectiveConfig
+from rlscope.methods.pedagogy import PedagogyConfig, unused_pedagogy_errors
 from rlscope.methods.teacher import TeacherConfig, builtin_teacher_errors
 from rlscope.metrics.sinks import parse_log_to
 from rlscope.paths import check_name_component
@@ -247,6 +248,7 @@ class TrainConfig:
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     teacher_options: TeacherConfig = field(default_factory=TeacherConfig)
+    pedagogy: PedagogyConfig = field(default_factory=PedagogyConfig)
 
 
 @dataclass(frozen=True)
@@ -388,6 +390,7 @@ def validate(cfg: TrainConfig) -> tuple[MethodSpec, Task, Derived]:
     errors += fsdp_errors(cfg, spec, task)
     errors += teacher_config_errors(cfg, spec)
     errors += opd_config_errors(cfg, spec, task)
+    errors += unused_pedagogy_errors(cfg.pedagogy, cfg.task)
     errors += environment_errors(cfg, errors)
     if not errors:
         errors += memory_errors(step_memory(cfg, task, d), _memory_device(r.device))

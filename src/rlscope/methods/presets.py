@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from rlscope.methods.pedagogy import TwoViewRule
 from rlscope.methods.spec import (
     AdvantageConfig,
     CorrectionConfig,
@@ -20,6 +21,8 @@ from rlscope.methods.spec import (
 _GRPO_KL = KLConfig(coef=0.04, estimator="k3", target="behaviour", place="loss")
 _OPD = ("token_labels", "on_policy", "clean_rewards", "no_kl")
 """What every OPD preset requires (COMPANIONS.md §0: no delay, replay or reward noise)."""
+_TWO_VIEW = ("on_policy", "clean_rewards", "no_kl")
+"""What the ``two_view`` presets declare (their step refuses delay, replay and reward noise)."""
 
 METHODS: dict[str, MethodSpec] = {
     "ce": MethodSpec(
@@ -436,6 +439,35 @@ METHODS: dict[str, MethodSpec] = {
         advantage=AdvantageConfig("group_zscore"),
         objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2),
         grouped=True, step="set"),
+    # issue 21: the pedagogy companion (COMPANIONS.md §3), the two_view step
+    "pedagogical_rl": MethodSpec(
+        description="A teacher that sees the answer trains by GRPO on R·exp(−λ·spike), its "
+        "samples scored by the frozen current student; the student imitates fresh teacher "
+        "samples through the gate σ(κ(ℓ_t − γ)).",
+        source="Ziems, \"Pedagogical RL\" (rl-experiments pedagogy_sandbox; COMPANIONS.md §3)",
+        regime="task teacher_student; group_size > 1 dividing the batch; on-policy, clean "
+        "rewards, no KL",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2), step="two_view",
+        two_view=TwoViewRule("reward_times_learnability", "gated_imitation"), requires=_TWO_VIEW),
+    "teacher_rl": MethodSpec(
+        description="A teacher that sees the answer trains by GRPO on R − λ·mean_t(student "
+        "surprisal); the student imitates fresh teacher samples by plain SFT.",
+        source="Ziems, \"Pedagogical RL\" (the surprisal-reward baseline; COMPANIONS.md §3)",
+        regime="task teacher_student; group_size > 1 dividing the batch; on-policy, clean "
+        "rewards, no KL",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2), step="two_view",
+        two_view=TwoViewRule("reward_minus_surprisal", "sft"), requires=_TWO_VIEW),
+    "student_grpo": MethodSpec(
+        description="No teacher: GRPO on the student's own rollouts of its view (the "
+        "baseline of the pedagogy companion).",
+        source="Ziems, \"Pedagogical RL\" (baseline; COMPANIONS.md §3)",
+        regime="task teacher_student; group_size > 1 dividing the batch; on-policy, clean "
+        "rewards, no KL",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2), step="two_view",
+        two_view=TwoViewRule("none", "student_grpo"), requires=_TWO_VIEW),
 }
 
 

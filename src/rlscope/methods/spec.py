@@ -26,6 +26,7 @@ from rlscope.methods.configs import (
 from rlscope.methods.corrections import CORRECTIONS, CorrectionConfig
 from rlscope.methods.gates import GATES
 from rlscope.methods.objectives import OBJECTIVES
+from rlscope.methods.pedagogy import TwoViewRule
 from rlscope.methods.selection import OVERLONG, SELECTIONS
 
 __all__ = ["AdvantageConfig", "CorrectionConfig", "EntropyConfig", "GateConfig", "KLConfig",
@@ -78,6 +79,9 @@ class MethodSpec:
     policy; the loop of `rlscope.train`) or a kind of `rlscope.steps.STEPS` (``set``,
     ``two_view``, ``tree``: their own models, batch and update). A method trains only on the
     tasks of its step kind."""
+    two_view: TwoViewRule = field(default_factory=TwoViewRule)
+    """The ``two_view`` step's teacher reward and student update (`rlscope.methods.pedagogy`;
+    COMPANIONS.md §3); read by no other step kind."""
     fp32_head: bool = False
     """Run the LM head matmul and log-softmax in float32 under mixed precision (learner and,
     where it shares the policy's forward, the sampler); a no-op for a float32 model."""

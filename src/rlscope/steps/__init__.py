@@ -13,13 +13,16 @@ from collections.abc import Callable
 from rlscope.checks import field_errors
 from rlscope.config import FIELD_ALIASES, ConfigError, TrainConfig, validate
 from rlscope.methods import METHODS, canonical_method_name, resolve_method
-from rlscope.steps import set_step
+from rlscope.steps import set_step, two_view
 from rlscope.steps.base import KindStep, StepKind, common_errors
 
 ROLLOUT = "rollout"
 """The step kind of the loop in `rlscope.train` (every task of `rlscope.tasks.TASKS`)."""
 
-STEPS: dict[str, StepKind] = {"set": set_step.KIND}
+STEPS: dict[str, StepKind] = {
+    "set": set_step.KIND,
+    "two_view": two_view.KIND,
+}
 """Step kind → its record. Each kind is one module of this package."""
 
 
