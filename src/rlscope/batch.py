@@ -312,6 +312,9 @@ class SetBatch:
         return dataclasses.replace(self, **{
             f.name: getattr(self, f.name)[index_B] for f in dataclasses.fields(self)
             if f.name.rsplit("_", 1)[-1].startswith("B")})
+
+
+@dataclass(frozen=True)
 class TwoViewBatch:
     """Completions of one prompt set seen two ways (COMPANIONS.md §3, the ``two_view`` step).
 
