@@ -112,6 +112,8 @@ def _in_regime(cfg: TrainConfig) -> TrainConfig:
 
         return dataclasses.replace(cfg, task="vector_pareto", task_options=TaskConfig(
             num_candidates=1 if cfg.method in ONE_CANDIDATE else 3, eval_batches=1))
+    if METHODS[cfg.method].step == "two_view":  # pedagogy: its own task and two models
+        return dataclasses.replace(cfg, task="teacher_student", task_options=TaskConfig())
     if "replay" in needs or "staleness" in needs:
         cfg = dataclasses.replace(cfg, replay=ReplayConfig(replay_capacity=4))
     if "bandit" in needs:

@@ -40,7 +40,8 @@ def kind_of(cfg: TrainConfig) -> str:
         raise ConfigError(f"--method: {e}") from None
     kind, needed = METHODS[name].step, task_kind(cfg.task)
     if kind != needed:
-        methods = ", ".join(n for n, spec in METHODS.items() if spec.step == needed)
+        methods = "`rlscope methods` lists them" if needed == ROLLOUT else ", ".join(
+            n for n, spec in METHODS.items() if spec.step == needed)
         tasks = ", ".join(STEPS[kind].tasks) if kind in STEPS else "the tasks of `rlscope tasks`"
         raise ConfigError(
             f"--method {cfg.method} trains with the {kind!r} step, but --task {cfg.task} is a "
