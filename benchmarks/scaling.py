@@ -12,10 +12,15 @@ counter-based noise) the same first batch: their first steps' metrics are compar
     python benchmarks/scaling.py --shape tiny --device cpu --nprocs 1 2 --prompts 4 \\
         --group_size 2 --length_limit 8 --steps 2 --warmup 1            # CPU smoke (gloo)
 
+``--weak`` measures weak scaling instead: ``--prompts`` per rank, so N ranks train N times the
+rows of the 1-rank run in each step (the batch a user grows into with more GPUs); their first
+steps then differ (other prompts) and are not compared.
+
 Per configuration: the median step time after ``--warmup`` steps (the slowest rank's, as the
 metrics record it), completion tokens per step and per second, the sample and learn times, and
 rank 0's peak GPU memory (``perf/peak_memory_mb``). The N-GPU rows carry ``speedup`` and
-``efficiency`` (speedup / N) against the 1-GPU row of the same shape and mode, and
+``efficiency`` (speedup / N) against the 1-GPU row of the same shape and mode (speedup: the
+ratio of step times; under ``--weak`` the ratio of completion tokens per second), and
 ``first_steps_max_abs_diff``: per metric, the largest difference over the first
 ``--compare_steps`` steps from the 1-GPU run.
 """
@@ -59,12 +64,17 @@ def save(shape: str, path: Path) -> int:
     return n_params(model)
 
 
+def rows(args: argparse.Namespace, nproc: int) -> int:
+    """Rows per step: ``--prompts`` × ``--group_size``, times the ranks under ``--weak``."""
+    return args.prompts * args.group_size * (nproc if args.weak else 1)
+
+
 def train_command(args: argparse.Namespace, model_dir: Path, runs_dir: Path, name: str,
                   nproc: int, fsdp: bool) -> list[str]:
     cmd = [sys.executable, "-m", "rlscope.cli", "train", "--method", "grpo",
            "--task", "length_target", "--length_limit", str(args.length_limit),
            "--arch", "hf", "--path", str(model_dir), "--autocast", args.autocast,
-           "--device", args.device, "--batch_size", str(args.prompts * args.group_size),
+           "--device", args.device, "--batch_size", str(rows(args, nproc)),
            "--group_size", str(args.group_size), "--micro_batch_size", str(args.micro_batch),
            "--selection", "none", "--kl_coef", "0", "--lr", "1e-5",
            "--num_steps", str(args.steps), "--eval_every", "0", "--log_samples", "0",
@@ -119,14 +129,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if proc.returncode != 0:
                     entry["error"] = (proc.stdout + proc.stderr)[-3000:]
                 else:
-                    entry |= summarise(runs_dir / name, args.warmup,
-                                       args.prompts * args.group_size)
+                    entry |= summarise(runs_dir / name, args.warmup, rows(args, nproc))
                     if nproc == 1:
                         base[fsdp] = entry
                     ref = base.get(False)
                     if ref is not None and nproc > 1:
-                        entry["speedup"] = ref["step_s"] / entry["step_s"]
+                        entry["speedup"] = (entry["completion_tokens_per_s"]
+                                            / ref["completion_tokens_per_s"]) if args.weak \
+                            else ref["step_s"] / entry["step_s"]
                         entry["efficiency"] = entry["speedup"] / nproc
+                    if ref is not None and nproc > 1 and not args.weak:
                         entry["first_steps_max_abs_diff"] = {
                             m: max(abs(a[m] - b[m]) for a, b in zip(
                                 ref["_rows"][:args.compare_steps],
@@ -160,7 +172,10 @@ def main() -> None:
                    help="DDP only, FSDP2 only (N >= 2), or both at every N >= 2")
     p.add_argument("--device", default="cuda", help="cuda (NCCL) or cpu (gloo)")
     p.add_argument("--autocast", default="bf16", choices=("bf16", "none"))
-    p.add_argument("--prompts", type=int, default=32, help="prompts per step")
+    p.add_argument("--prompts", type=int, default=32,
+                   help="prompts per step (per rank under --weak)")
+    p.add_argument("--weak", action="store_true",
+                   help="weak scaling: --prompts per rank, speedup = tokens/s ratio")
     p.add_argument("--group_size", type=int, default=8, help="rows per prompt")
     p.add_argument("--length_limit", type=int, default=256, help="most new tokens per row")
     p.add_argument("--micro_batch", type=int, default=32, help="rows per micro-batch")
