@@ -102,3 +102,12 @@ def test_write_creates_summary_and_copies(collect: ModuleType, tmp_path: Path) -
     assert (out / "opd_topk_stability" / "final.md").read_text() == "final table\n"
     curves = (out / "opd_topk_stability" / "curves_eval.csv").read_text().splitlines()
     assert len(curves) == 2 and curves[1].startswith("a,a,eval,")
+
+
+def test_opd_variance_slopes_per_seed(collect: ModuleType) -> None:
+    # Seed 0: Var = H² (slope 2); seed 1: Var = H (slope 1) → slope 1.5 ± 0.71.
+    rows = [{"estimator": "token_pg", "seed": str(s), "horizon": str(h),
+             "variance": str(float(h) ** (2 - s))} for s in (0, 1) for h in (4, 8, 16)]
+    assert collect.loglog_slope([4.0, 8.0, 16.0], [16.0, 64.0, 256.0]) == pytest.approx(2.0)
+    text = collect.opd_variance_slopes(rows)
+    assert "| token_pg | 2 | 10 ± 8.5 | 36 ± 40 | 136 ± 1.7e+02 | 1.5 ± 0.71 |" in text

@@ -402,6 +402,37 @@ def learnability(grouped: dict[str, list[Run]]) -> str:
             + "".join(parts))
 
 
+def loglog_slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log y on log x (positive pairs only; nan with < 2)."""
+    pairs = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True) if x > 0 and y > 0]
+    if len(pairs) < 2:
+        return math.nan
+    mx = statistics.fmean(p[0] for p in pairs)
+    my = statistics.fmean(p[1] for p in pairs)
+    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    return sum((x - mx) * (y - my) for x, y in pairs) / sxx if sxx > 0 else math.nan
+
+
+def opd_variance_slopes(rows: list[dict[str, str]]) -> str:
+    """Per estimator: variance per H (mean ± sd over seeds) and the per-seed log–log slope on H
+    (mean ± sd over seeds), from ``opd_variance.csv`` rows."""
+    by: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for row in rows:
+        by[(row["estimator"], row["seed"])][int(row["horizon"])] = float(row["variance"])
+    estimators = list(dict.fromkeys(e for e, _ in by))
+    horizons = sorted({h for d in by.values() for h in d})
+    out = []
+    for est in estimators:
+        seeds = [d for (e, _), d in by.items() if e == est]
+        slopes = [loglog_slope(sorted(d), [d[h] for h in sorted(d)]) for d in seeds]
+        out.append([est, str(len(seeds))] + [fmt([d.get(h, math.nan) for d in seeds])
+                                             for h in horizons] + [fmt(slopes)])
+    return ("# opd_variance: per-seed log–log slopes\n\n" + NOTE
+            + "Var over batches of uᵀg per horizon H, and the least-squares slope of log Var on "
+              "log H fitted per seed.\n\n"
+            + table(["estimator", "seeds", *[f"H = {h}" for h in horizons], "slope"], out))
+
+
 WRITERS = {"opd_compare": opd_compare, "opd_topk_stability": opd_topk_stability,
            "opd_topk_cold_start": opd_topk_cold_start, "opd_topk_warmup": opd_topk_warmup,
            "opd_soft_teacher": opd_soft_teacher, "learnability": learnability}
@@ -446,9 +477,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("sweeps", type=Path, help="directory holding one folder per manifest")
     parser.add_argument("--out", type=Path, default=HERE, help="output directory")
+    parser.add_argument("--opd_variance_csv", type=Path, nargs="*", default=[],
+                        help="opd_variance.csv files: writes <its folder>/seed_slopes.md")
     args = parser.parse_args()
     for path in write(args.sweeps, args.out):
         print(path)
+    for probe_csv in args.opd_variance_csv:
+        with probe_csv.open(newline="", encoding="utf-8") as fh:
+            text = opd_variance_slopes(list(csv.DictReader(fh)))
+        (probe_csv.parent / "seed_slopes.md").write_text(text, encoding="utf-8")
+        print(probe_csv.parent / "seed_slopes.md")
 
 
 if __name__ == "__main__":
