@@ -270,8 +270,9 @@ def opd_topk_warmup(grouped: dict[str, list[Run]]) -> str:
         warmup = int(runs[0].params.get("opd_warmup_steps", 0))
         quantities = [switch_quantities(r, warmup) for r in runs]
         per_run += [(warmup, q) for q in quantities]
+        top_k = int(runs[0].params["opd_top_k"])
         per_config.append((warmup, {k: stats([q[k] for q in quantities])[0]
-                                    for k in quantities[0]}))
+                                    for k in quantities[0]} | {"top_k": float(top_k)}))
         rows.append([runs[0].params["opd_top_k"], str(warmup), str(len(runs))]
                     + [fmt([q[k] for q in quantities]) for k in (*SWITCH_KEYS,
                                                                  "final_minus_switch")]
@@ -279,10 +280,12 @@ def opd_topk_warmup(grouped: dict[str, list[Run]]) -> str:
                        f"{sum(learned(r) for r in runs)}/{len(runs)}"])
     baseline = grouped.get("opd_reverse_kl", [])
     corr_rows = []
+    ks = sorted({int(q["top_k"]) for _, q in per_config})
     for key in SWITCH_KEYS:
         cells = [key]
         for subset in (per_config, [c for c in per_config if c[0] > 0], per_run,
-                       [r for r in per_run if r[0] > 0]):
+                       [r for r in per_run if r[0] > 0],
+                       *[[c for c in per_config if c[1]["top_k"] == k] for k in ks]):
             xs = [q[key] for _, q in subset]
             ys = [q["final_minus_switch"] for _, q in subset]
             n = sum(math.isfinite(x) and math.isfinite(y) for x, y in zip(xs, ys, strict=True))
@@ -305,7 +308,7 @@ def opd_topk_warmup(grouped: dict[str, list[Run]]) -> str:
             "both k (same seeds), so the top-1, sampled reward, reverse KL and test error at the "
             "switch are identical across k; only the support masses depend on k.\n\n"
             + table(["switch quantity", "all (k, W) means", "W > 0 means", "all runs",
-                     "W > 0 runs"], corr_rows))
+                     "W > 0 runs", *[f"k = {k} means (all W)" for k in ks]], corr_rows))
 
 
 def opd_soft_teacher(grouped: dict[str, list[Run]]) -> str:
