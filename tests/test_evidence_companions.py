@@ -111,3 +111,12 @@ def test_opd_variance_slopes_per_seed(collect: ModuleType) -> None:
     assert collect.loglog_slope([4.0, 8.0, 16.0], [16.0, 64.0, 256.0]) == pytest.approx(2.0)
     text = collect.opd_variance_slopes(rows)
     assert "| token_pg | 2 | 10 ± 8.5 | 36 ± 40 | 136 ± 1.7e+02 | 1.5 ± 0.71 |" in text
+
+
+def test_drift_seed_slopes_fit_below_cutoff(collect: ModuleType) -> None:
+    # drift = q0² exactly (slope 2) for q0 ≤ 0.1; the q0 = 0.5 row is left out of the fit.
+    rows = [{"mode": "homogeneous", "group_size": "8", "normalisation": "mean", "seed": "0",
+             "q0": str(q), "drift": str(q * q if q <= 0.1 else 1.0), "drift_reached": "1",
+             "converted": str(int(q > 0.05))} for q in (0.5, 0.0625, 0.03125, 0.015625)]
+    text = collect.drift_seed_slopes(rows)
+    assert "| homogeneous | 8 | mean | 1 | 2 ± nan | 3/3 | 1/3 |" in text

@@ -436,6 +436,30 @@ def opd_variance_slopes(rows: list[dict[str, str]]) -> str:
             + table(["estimator", "seeds", *[f"H = {h}" for h in horizons], "slope"], out))
 
 
+def drift_seed_slopes(rows: list[dict[str, str]], max_q0: float = 0.1) -> str:
+    """Per (mode, K, normalisation): the slope of log drift on log q₀ (q₀ ≤ max_q0) fitted per
+    seed (mean ± sd over seeds), how many (seed, q₀) reached 2q₀ within the drift budget, and
+    how many converted, from ``learnability_drift.csv`` rows."""
+    by: dict[tuple[str, str, str], dict[str, list[dict[str, str]]]] = defaultdict(
+        lambda: defaultdict(list))
+    for row in rows:
+        if float(row["q0"]) <= max_q0:
+            by[(row["mode"], row["group_size"], row["normalisation"])][row["seed"]].append(row)
+    out = []
+    for (mode, k, norm), seeds in by.items():
+        slopes = [loglog_slope([float(r["q0"]) for r in rs], [float(r["drift"]) for r in rs])
+                  for rs in seeds.values()]
+        flat = [r for rs in seeds.values() for r in rs]
+        out.append([mode, k, norm, str(len(seeds)), fmt(slopes),
+                    f"{sum(int(r['drift_reached']) for r in flat)}/{len(flat)}",
+                    f"{sum(int(r['converted']) for r in flat)}/{len(flat)}"])
+    return ("# learnability_drift: per-seed drift slopes\n\n" + NOTE
+            + f"Slope of log drift on log q₀ over q₀ ≤ {max_q0}, fitted per seed. `reached 2q₀`"
+              " and `converted`: (seed, q₀) pairs within the probe's step budgets.\n\n"
+            + table(["mode", "K", "normalisation", "seeds", "drift slope", "reached 2q₀",
+                     "converted"], out))
+
+
 WRITERS = {"opd_compare": opd_compare, "opd_topk_stability": opd_topk_stability,
            "opd_topk_cold_start": opd_topk_cold_start, "opd_topk_warmup": opd_topk_warmup,
            "opd_soft_teacher": opd_soft_teacher, "learnability": learnability}
@@ -482,6 +506,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE, help="output directory")
     parser.add_argument("--opd_variance_csv", type=Path, nargs="*", default=[],
                         help="opd_variance.csv files: writes <its folder>/seed_slopes.md")
+    parser.add_argument("--drift_csv", type=Path, nargs="*", default=[],
+                        help="learnability_drift.csv files: writes <its folder>/seed_slopes.md")
     args = parser.parse_args()
     for path in write(args.sweeps, args.out):
         print(path)
@@ -490,6 +516,11 @@ def main() -> None:
             text = opd_variance_slopes(list(csv.DictReader(fh)))
         (probe_csv.parent / "seed_slopes.md").write_text(text, encoding="utf-8")
         print(probe_csv.parent / "seed_slopes.md")
+    for drift_csv in args.drift_csv:
+        with drift_csv.open(newline="", encoding="utf-8") as fh:
+            text = drift_seed_slopes(list(csv.DictReader(fh)))
+        (drift_csv.parent / "seed_slopes.md").write_text(text, encoding="utf-8")
+        print(drift_csv.parent / "seed_slopes.md")
 
 
 if __name__ == "__main__":
