@@ -6,7 +6,9 @@
     rlscope sweep --builtin opd_topk_warmup --no_report       # sweeps/opd_topk_warmup
     rlscope sweep --builtin opd_soft_teacher --no_report      # sweeps/opd_soft_teacher
     rlscope sweep --builtin learnability --no_report          # sweeps/learnability
-    python docs/evidence/companions/collect.py sweeps
+    python docs/evidence/companions/collect.py sweeps \
+        --opd_variance_csv docs/evidence/companions/probes/opd_variance*/opd_variance.csv \
+        --drift_csv docs/evidence/companions/probes/learnability_drift/learnability_drift.csv
 
 For every manifest folder found under the sweeps directory it writes, beside this file in
 ``<manifest>/``:
@@ -16,6 +18,10 @@ For every manifest folder found under the sweeps directory it writes, beside thi
 - copies of the sweep's ``final.md``, ``crossings.md`` and ``switch.md`` (where present);
 - ``curves_eval.csv``: the sweep's ``curves.csv`` trimmed to its evaluation rows (plus the
   sampled ``group/mixed_rate`` for learnability), written only when under 1 MB.
+
+With ``--opd_variance_csv`` / ``--drift_csv`` it also writes ``seed_slopes.md`` beside each
+probe CSV given: the probe's log–log slopes fitted per seed (mean ± sd over seeds), where the
+probe's own ``summary.md`` fits seed means.
 
 Only the run directories are read (``runs/<run>/{config.json,status.json,eval.jsonl,
 metrics.jsonl}``); a run's configuration is its directory name without the ``_s<seed>``
