@@ -8,7 +8,7 @@
     rlscope sweep --builtin learnability --no_report          # sweeps/learnability
     python docs/evidence/companions/collect.py sweeps \
         --opd_variance_csv docs/evidence/companions/probes/opd_variance*/opd_variance.csv \
-        --drift_csv docs/evidence/companions/probes/learnability_drift/learnability_drift.csv
+        --drift_csv docs/evidence/companions/probes/learnability_drift*/learnability_drift.csv
 
 For every manifest folder found under the sweeps directory it writes, beside this file in
 ``<manifest>/``:
