@@ -64,6 +64,7 @@ from rlscope.tasks.text import (
     completion_ids,
     fixed_left_padded,
     prompt_texts,
+    stop_padded,
     text_traits,
 )
 from rlscope.tokenizer import ByteTokenizer
@@ -152,9 +153,14 @@ class AnswererTask:
         return [self.items[i] for i in index.tolist()]
 
     def sample_prompts(self, generator: torch.Generator, n: int) -> PromptBatch:
-        """``n`` (object, question) prompts drawn uniformly from the table's."""
-        return fixed_left_padded([answerer_prompt_ids(s, q) for s, q in self._draw(generator, n)],
-                                 self.prompt_len)
+        """``n`` (object, question) prompts drawn uniformly from the table's, with the
+        oracle's answers as ``targets_BT``."""
+        items = self._draw(generator, n)
+        prompts = fixed_left_padded([answerer_prompt_ids(s, q) for s, q in items],
+                                    self.prompt_len)
+        answers = [list(encode(self.oracle.answer_text(s, q))) for s, q in items]
+        return dataclasses.replace(prompts,
+                                   targets_BT=stop_padded(answers, self.completion_len))
 
     def sft_pairs(self, generator: torch.Generator, n: int) -> list[tuple[list[int], list[int]]]:
         """``n`` pairs (prompt ids, the oracle's answer ids), drawn uniformly."""
@@ -279,8 +285,9 @@ def load_answerer(path: str, device: torch.device | str = "cpu",
         raise ValueError(f"{what} {path}: trained on task {task!r}, whose vocabulary and "
                          f"prompt format are not the answerer's; train it with rlscope sft "
                          f"--task {TASK_NAME}")
-    fields: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in payload["model"].items()
-              if k in ModelConfig.__dataclass_fields__}
+    fields: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
+                              for k, v in payload["model"].items()
+                              if k in ModelConfig.__dataclass_fields__}
     model_cfg = dataclasses.replace(ModelConfig(**fields), lora_rank=0,
                                     gradient_checkpointing=False)
     prompt_len = answerer_prompt_len()
