@@ -22,7 +22,10 @@ One loop, position by position over the KV cache, advances every row by one toke
 A policy turn ends at one of the factory's ``turn_stop_token_ids`` or after
 ``budget.max_turn_tokens`` tokens; the row's environment then steps (`rlscope.envs.stepping`:
 synchronously in this process, or with an `EpisodePool` in worker processes while other
-sub-batches decode), and its observation is fed from the next position on. Budgets
+sub-batches decode; in this process the turns that end at one position step in one
+``factory.step_many`` call where the factory is `rlscope.envs.base.BatchStepping`, e.g.
+twenty_questions' model answerer answering them in one batched decode), and its observation is
+fed from the next position on. Budgets
 (`rlscope.envs.EpisodeBudget`) truncate an episode with the first reason reached:
 ``max_turns`` after the last allowed turn (recorded as ``max_turn_tokens`` instead when that
 last turn was itself cut by the per-turn limit), ``max_episode_tokens`` when the completion is
