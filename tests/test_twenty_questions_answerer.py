@@ -163,6 +163,43 @@ def test_step_many_equals_stepping_one_by_one_and_answers_in_one_call(warm: Path
     assert [e.turns for e in together] == [e.turns for e in alone] == [1] * 5
 
 
+def test_the_episode_sampler_answers_the_questions_of_a_position_together(warm: Path) -> None:
+    """A batch answerer sees every question that ends at one position in one call, and the
+    episodes are those of answering one by one."""
+    table = load_table()
+    calls: list[int] = []
+
+    class BatchedOracle:
+        def __init__(self) -> None:
+            self.oracle = OracleAnswerer(table)
+
+        def answer(self, secret: str, question: tuple[int, ...]) -> tuple[int, ...]:
+            return self.oracle.answer(secret, question)
+
+        def answer_many(self, secrets: list[str], questions: list[tuple[int, ...]]
+                        ) -> list[tuple[int, ...]]:
+            calls.append(len(questions))
+            return [self.oracle.answer(s, q) for s, q in zip(secrets, questions, strict=True)]
+
+    task = make_task("twenty_questions", QUESTIONER)
+    assert isinstance(task, TwentyQuestionsTask)
+    policy = make_policy_for(task, ModelConfig())
+    checkpoint.load_init(str(warm / "q"), policy, torch.device("cpu"))
+    B = 16  # rows i and i + 8 share their seeds: the same episode, questions at one position
+    env_seeds, row_seeds = torch.arange(B) % 8, torch.arange(B) % 8
+    cfg = EnvConfig(twenty_questions_answerer="model")
+    batched = generate_episodes(policy, TwentyQuestions(cfg, answerer=BatchedOracle()),
+                                env_seeds, task.budget, SamplingConfig(temperature=1.0),
+                                row_seeds)
+    alone = generate_episodes(policy, task.factory, env_seeds, task.budget,
+                              SamplingConfig(temperature=1.0), row_seeds)
+    assert torch.equal(batched.completion_tokens_BT, alone.completion_tokens_BT)
+    assert torch.equal(batched.env_mask_BT, alone.env_mask_BT)  # type: ignore[arg-type]
+    asked = asked_questions(alone, table)
+    assert len(asked) > 0 and sum(calls) >= len(asked)  # (the last turn's answer is not fed)
+    assert calls and all(n % 2 == 0 for n in calls)  # both twins' questions in every call
+
+
 def test_asked_questions_reads_every_answered_question_of_a_batch(warm: Path) -> None:
     task = make_task("twenty_questions", QUESTIONER)  # the oracle answers
     assert isinstance(task, TwentyQuestionsTask)
