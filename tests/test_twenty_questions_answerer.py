@@ -376,9 +376,10 @@ def test_model_answerer_paths_that_hold_no_answerer_are_refused(warm: Path,
 
 SFT_STEPS = 1200
 """Answerer SFT steps of the slow test (the recipe's: docs/recipes.md)."""
-MIN_ACCURACY = 0.5
-"""Agreement with the oracle over the whole table the slow test asks for (measured: see
-docs/recipes.md, seed 0)."""
+MIN_ACCURACY = 0.7
+"""Agreement with the oracle over the whole table (5,047 items) the slow test asks for: 0.782
+measured (seed 0, this CPU; yes 0.953, no 0.765, can't 0.812; docs/recipes.md), above the
+0.871 of always answering ``no`` only per class."""
 
 
 @pytest.mark.slow
