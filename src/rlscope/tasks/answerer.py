@@ -5,8 +5,9 @@
   shipped table's questions (`answerer_sft_pairs`: every object × every attribute phrasing, a
   guess of every object and the unanswerable questions); the completion is the answer line;
   reward 1 when it equals the oracle's (``yes``, ``no`` or ``I can't answer that``), else 0.
-  ``rlscope sft --task twenty_questions_answerer`` warm-starts the answerer on those pairs;
-  its evaluation metric ``accuracy`` is the greedy agreement with the oracle.
+  ``rlscope sft --task twenty_questions_answerer`` warm-starts the answerer on those pairs
+  (half of each batch drawn from the ``yes`` items, `YES_SHARE`); its evaluation metric
+  ``accuracy`` is the greedy agreement with the oracle on uniform draws of the table.
 - **The model answerer** (`ModelAnswerer`, built by `load_answerer` from an sft output or a run
   directory): greedy, one line, the questions asked at one decoding position answered in one
   batched decode (`BatchAnswerer`); the environment then cuts the answer at its newline and to
