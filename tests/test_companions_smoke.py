@@ -38,3 +38,14 @@ def test_the_smoke_sweep_writes_every_runs_evaluations(tmp_path: Path) -> None:
     steps = {(row["name"], int(float(row["step"]))) for row in rows}
     for name in names:  # evaluations before steps 0 and 1 and after the last
         assert {(name, 0), (name, 1), (name, 2)} <= steps
+
+
+@pytest.mark.slow
+def test_the_smoke_probe_line_writes_its_csv_and_summary(tmp_path: Path) -> None:
+    out = tmp_path / "opd_variance"
+    assert main(["probe", "opd_variance", "--horizons", "4", "8", "--num_batches", "4",
+                 "--num_seeds", "1", "--out_dir", str(out)]) == 0
+    with (out / "opd_variance.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 3  # two horizons × the three estimators, one seed
+    assert (out / "summary.md").read_text().strip()

@@ -112,8 +112,9 @@ def test_config_validation_messages() -> None:
     assert problems("guess_number", guess_high=10**18) == [
         "--guess_low and --guess_high must have at most 18 digits"]
     assert problems("twenty_questions", twenty_questions_answerer="model") == [
-        "--twenty_questions_answerer model needs a model answerer, which this run does not "
-        "provide; use --twenty_questions_answerer oracle"]
+        "--twenty_questions_answerer model needs --twenty_questions_answerer_path DIR (the "
+        "output of rlscope sft --task twenty_questions_answerer), or use "
+        "--twenty_questions_answerer oracle"]
     assert problems("twenty_questions", twenty_questions_answerer="human") == [
         "--twenty_questions_answerer must be 'oracle' or 'model' (got 'human')"]
     assert problems("twenty_questions", twenty_questions_turn_penalty=-0.1) == [

@@ -18,14 +18,15 @@ from rlscope.tasks import (
     TaskTraits,
     Tokenized,
     TrainingChecks,
+    TrainsCompanion,
     WatchesPolicy,
     make_task,
 )
 from rlscope.tasks.text import STOP_ID
 
 CAPABILITIES = (OwnsPolicy, WatchesPolicy, SupervisedPairs, PreferencePairs, TrainingChecks,
-                Tokenized, Interactive, GroupSized)
-TEXT = {"arithmetic", "length_target", "preference_rm"}
+                Tokenized, Interactive, GroupSized, TrainsCompanion)
+TEXT = {"arithmetic", "length_target", "preference_rm", "twenty_questions_answerer"}
 EXPECTED: dict[str, set[type]] = {
     "token_reversal": {SupervisedPairs},
     "masked_reversal": {SupervisedPairs},
@@ -40,7 +41,8 @@ EXPECTED: dict[str, set[type]] = {
     "preference_rm": {SupervisedPairs, PreferencePairs, TrainingChecks, Tokenized},
     "unique_path": {OwnsPolicy, GroupSized},
     "guess_number": {Interactive, SupervisedPairs},
-    "twenty_questions": {Interactive, SupervisedPairs},
+    "twenty_questions": {Interactive, SupervisedPairs, TrainsCompanion},
+    "twenty_questions_answerer": {SupervisedPairs, Tokenized},
     "calculator_tool": {Interactive, SupervisedPairs},
     "code_repair": {Interactive, SupervisedPairs},
 }

@@ -198,7 +198,7 @@ def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
 # test_learnability).
 @pytest.mark.parametrize("task", [t for t in TASKS if t != "token_reversal" and t not in (
     "digits_bandit", "lm_bandit", "arithmetic", "length_target", "preference_rm",
-    "unique_path")])
+    "unique_path", "twenty_questions_answerer")])
 def test_task_eval_metrics_are_registered(tmp_path: Path, task: str) -> None:
     options = dataclasses.replace(SMALL_TASK, score_len=2)
     if task == "code_unit_tests":  # reads none of the token-sandbox options

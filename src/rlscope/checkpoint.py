@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,13 @@ def _state(module: Policy | torch.nn.Module | None) -> dict[str, Any] | None:
 
 def save(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
          ref: Policy | None, optimizer: torch.optim.Optimizer,
-         generator: torch.Generator, state: Any) -> Path:
+         generator: torch.Generator, state: Any, companion: dict[str, Any] | None = None
+         ) -> Path:
     """Write ``checkpoints/step_<N>.pt`` atomically (see `atomic_save`), then point
     ``latest.pt`` at it (atomically too). Earlier checkpoints are kept, so the previous one is
     intact until the new one is complete. The payload is tensors, numbers, strings and
-    containers only, so `load` reads it with ``weights_only=True``."""
+    containers only, so `load` reads it with ``weights_only=True``. ``companion``: the task's
+    second model's state (`rlscope.tasks.base.TrainsCompanion`), stored under "companion"."""
     folder = run_dir / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -87,6 +90,8 @@ def save(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
         "entropy_coef": state.entropy_coef, "entropy_history": list(state.entropy_history),
         **state.source.state_dict(),  # the batch source: "queue" and "replay"
     }
+    if companion:
+        payload["companion"] = companion
     path = atomic_save(payload, folder / f"step_{state.step}.pt")
     atomic_write_text(folder / LATEST, path.name)
     return path
@@ -255,12 +260,16 @@ def newest_intact(run_dir: Path, device: torch.device | str,
 
 def load(run_dir: Path, policy: Policy, value_head: torch.nn.Module | None,
          ref: Policy | None, optimizer: torch.optim.Optimizer,
-         generator: torch.Generator, state: Any, device: torch.device
+         generator: torch.Generator, state: Any, device: torch.device,
+         companion: Callable[[dict[str, Any]], None] | None = None
          ) -> tuple[Any, list[str]]:
     """Restore everything `save` wrote from the newest intact checkpoint (`newest_intact`);
     returns the restored loop state and the notices about skipped files. Nothing on disk
-    changes (see `adopt`)."""
+    changes (see `adopt`). ``companion`` receives the saved "companion" state (``{}`` when
+    the checkpoint has none)."""
     payload, path, notices = newest_intact(run_dir, device)
+    if companion is not None:
+        companion(payload.get("companion", {}))
     if payload.get("sharded"):  # a --fsdp checkpoint, onto any number of ranks
         _load_sharded(path, policy, value_head, optimizer)
     elif is_sharded(policy):  # an ordinary checkpoint onto --fsdp ranks

@@ -14,6 +14,8 @@ batch source (`rlscope.replay.batch_source`: staleness queue, replay or the fixe
 - **prepare** (`prepare_stage`): candidates, advantages and every fixed per-row input;
 - **learn** (`learn_stage`): ``inner_epochs`` passes of ``num_minibatches`` optimizer steps,
   each accumulated over micro-batches, with the optional diagnostics around it;
+- **companion** (`companion_stage`): a task that owns a second model (`TrainsCompanion`:
+  twenty_questions' model answerer) trains or measures it on the batch;
 - **log** (`step_values`, `RunLog.step`): metrics from the last pass plus first-pass versions
   of the ratio/KL/clip metrics, timings, the adaptive controllers;
 - **checkpoint**: divergence check, then `rlscope.checkpoint.save` when due.
@@ -111,7 +113,14 @@ from rlscope.sampling.episodes import episode_loss_metrics, episode_metrics, gen
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import SamplingConfig, generate
 from rlscope.steps import ROLLOUT, STEPS, kind_of, validate_run
-from rlscope.tasks.base import GroupSized, Interactive, Task, WatchesPolicy, make_policy_for
+from rlscope.tasks.base import (
+    GroupSized,
+    Interactive,
+    Task,
+    TrainsCompanion,
+    WatchesPolicy,
+    make_policy_for,
+)
 from rlscope.tasks.noise import apply_reward_noise, exposes_expected_reward, noise_generator
 from rlscope.utils import environment_info, resolve_device
 
@@ -345,6 +354,8 @@ def setup(cfg: TrainConfig) -> RunParts:
     policy = initial_policy(cfg, task, device)
     if isinstance(task, GroupSized):  # its evaluation metrics read K
         task.use_group_size(d.group_size)
+    if isinstance(task, TrainsCompanion):  # its second model (twenty_questions' answerer)
+        task.start_companion(device, r.seed)
     if spec.fp32_head:  # before the reference's copy, which keeps the patch
         fp32_output_head(policy)
     check_backend(cfg.sampling, policy, device)  # --backend static on a model it lacks
@@ -461,8 +472,11 @@ def open_run(parts: RunParts, state: LoopState) -> tuple[Path, LoopState, list[s
         run_dir = dp.broadcast(run_dir)
     notices: list[str] = []
     if r.resume:
-        state, notices = checkpoint.load(run_dir, parts.policy, parts.value_head, parts.ref,
-                                         parts.optimizer, parts.generator, state, parts.device)
+        state, notices = checkpoint.load(
+            run_dir, parts.policy, parts.value_head, parts.ref, parts.optimizer,
+            parts.generator, state, parts.device,
+            parts.task.load_companion_state if isinstance(parts.task, TrainsCompanion)
+            else None)
         if parts.sampler is not None:
             distributed.sync_copy(cast(torch.nn.Module, parts.sampler),
                                   cast(torch.nn.Module, parts.policy))
@@ -817,6 +831,13 @@ def learn_stage(parts: RunParts, batch: RolloutBatch, inputs: LearnerInputs, sta
                               grad_clip=plan.grad_clip)
 
 
+def companion_stage(parts: RunParts, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+    """After the policy's update: the task's second model's step (`TrainsCompanion`: its own
+    update where it trains, and its metrics); nothing for other tasks."""
+    task = parts.task
+    return task.companion_step(batch) if isinstance(task, TrainsCompanion) else {}
+
+
 def step_values(parts: RunParts, m: dict[str, torch.Tensor], batch: RolloutBatch,
                 inputs: LearnerInputs, state: LoopState, source: BatchSource,
                 times: tuple[float, float, float, float, float]) -> tuple[dict[str, float], float]:
@@ -862,7 +883,8 @@ def save_checkpoint(parts: RunParts, run_dir: Path, state: LoopState) -> None:
         return
     if not p.is_main:
         return
-    checkpoint.save(run_dir, p.policy, p.value_head, p.ref, p.optimizer, p.generator, state)
+    checkpoint.save(run_dir, p.policy, p.value_head, p.ref, p.optimizer, p.generator, state,
+                    p.task.companion_state() if isinstance(p.task, TrainsCompanion) else None)
 
 
 def finish(parts: RunParts, log: RunLog, state: LoopState, status: str) -> None:
@@ -1005,6 +1027,7 @@ def rollout_train(cfg: TrainConfig) -> RunResult:
             _sync(parts.device)
             t_learn = time.perf_counter()
             learn_m = learn_stage(parts, batch, inputs, state, diagnose)
+            learn_m |= companion_stage(parts, batch)
             _sync(parts.device)
             values, bad_params = step_values(
                 parts, collect.metrics | m | prep_m | learn_m | pretrain_m, batch, inputs,

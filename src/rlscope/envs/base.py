@@ -19,6 +19,9 @@ The contract, in full:
   sampler truncates on the first one reached and records the reason (`TRUNCATION_REASONS`).
 - `EnvironmentFactory`: what an interactive task exposes (`rlscope.tasks.base.Interactive`):
   builds the environment of one prompt row from a seed, with the turn's stop tokens.
+- `BatchStepping` (optional): a factory whose environments step faster together
+  (``step_many``: twenty_questions' model answerer answers every question of a position in one
+  batched decode); the sampler then steps the turns that end at one position in one call.
 
 Environments are pure Python over token ids (no torch), deterministic given their seed, and
 picklable, so slow ones can run in worker processes or Ray actors (`rlscope.env_workers`).
@@ -105,4 +108,15 @@ class EnvironmentFactory(Protocol):
     def make(self, seed: int) -> Environment:
         """The environment of one episode; ``seed`` fixes its hidden state (rows of one GRPO
         group share a seed and so the same hidden state)."""
+        ...
+
+
+@runtime_checkable
+class BatchStepping(Protocol):
+    """A factory that steps several of its environments at once (in the trainer's process)."""
+
+    def step_many(self, envs: list[Environment], actions: list[tuple[int, ...]]
+                  ) -> list[Transition]:
+        """``[env.step(action) for env, action in zip(envs, actions)]``, the same transitions
+        and the same state changes, computed together (``envs`` were made by this factory)."""
         ...

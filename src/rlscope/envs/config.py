@@ -24,7 +24,23 @@ class EnvConfig:
     twenty_questions_answerer: Literal["oracle", "model"] = "oracle"
     """twenty_questions: who answers the questions: 'oracle' (rule-based, over the shipped
     table) or 'model' (a frozen rlscope policy warm-started by `rlscope sft` on the table's
-    question/answer pairs, supplied by the trainer)."""
+    question/answer pairs, read from --twenty_questions_answerer_path)."""
+    twenty_questions_answerer_path: str = ""
+    """twenty_questions: with --twenty_questions_answerer model, the answerer's weights: the
+    output directory of `rlscope sft --task twenty_questions_answerer` (its sft.pt), a run
+    directory of `rlscope train --task twenty_questions_answerer` (its latest checkpoint), or
+    such a checkpoint file."""
+    twenty_questions_train_answerer: bool = False
+    """twenty_questions: train the model answerer too (the multi-agent case), after each
+    policy update, with its own optimizer, on the faithful-answer reward: 1 when its sampled
+    answer to a question the policy asked equals the table's (the oracle's), else 0
+    (docs/environments.md)."""
+    twenty_questions_answerer_lr: float = 1e-4
+    """twenty_questions: Adam learning rate of the answerer's own optimizer
+    (--twenty_questions_train_answerer)."""
+    twenty_questions_answerer_samples: int = 4
+    """twenty_questions: answers the trained answerer samples (temperature 1) per question of
+    the batch; its advantage is the reward minus their mean (--twenty_questions_train_answerer)."""
     twenty_questions_turn_penalty: float = 0.0
     """twenty_questions: a correct guess on turn t earns max(0.1, 1 − penalty·(t − 1)); 0 makes
     every correct guess worth 1."""

@@ -9,6 +9,7 @@ picklable, see `rlscope.envs.base`). Torch-free, so a worker starts without impo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlscope.envs.base import Environment, Transition
@@ -39,3 +40,27 @@ def timed_step(env: Environment, action: tuple[int, ...]) -> StepResult:
         transition = Transition(observation=(), reward=0.0, done=True, reason=ERROR_REASON)
         error = True
     return StepResult(env, transition, time.perf_counter() - t0, error)
+
+
+StepMany = Callable[[list[Environment], list[tuple[int, ...]]], list[Transition]]
+"""A factory's ``step_many`` (`rlscope.envs.base.BatchStepping`)."""
+
+
+def timed_steps(envs: list[Environment], actions: list[tuple[int, ...]],
+                step_many: StepMany | None = None) -> list[StepResult]:
+    """`timed_step` of each ``(env, action)``; with ``step_many`` all of them in one call,
+    each charged an equal share of its seconds. If that call raises, every episode of the call
+    ends 'failed' (its environments may have changed part-way)."""
+    if step_many is None or len(envs) < 2:
+        return [timed_step(env, action) for env, action in zip(envs, actions, strict=True)]
+    t0 = time.perf_counter()
+    try:
+        transitions = step_many(envs, actions)
+        errors = [False] * len(envs)
+    except Exception:  # the contract forbids it; the episodes end, the run goes on
+        transitions = [Transition(observation=(), reward=0.0, done=True, reason=ERROR_REASON)
+                       ] * len(envs)
+        errors = [True] * len(envs)
+    seconds = (time.perf_counter() - t0) / len(envs)
+    return [StepResult(env, transition, seconds, error)
+            for env, transition, error in zip(envs, transitions, errors, strict=True)]

@@ -27,10 +27,14 @@ names the hidden object; anything else is ``I can't answer that``.
 
 Answerers. `Answerer` (question tokens → answer tokens, given the hidden object's name) is the
 seam between the environment and whoever answers: `OracleAnswerer` is the rule-based one
-(``twenty_questions_answerer="oracle"``); the ``model`` answerer, a frozen rlscope policy
-warm-started by `rlscope sft` on `answerer_sft_pairs` (prompt `answerer_prompt`), is passed to
-the factory by the trainer. An answer is cut at its first newline and to `MAX_ANSWER_BYTES`,
-and always ends in a newline, whoever wrote it.
+(``twenty_questions_answerer="oracle"``); the ``model`` answerer
+(`rlscope.tasks.answerer.ModelAnswerer`), an rlscope policy warm-started by
+`rlscope sft --task twenty_questions_answerer` on `answerer_sft_pairs` (prompt
+`answerer_prompt`), is loaded by the ``twenty_questions`` task from
+``--twenty_questions_answerer_path`` and passed to the factory. An answerer that is also a
+`BatchAnswerer` answers every question asked at one decoding position in one call
+(`TwentyQuestions.step_many`). An answer is cut at its first newline and to
+`MAX_ANSWER_BYTES`, and always ends in a newline, whoever wrote it.
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ import json
 import random
 from dataclasses import dataclass
 from importlib import resources
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
-from rlscope.envs.base import Transition
+from rlscope.envs.base import Environment, Transition
 from rlscope.envs.config import EnvConfig
 from rlscope.envs.demos import Segment, play
 from rlscope.envs.text import NEWLINE, encode, read_line, solved_reward
@@ -125,6 +129,27 @@ class Answerer(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchAnswerer(Protocol):
+    """An answerer that answers many questions at once (a model: one batched decode)."""
+
+    def answer_many(self, secrets: list[str], questions: list[tuple[int, ...]]
+                    ) -> list[tuple[int, ...]]:
+        """``[answer(s, q) for s, q in zip(secrets, questions)]``, computed together."""
+        ...
+
+
+def answer_all(answerer: Answerer, secrets: list[str], questions: list[tuple[int, ...]]
+               ) -> list[tuple[int, ...]]:
+    """The answers to ``questions`` (about ``secrets``), in one call where ``answerer`` is a
+    `BatchAnswerer`."""
+    if not questions:
+        return []
+    if isinstance(answerer, BatchAnswerer):
+        return answerer.answer_many(secrets, questions)
+    return [answerer.answer(s, q) for s, q in zip(secrets, questions, strict=True)]
+
+
 @dataclass(frozen=True)
 class OracleAnswerer:
     """The rule-based answerer over the table (the module docstring's question grammar)."""
@@ -167,6 +192,11 @@ def answerer_sft_pairs(table: Table | None = None) -> list[tuple[list[int], list
             for secret in table.names for q in questions]
 
 
+def secret_index(seed: int, table: Table) -> int:
+    """The hidden object (its index in ``table``) of the episode of ``seed``."""
+    return random.Random(seed).randrange(len(table.names))
+
+
 def clean_answer(answer: tuple[int, ...]) -> tuple[int, ...]:
     """An answerer's tokens as one line: cut at the first newline and to
     `MAX_ANSWER_BYTES` − 1 ids, then a newline."""
@@ -190,8 +220,14 @@ class TwentyQuestionsEnv:
         self.turns = 0
         return encode(INTRO)
 
-    def step(self, action: tuple[int, ...]) -> Transition:
-        """Answer one question (see the module docstring)."""
+    @property
+    def secret_name(self) -> str:
+        """The hidden object's name (what the answerer is told)."""
+        return self.table.names[self.secret]
+
+    def judge(self, action: tuple[int, ...]) -> Transition | None:
+        """Take one policy turn: its transition, or None when it is a question for the
+        answerer (then `answered` gives the transition)."""
         self.turns += 1
         text, terminated = read_line(action)
         question = normalise(text)
@@ -202,8 +238,19 @@ class TwentyQuestionsEnv:
         if self.table.attribute_of(question) is None \
                 and self.table.guessed(question) == self.secret:
             return Transition((), solved_reward(self.turns, self.turn_penalty), True, "solved")
-        answer = self.answerer.answer(self.table.names[self.secret], tuple(action))
+        return None
+
+    @staticmethod
+    def answered(answer: tuple[int, ...]) -> Transition:
+        """The transition of a question the answerer answered with ``answer``."""
         return Transition(clean_answer(answer), 0.0, False)
+
+    def step(self, action: tuple[int, ...]) -> Transition:
+        """Answer one question (see the module docstring)."""
+        judged = self.judge(action)
+        if judged is not None:
+            return judged
+        return self.answered(self.answerer.answer(self.secret_name, tuple(action)))
 
 
 class TwentyQuestions:
@@ -229,19 +276,37 @@ class TwentyQuestions:
         if self.cfg.twenty_questions_answerer not in ("oracle", "model"):
             problems.append(f"--twenty_questions_answerer must be 'oracle' or 'model' "
                             f"(got {self.cfg.twenty_questions_answerer!r})")
-        elif self.answerer is None:
-            problems.append("--twenty_questions_answerer model needs a model answerer, which "
-                            "this run does not provide; use --twenty_questions_answerer oracle")
+        elif self.answerer is None and not self.cfg.twenty_questions_answerer_path:
+            problems.append("--twenty_questions_answerer model needs "
+                            "--twenty_questions_answerer_path DIR (the output of rlscope sft "
+                            "--task twenty_questions_answerer), or use "
+                            "--twenty_questions_answerer oracle")
         if not 0.0 <= self.cfg.twenty_questions_turn_penalty <= 1.0:
             problems.append(f"--twenty_questions_turn_penalty must be in [0, 1] "
                             f"(got {self.cfg.twenty_questions_turn_penalty})")
         return problems
 
+    def step_many(self, envs: list[Environment], actions: list[tuple[int, ...]]
+                  ) -> list[Transition]:
+        """Step ``envs`` (this factory's) on ``actions``: the questions for the answerer are
+        answered in one `answer_all` call (one batched decode for a model answerer)."""
+        episodes = [cast(TwentyQuestionsEnv, env) for env in envs]
+        judged = [env.judge(action) for env, action in zip(episodes, actions, strict=True)]
+        asking = [i for i, t in enumerate(judged) if t is None]
+        if asking and self.answerer is None:
+            raise ValueError("twenty_questions: no answerer (see validate)")
+        answers = answer_all(cast(Answerer, self.answerer),
+                             [episodes[i].secret_name for i in asking],
+                             [tuple(actions[i]) for i in asking])
+        for i, answer in zip(asking, answers, strict=True):
+            judged[i] = TwentyQuestionsEnv.answered(answer)
+        return [t for t in judged if t is not None]
+
     def make(self, seed: int) -> TwentyQuestionsEnv:
         """The episode whose hidden object is drawn from ``seed``."""
         if self.answerer is None:
             raise ValueError("twenty_questions: no answerer (see validate)")
-        secret = random.Random(seed).randrange(len(self.table.names))
+        secret = secret_index(seed, self.table)
         return TwentyQuestionsEnv(self.table, secret, self.answerer,
                                   self.cfg.twenty_questions_turn_penalty)
 

@@ -433,6 +433,20 @@ METRICS: tuple[MetricDef, ...] = (
     _m("episode/env_tokens_in_loss", "tokens", "frac", "rollout",
        "interactive tasks: fraction of environment tokens inside the learner's loss mask "
        "(0 in a correct run; the doctor's env_tokens_in_loss rule)"),
+    # issue 20, twenty_questions' model answerer (--twenty_questions_answerer model)
+    _m("eval/accuracy", "prompts", "seq_mean", "eval",
+       "twenty_questions_answerer: greedy answers equal to the table oracle's"),
+    _m("answerer/questions", "steps", "value", "rollout",
+       "twenty_questions, model answerer: questions it answered in the batch's episodes"),
+    _m("answerer/accuracy", "steps", "frac", "rollout",
+       "twenty_questions, model answerer: its answers in the batch's episodes equal to the "
+       "table oracle's"),
+    _m("answerer/loss", "steps", "value", "update",
+       "twenty_questions --twenty_questions_train_answerer: the answerer's REINFORCE loss "
+       "(faithful-answer reward, per-question mean baseline)"),
+    _m("answerer/reward_mean", "steps", "seq_mean", "update",
+       "twenty_questions --twenty_questions_train_answerer: mean faithful-answer reward of the "
+       "answerer's sampled answers (1 = the oracle's answer)"),
     # issue 21, learnability (COMPANIONS.md §5): unique_path's exact metrics, read from the
     # tabular policy (p_d = π(target | x, d), reach_d = Π_{t<d} p_t, q = Π_d p_d)
     _m("eval/success_probability", "prompts", "seq_mean", "eval",

@@ -22,7 +22,10 @@ One loop, position by position over the KV cache, advances every row by one toke
 A policy turn ends at one of the factory's ``turn_stop_token_ids`` or after
 ``budget.max_turn_tokens`` tokens; the row's environment then steps (`rlscope.envs.stepping`:
 synchronously in this process, or with an `EpisodePool` in worker processes while other
-sub-batches decode), and its observation is fed from the next position on. Budgets
+sub-batches decode; in this process the turns that end at one position step in one
+``factory.step_many`` call where the factory is `rlscope.envs.base.BatchStepping`, e.g.
+twenty_questions' model answerer answering them in one batched decode), and its observation is
+fed from the next position on. Budgets
 (`rlscope.envs.EpisodeBudget`) truncate an episode with the first reason reached:
 ``max_turns`` after the last allowed turn (recorded as ``max_turn_tokens`` instead when that
 last turn was itself cut by the per-turn limit), ``max_episode_tokens`` when the completion is
@@ -52,12 +55,13 @@ from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.envs.base import (
     DONE_REASONS,
     TRUNCATION_REASONS,
+    BatchStepping,
     Environment,
     EnvironmentFactory,
     EpisodeBudget,
     Transition,
 )
-from rlscope.envs.stepping import ERROR_REASON, StepResult, timed_step
+from rlscope.envs.stepping import ERROR_REASON, StepMany, StepResult, timed_step, timed_steps
 from rlscope.policy.base import Policy
 from rlscope.sampling.draw import Draw, SamplingConfig, draw
 from rlscope.sampling.processors import gumbel_offsets
@@ -287,11 +291,12 @@ def _joined(parts: list[dict[str, torch.Tensor | None]], pad_token_id: int
 
 
 def _drive(loops: list[Generator[Requests, list[StepResult], dict[str, torch.Tensor | None]]],
-           rows: list[list[_Row]], pool: EpisodePool | None
+           rows: list[list[_Row]], pool: EpisodePool | None, step_many: StepMany | None = None
            ) -> list[dict[str, torch.Tensor | None]]:
     """Run the sub-batches' loops to their end: environment steps in this process (``pool``
-    None, one loop) or in the pool's workers, a loop resuming as soon as all the steps it
-    waits for are done while the others decode."""
+    None, one loop; the steps of one position in one ``step_many`` call where the factory
+    has it) or in the pool's workers, a loop resuming as soon as all the steps it waits for
+    are done while the others decode."""
     results: dict[int, dict[str, torch.Tensor | None]] = {}
     waiting: dict[int, tuple[Requests, list[Future[StepResult]]]] = {}
 
@@ -303,7 +308,8 @@ def _drive(loops: list[Generator[Requests, list[StepResult], dict[str, torch.Ten
                 results[k] = stop.value
                 return
             if pool is None:
-                sent = [timed_step(rows[k][i].env, action) for i, action in requests]
+                sent = timed_steps([rows[k][i].env for i, _ in requests],
+                                   [action for _, action in requests], step_many)
                 continue
             waiting[k] = requests, [pool.submit(rows[k][i].env, action)
                                     for i, action in requests]
@@ -380,7 +386,8 @@ def generate_episodes(policy: Policy, factory: EnvironmentFactory, env_seeds_B: 
                           else sub.attention_mask_BP[:, -width:])
         loops.append(_decode(policy, rows[c], sub, budget, stops, cfg, row_seeds_B[c],
                              pad_token_id, with_entropy, with_sum_p2))
-    decoded = _joined(_drive(loops, [rows[c] for c in chunks], pool), pad_token_id)
+    step_many = factory.step_many if isinstance(factory, BatchStepping) else None
+    decoded = _joined(_drive(loops, [rows[c] for c in chunks], pool, step_many), pad_token_id)
     prompt_mask = prompts.attention_mask_BP
     assert prompt_mask is not None
     rewards_BK = torch.zeros(B, budget.max_turns, device=device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlscope.tasks.answerer import AnswererTask
 from rlscope.tasks.arithmetic import ArithmeticTask
 from rlscope.tasks.bandit import DigitsBanditTask
 from rlscope.tasks.base import (
@@ -19,6 +20,7 @@ from rlscope.tasks.base import (
     TaskTraits,
     Tokenized,
     TrainingChecks,
+    TrainsCompanion,
     WatchesPolicy,
 )
 from rlscope.tasks.chains import ChainArithmeticTask, FormatAnswerTask
@@ -28,6 +30,7 @@ from rlscope.tasks.length_target import LengthTargetTask
 from rlscope.tasks.lm_bandit import LMBanditTask
 from rlscope.tasks.preference import PreferenceTask
 from rlscope.tasks.reversal import ChainReversalTask, MaskedReversalTask, ReversalTask
+from rlscope.tasks.twenty_questions import TwentyQuestionsTask
 from rlscope.tasks.unique_path import UniquePathTask
 
 TASKS: dict[str, Callable[[TaskConfig], Task]] = {
@@ -48,10 +51,8 @@ TASKS: dict[str, Callable[[TaskConfig], Task]] = {
         "guess_number", "guess_",
         "Multi-turn: guess a hidden number, told higher or lower each turn; fewer turns "
         "earn more."),
-    "twenty_questions": environment_task(
-        "twenty_questions", "twenty_questions_",
-        "Multi-turn: find a hidden object by yes/no questions to an answerer (rule-based "
-        "oracle over a shipped table)."),
+    "twenty_questions": TwentyQuestionsTask,  # an environment task that owns its answerer
+    "twenty_questions_answerer": AnswererTask,  # the model answerer's warm start
     "calculator_tool": environment_task(
         "calculator_tool", "calculator_",
         "Multi-turn: a word problem with a calc(...) tool evaluated safely; reward for the "
@@ -72,4 +73,4 @@ def make_task(name: str, cfg: TaskConfig | None = None) -> Task:
 
 __all__ = ["TASKS", "GroupSized", "Interactive", "OwnsPolicy", "PreferencePairs", "Scores",
            "SupervisedPairs", "Task", "TaskConfig", "TaskTraits", "Tokenized", "TrainingChecks",
-           "WatchesPolicy", "make_task"]
+           "TrainsCompanion", "WatchesPolicy", "make_task"]

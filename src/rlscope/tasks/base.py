@@ -32,13 +32,17 @@ The contract, in full (every check on a task goes through one of these; none thr
     multi-turn task; the loop samples its rows as episodes against the factory's environments
     (`rlscope.sampling.episodes.generate_episodes`) instead of single completions. Its prompts
     carry ``env_seeds_B``. `rlscope.tasks.episodes.EpisodeTask` adapts any factory.
+  - `TrainsCompanion` (``start_companion``, ``companion_step``, ``companion_state``,
+    ``load_companion_state``): the task owns a second model besides the policy
+    (twenty_questions' model answerer); the loop puts it on the run's device, lets the task
+    train or measure it after each policy update, and checkpoints its state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -338,6 +342,30 @@ class Interactive(Protocol):
     @property
     def episode_pool(self) -> EpisodePool | None:
         """Worker processes its environments step in (``--env_processes``), or None."""
+        ...
+
+
+@runtime_checkable
+class TrainsCompanion(Protocol):
+    """A task that owns a second model (twenty_questions' model answerer): built by the task,
+    put on the run's device when the run starts, trained (or only measured) by the task after
+    each policy update, its state checkpointed with the run's so that a resume is exact."""
+
+    def start_companion(self, device: torch.device, seed: int) -> None:
+        """Move the companion to ``device``; seed its own streams from the run's ``seed``."""
+        ...
+
+    def companion_step(self, batch: RolloutBatch) -> dict[str, torch.Tensor]:
+        """After the policy's update on ``batch``: the companion's update (when it trains) and
+        its metrics."""
+        ...
+
+    def companion_state(self) -> dict[str, Any]:
+        """What a checkpoint must hold to restore the companion exactly (``{}``: nothing)."""
+        ...
+
+    def load_companion_state(self, state: dict[str, Any]) -> None:
+        """Restore `companion_state`'s ``state`` (after `start_companion`)."""
         ...
 
 
