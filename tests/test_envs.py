@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import random
+import re
 import time
 from typing import Any
 
@@ -120,6 +121,8 @@ def test_config_validation_messages() -> None:
         "--twenty_questions_turn_penalty must be in [0, 1] (got -0.1)"]
     assert problems("calculator_tool", calculator_difficulty=4) == [
         "--calculator_difficulty must be 1, 2 or 3 (got 4)"]
+    assert problems("calculator_tool", calculator_max_operand=1) == [
+        "--calculator_max_operand must be in 2..99 (got 1)"]
     assert problems("calculator_tool", calculator_max_depth=0, calculator_max_expr_chars=5000,
                     calculator_max_magnitude=10) == [
         "--calculator_max_expr_chars must be in 1..1000 (got 5000)",
@@ -387,6 +390,25 @@ def test_calculator_problems_are_consistent_and_demos_solve_them(difficulty: int
         assert [is_policy for _, is_policy in segments] == [False, True, False, True]
         assert text(segments[2][0]) == f"= {problem.answer}\n"
     assert len(texts) >= 50
+
+
+def test_calculator_max_operand_bounds_the_numbers_and_keeps_the_default_problems() -> None:
+    default, explicit = CalculatorTool(EnvConfig()), CalculatorTool(
+        EnvConfig(calculator_max_operand=99))
+    assert [default.make(s).problem for s in range(40)] == \
+        [explicit.make(s).problem for s in range(40)]
+    assert max(max(map(int, re.findall(r"[0-9]+", default.make(s).problem.expression)))
+               for s in range(40)) > 9
+    for difficulty in (1, 2, 3):
+        small = CalculatorTool(EnvConfig(calculator_difficulty=difficulty,
+                                         calculator_max_operand=9))
+        for seed in range(40):
+            problem = small.make(seed).problem
+            numbers = [int(n) for n in re.findall(r"[0-9]+", problem.expression)]
+            assert evaluate(problem.expression) == problem.answer >= 0
+            # level 3's shared-out count is c·k, k ≤ 9, as at the default
+            assert all(2 <= n <= 9 for n in numbers[1 if difficulty == 3 and "/" in
+                                                    problem.expression else 0:])
 
 
 # ---------------------------------------------------------------- code_repair

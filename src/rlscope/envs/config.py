@@ -31,6 +31,10 @@ class EnvConfig:
     calculator_difficulty: int = 1
     """calculator_tool: word-problem level, 1 (one + or −), 2 (a product and a sum or
     difference) or 3 (two products, or a product shared out by exact division)."""
+    calculator_max_operand: int = 99
+    """calculator_tool: largest number in a word problem, 2..99 (levels 2 and 3 draw their
+    factors from 2..min(19, this)); smaller is easier: 9 makes every operand one digit, which
+    the tiny model learns to copy (docs/recipes.md). 99 keeps the problems as they were."""
     calculator_max_expr_chars: int = 64
     """calculator_tool: longest expression ``calc(...)`` evaluates (longer: an error line)."""
     calculator_max_depth: int = 8
