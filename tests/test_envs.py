@@ -470,6 +470,21 @@ def test_code_repair_rewards_with_planted_results(monkeypatch: pytest.MonkeyPatc
                                         "return -2 (wrong answer)\n" + env.spec.prompt)
 
 
+def test_code_repair_demonstrations_run_the_sandbox_once_per_spec(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = []
+    monkeypatch.setattr("rlscope.envs.code_repair.run_tests",
+                        lambda *a, **k: runs.append(a) or _result([True] * 4))
+    factory = CodeRepair(FAST_CODE)
+    demos = [factory.demonstration(seed) for seed in range(60)]
+    functions = {factory.make(seed).spec.function for seed in range(60)}
+    assert len(runs) == len(functions) >= 2
+    for seed, segments in enumerate(demos):
+        spec = factory.make(seed).spec
+        assert segments == [(encode(spec.prompt), False),
+                            ((*encode(spec.reference), END_ID), True)]
+
+
 def test_code_repair_episode_in_the_sandbox() -> None:
     """A wrong body gets the failing test back, a body that never terminates is killed and
     reported, a syntax error is reported, the revised body solves the episode (four sandbox

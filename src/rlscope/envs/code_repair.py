@@ -131,6 +131,7 @@ class CodeRepair:
         self.limits = SandboxLimits(cpu_seconds=cfg.code_repair_cpu_seconds,
                                     wall_seconds=cfg.code_repair_wall_seconds,
                                     per_test_seconds=cfg.code_repair_per_test_seconds)
+        self._demos: dict[tuple[int, int], list[Segment]] = {}
 
     def validate(self) -> list[str]:
         """Problems with the code_repair options, each saying what to change."""
@@ -157,7 +158,12 @@ class CodeRepair:
                              self.cfg.code_repair_show_expected)
 
     def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
-        """The reference body and END (one turn; runs the sandbox once)."""
-        env = self.make(seed)
-        body = (*encode(env.spec.reference), END_ID)
-        return play(env, lambda segments: body, max_turns)
+        """The reference body and END (one turn). The episode depends on the seed only through
+        its spec, so each spec's is played once (one sandbox run) and then reused: `rlscope
+        sft` draws a fresh seed per pair, and a sandbox run per pair dominated its steps."""
+        index = random.Random(seed).randrange(len(self.specs))
+        if (index, max_turns) not in self._demos:
+            env = self.make(seed)
+            body = (*encode(env.spec.reference), END_ID)
+            self._demos[index, max_turns] = play(env, lambda segments: body, max_turns)
+        return list(self._demos[index, max_turns])
