@@ -36,12 +36,14 @@ RECIPES: dict[str, dict[str, list[str]]] = {
                "--eval_every", "25"],
     },
     "calculator_tool": {
-        "task": ["--task", "calculator_tool", "--calculator_difficulty", "1", "--max_turns", "3",
+        # one-digit numbers: with 2..99 the warm start copies neither operand (docs/recipes.md)
+        "task": ["--task", "calculator_tool", "--calculator_difficulty", "1",
+                 "--calculator_max_operand", "9", "--max_turns", "3",
                  "--max_turn_tokens", "16", "--max_episode_tokens", "48",
-                 "--eval_batches", "2", "--eval_batch_size", "32"],
-        "sft": ["--num_steps", "300", "--batch_size", "32", "--lr", "3e-3"],
-        "rl": ["--method", "grpo", "--num_steps", "60", "--batch_size", "64", "--lr", "3e-4",
-               "--eval_every", "20"],
+                 "--eval_batches", "4", "--eval_batch_size", "32"],
+        "sft": ["--num_steps", "600", "--batch_size", "32", "--lr", "3e-3"],
+        "rl": ["--method", "grpo", "--num_steps", "100", "--batch_size", "128", "--lr", "3e-4",
+               "--eval_every", "25"],
     },
     "twenty_questions": {
         "task": ["--task", "twenty_questions", "--twenty_questions_turn_penalty", "0.1",

@@ -134,6 +134,20 @@ def test_config_validation_messages() -> None:
         "--code_repair_cpu_seconds, --code_repair_wall_seconds, "
         "--code_repair_per_test_seconds > 0)",
         "--code_repair_feedback_chars must be >= 20 (got 5)"]
+    assert problems("code_repair", code_repair_unsafe_sandbox=UNSAFE,
+                    code_repair_max_reference_chars=-1) == [
+        "--code_repair_max_reference_chars must be >= 0 (got -1)"]
+    assert problems("code_repair", code_repair_unsafe_sandbox=UNSAFE,
+                    code_repair_max_reference_chars=5) == [
+        "code_repair has no specs in the chosen split (--code_repair_heldout=False, "
+        "--code_repair_max_reference_chars=5): raise --code_repair_max_reference_chars or set "
+        "it to 0"]
+    short = CodeRepair(EnvConfig(code_repair_max_reference_chars=50))
+    assert [s.function for s in short.specs] == [
+        "add", "is_palindrome", "maximum", "reverse_string", "count_vowels", "sum_list",
+        "count_words", "gcd", "digit_sum", "clamp"]
+    assert all(len(s.reference) <= 50 for s in short.specs)
+    assert len(CodeRepair(EnvConfig()).specs) == 17
 
 
 @pytest.mark.parametrize("name", list(ENVIRONMENTS))

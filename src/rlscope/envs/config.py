@@ -61,6 +61,10 @@ class EnvConfig:
     code_repair_heldout: bool = False
     """code_repair: draw the specifications from the held-out set (evaluation) instead of the
     training set."""
+    code_repair_max_reference_chars: int = 0
+    """code_repair: keep only the specs whose reference body has at most this many characters
+    (an easier family; 50 keeps 10 of the 17 training specs, mostly one-line bodies such as
+    ``return s[::-1]``); 0 keeps every spec."""
     code_repair_unsafe_sandbox: bool = False
     """code_repair: run the code in the weak subprocess sandbox instead of the isolated one
     (docs/sandbox.md); only for machines without bubblewrap, never with an adversarial
