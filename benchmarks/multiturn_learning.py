@@ -62,8 +62,8 @@ RECIPES: dict[str, dict[str, list[str]]] = {
                  "--code_repair_max_reference_chars", "50", "--code_repair_feedback_chars", "80",
                  "--max_turns", "2", "--max_turn_tokens", "64", "--max_episode_tokens", "320",
                  "--eval_batches", "2", "--eval_batch_size", "20"],
-        "sft": ["--num_steps", "130", "--batch_size", "32", "--lr", "3e-3"],
-        "rl": ["--method", "grpo", "--num_steps", "30", "--batch_size", "32", "--lr", "3e-4",
+        "sft": ["--num_steps", "200", "--batch_size", "32", "--lr", "3e-3"],
+        "rl": ["--method", "grpo", "--num_steps", "30", "--batch_size", "32", "--lr", "1e-4",
                "--eval_every", "10"],
     },
 }
