@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import random
+import re
 import time
 from typing import Any
 
@@ -121,6 +122,8 @@ def test_config_validation_messages() -> None:
         "--twenty_questions_turn_penalty must be in [0, 1] (got -0.1)"]
     assert problems("calculator_tool", calculator_difficulty=4) == [
         "--calculator_difficulty must be 1, 2 or 3 (got 4)"]
+    assert problems("calculator_tool", calculator_max_operand=1) == [
+        "--calculator_max_operand must be in 2..99 (got 1)"]
     assert problems("calculator_tool", calculator_max_depth=0, calculator_max_expr_chars=5000,
                     calculator_max_magnitude=10) == [
         "--calculator_max_expr_chars must be in 1..1000 (got 5000)",
@@ -132,6 +135,20 @@ def test_config_validation_messages() -> None:
         "--code_repair_cpu_seconds, --code_repair_wall_seconds, "
         "--code_repair_per_test_seconds > 0)",
         "--code_repair_feedback_chars must be >= 20 (got 5)"]
+    assert problems("code_repair", code_repair_unsafe_sandbox=UNSAFE,
+                    code_repair_max_reference_chars=-1) == [
+        "--code_repair_max_reference_chars must be >= 0 (got -1)"]
+    assert problems("code_repair", code_repair_unsafe_sandbox=UNSAFE,
+                    code_repair_max_reference_chars=5) == [
+        "code_repair has no specs in the chosen split (--code_repair_heldout=False, "
+        "--code_repair_max_reference_chars=5): raise --code_repair_max_reference_chars or set "
+        "it to 0"]
+    short = CodeRepair(EnvConfig(code_repair_max_reference_chars=50))
+    assert [s.function for s in short.specs] == [
+        "add", "is_palindrome", "maximum", "reverse_string", "count_vowels", "sum_list",
+        "count_words", "gcd", "digit_sum", "clamp"]
+    assert all(len(s.reference) <= 50 for s in short.specs)
+    assert len(CodeRepair(EnvConfig()).specs) == 17
 
 
 @pytest.mark.parametrize("name", list(ENVIRONMENTS))
@@ -390,6 +407,25 @@ def test_calculator_problems_are_consistent_and_demos_solve_them(difficulty: int
     assert len(texts) >= 50
 
 
+def test_calculator_max_operand_bounds_the_numbers_and_keeps_the_default_problems() -> None:
+    default, explicit = CalculatorTool(EnvConfig()), CalculatorTool(
+        EnvConfig(calculator_max_operand=99))
+    assert [default.make(s).problem for s in range(40)] == \
+        [explicit.make(s).problem for s in range(40)]
+    assert max(max(map(int, re.findall(r"[0-9]+", default.make(s).problem.expression)))
+               for s in range(40)) > 9
+    for difficulty in (1, 2, 3):
+        small = CalculatorTool(EnvConfig(calculator_difficulty=difficulty,
+                                         calculator_max_operand=9))
+        for seed in range(40):
+            problem = small.make(seed).problem
+            numbers = [int(n) for n in re.findall(r"[0-9]+", problem.expression)]
+            assert evaluate(problem.expression) == problem.answer >= 0
+            # level 3's shared-out count is c·k, k ≤ 9, as at the default
+            assert all(2 <= n <= 9 for n in numbers[1 if difficulty == 3 and "/" in
+                                                    problem.expression else 0:])
+
+
 # ---------------------------------------------------------------- code_repair
 
 
@@ -447,6 +483,21 @@ def test_code_repair_rewards_with_planted_results(monkeypatch: pytest.MonkeyPatc
     # the body had no final newline: the feedback starts on a new line, then the prompt again
     assert text(out[0].observation) == ("\n# 2/4 tests passed; failed: add(-5, 3) should "
                                         "return -2 (wrong answer)\n" + env.spec.prompt)
+
+
+def test_code_repair_demonstrations_run_the_sandbox_once_per_spec(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = []
+    monkeypatch.setattr("rlscope.envs.code_repair.run_tests",
+                        lambda *a, **k: runs.append(a) or _result([True] * 4))
+    factory = CodeRepair(FAST_CODE)
+    demos = [factory.demonstration(seed) for seed in range(60)]
+    functions = {factory.make(seed).spec.function for seed in range(60)}
+    assert len(runs) == len(functions) >= 2
+    for seed, segments in enumerate(demos):
+        spec = factory.make(seed).spec
+        assert segments == [(encode(spec.prompt), False),
+                            ((*encode(spec.reference), END_ID), True)]
 
 
 def test_code_repair_episode_in_the_sandbox() -> None:

@@ -1,7 +1,7 @@
 """Unmodified tinker-cookbook recipes that look models up by hub name, run offline against
 `rlscope serve` (issue 20): ``rl_loop``, ``sl_basic``, ``rl_basic``, the multi-turn
 ``guess_number`` and ``twenty_questions`` (whose answerer is a second model, served through the
-alias table).
+alias table), and the text-arena tic-tac-toe self-play recipe.
 
 The server maps the hub names to tiny models (``--models``) and writes their tokenizers to a
 Hugging Face cache (``--write_hf_cache``); the recipes run with ``HF_HOME`` pointing there and
@@ -129,6 +129,10 @@ def test_guess_number_runs_offline_with_the_qwen_chat_renderer(server: Server,
     assert row["env/all/total_episodes"] == 2
     assert float(row["env/all/turns_per_episode"]) >= 1  # type: ignore[arg-type]
     assert "Qwen/Qwen3.5-4B" in _trained_base_models(server)
+    engine = server.app.state.context.engine
+    opponents = [w for w in engine.samplers.values()
+                 if w.base_model == "Qwen/Qwen3.5-4B" and w.params is None]
+    assert opponents  # the test opponent: the untrained base model
 
 
 @pytest.mark.slow
@@ -147,3 +151,30 @@ def test_twenty_questions_runs_offline_with_its_answerer_model(server: Server,
     answerers = [w for w in engine.samplers.values() if w.base_model == "Qwen/Qwen3.5-9B"]
     assert answerers and all(w.params is None for w in answerers)
     assert "tiny-qwen2-chat" in engine.base_policies
+
+
+@pytest.mark.slow
+def test_text_arena_tictactoe_runs_offline_in_self_play(server: Server, tmp_path: Path) -> None:
+    """The text-arena tic-tac-toe recipe (needs the `textarena` package: the `cookbook` and
+    `dev` extras): self-play for training, the untrained base model as the test opponent (a
+    base-model sampler of the same hub name). TextArena's TicTacToe-v0 is local code: no
+    network."""
+    pytest.importorskip("textarena")
+    log_path = tmp_path / "tictactoe"
+    out = _recipe(server, "tinker_cookbook.recipes.multiplayer_rl.text_arena.train", log_path,
+                  "batch_size=4", "num_train_datapoints=4", "num_test_datapoints=2",
+                  "max_tokens=8", "max_steps=1", "eval_every=1", "save_every=0",
+                  "behavior_if_log_dir_exists=delete")
+    rows = _jsonl(log_path / "metrics.jsonl")
+    assert rows, out[-2000:]
+    train = [r for r in rows if "env/all/total_episodes" in r]
+    # one self-play step: 2 games, both players' episodes
+    assert train and train[-1]["env/all/total_episodes"] == 4
+    test = [r for r in rows if "test/env/all/reward/total" in r]
+    # a random byte-level player writes illegal moves: every reward is in [-2, 1]
+    assert test and -2.0 <= float(test[0]["test/env/all/reward/total"]) <= 1.0  # type: ignore[arg-type]
+    assert "Qwen/Qwen3.5-4B" in _trained_base_models(server)
+    engine = server.app.state.context.engine
+    opponents = [w for w in engine.samplers.values()
+                 if w.base_model == "Qwen/Qwen3.5-4B" and w.params is None]
+    assert opponents  # the test opponent: the untrained base model

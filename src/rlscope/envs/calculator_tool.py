@@ -154,12 +154,15 @@ class Problem:
     answer: int
 
 
-def make_problem(rng: random.Random, difficulty: int) -> Problem:
-    """A word problem of level ``difficulty`` (1–3) from ``rng``."""
+def make_problem(rng: random.Random, difficulty: int, max_operand: int = 99) -> Problem:
+    """A word problem of level ``difficulty`` (1–3) from ``rng``: the numbers of level 1 and the
+    added or removed number of level 2 are drawn from 2..``max_operand``, the factors from
+    2..min(19, ``max_operand``) (99, the default, is the original distribution)."""
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     template = rng.randrange(2)
+    big, small = max_operand, min(19, max_operand)
     if difficulty == 1:
-        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        a, b = rng.randint(2, big), rng.randint(2, big)
         if template == 0:
             return Problem(f"{name} has {a} {item}s and gets {b} more. How many {item}s does "
                            f"{name} have now?", f"{a}+{b}", a + b)
@@ -167,14 +170,14 @@ def make_problem(rng: random.Random, difficulty: int) -> Problem:
         return Problem(f"{name} has {a} {item}s and gives away {b}. How many {item}s are "
                        "left?", f"{a}-{b}", a - b)
     if difficulty == 2:
-        a, b, c = rng.randint(2, 19), rng.randint(2, 19), rng.randint(2, 99)
+        a, b, c = rng.randint(2, small), rng.randint(2, small), rng.randint(2, big)
         if template == 0:
             c = min(c, a * b)
             return Problem(f"{name} buys {a} bags of {b} {item}s and gives away {c}. How many "
                            f"{item}s are left?", f"{a}*{b}-{c}", a * b - c)
         return Problem(f"{name} has {c} {item}s and buys {a} bags of {b} more. How many "
                        f"{item}s does {name} have now?", f"{c}+{a}*{b}", c + a * b)
-    a, b, c, d = (rng.randint(2, 19) for _ in range(4))
+    a, b, c, d = (rng.randint(2, small) for _ in range(4))
     if template == 0:
         return Problem(f"{name} has {a} bags of {b} {item}s and {c} boxes of {d} {item}s. How "
                        f"many {item}s is that in all?", f"{a}*{b}+{c}*{d}", a * b + c * d)
@@ -228,6 +231,9 @@ class CalculatorTool:
     def validate(self) -> list[str]:
         """Problems with the calculator_tool options, each saying what to change."""
         problems = []
+        if not 2 <= self.cfg.calculator_max_operand <= 99:
+            problems.append(f"--calculator_max_operand must be in 2..99 "
+                            f"(got {self.cfg.calculator_max_operand})")
         if self.cfg.calculator_difficulty not in (1, 2, 3):
             problems.append(f"--calculator_difficulty must be 1, 2 or 3 "
                             f"(got {self.cfg.calculator_difficulty})")
@@ -244,8 +250,9 @@ class CalculatorTool:
 
     def make(self, seed: int) -> CalculatorEnv:
         """The episode whose word problem is drawn from ``seed``."""
-        return CalculatorEnv(make_problem(random.Random(seed), self.cfg.calculator_difficulty),
-                             self.limits)
+        problem = make_problem(random.Random(seed), self.cfg.calculator_difficulty,
+                               self.cfg.calculator_max_operand)
+        return CalculatorEnv(problem, self.limits)
 
     def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
         """One ``calc(...)`` of the problem's expression, then ``answer`` with its result."""

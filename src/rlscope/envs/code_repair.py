@@ -4,7 +4,9 @@ policy revises (issue 20).
 
 Specs. The code task's `rlscope/data/code_specs.json` (signature, docstring, reference body,
 hidden tests ``function(*args) == expected``); training specs by default, the held-out ones
-with ``code_repair_heldout``. The episode's spec is drawn from the seed.
+with ``code_repair_heldout``; ``code_repair_max_reference_chars`` keeps only the specs whose
+reference body is that short (an easier family: mostly one-line bodies). The episode's spec
+is drawn from the seed.
 
 Tokens. Byte ids 0..255 plus the code task's END token (`END`, id 256), which ends a policy
 turn (the turn's stop token), so a body may span lines. The initial observation is the spec's
@@ -126,11 +128,14 @@ class CodeRepair:
     def __init__(self, cfg: EnvConfig, specs: tuple[CodeSpec, ...] | None = None) -> None:
         """``specs``: default the shipped ones (tests may pass their own)."""
         self.cfg = cfg
+        longest = cfg.code_repair_max_reference_chars
         self.specs = tuple(s for s in (load_specs() if specs is None else specs)
-                           if s.heldout == cfg.code_repair_heldout)
+                           if s.heldout == cfg.code_repair_heldout
+                           and (longest <= 0 or len(s.reference) <= longest))
         self.limits = SandboxLimits(cpu_seconds=cfg.code_repair_cpu_seconds,
                                     wall_seconds=cfg.code_repair_wall_seconds,
                                     per_test_seconds=cfg.code_repair_per_test_seconds)
+        self._demos: dict[tuple[int, int], list[Segment]] = {}
 
     def validate(self) -> list[str]:
         """Problems with the code_repair options, each saying what to change."""
@@ -140,9 +145,15 @@ class CodeRepair:
         if self.cfg.code_repair_feedback_chars < 20:
             problems.append(f"--code_repair_feedback_chars must be >= 20 "
                             f"(got {self.cfg.code_repair_feedback_chars})")
-        if not self.specs:
+        if self.cfg.code_repair_max_reference_chars < 0:
+            problems.append(f"--code_repair_max_reference_chars must be >= 0 "
+                            f"(got {self.cfg.code_repair_max_reference_chars})")
+        elif not self.specs:
             problems.append("code_repair has no specs in the chosen split "
-                            f"(--code_repair_heldout={self.cfg.code_repair_heldout})")
+                            f"(--code_repair_heldout={self.cfg.code_repair_heldout}, "
+                            f"--code_repair_max_reference_chars="
+                            f"{self.cfg.code_repair_max_reference_chars}): raise "
+                            "--code_repair_max_reference_chars or set it to 0")
         if not self.cfg.code_repair_unsafe_sandbox and (problem := isolation_problem()):
             problems.append(f"code_repair refuses to run generated code without the isolated "
                             f"sandbox ({problem}): {INSTALL_HINT}")
@@ -157,7 +168,12 @@ class CodeRepair:
                              self.cfg.code_repair_show_expected)
 
     def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
-        """The reference body and END (one turn; runs the sandbox once)."""
-        env = self.make(seed)
-        body = (*encode(env.spec.reference), END_ID)
-        return play(env, lambda segments: body, max_turns)
+        """The reference body and END (one turn). The episode depends on the seed only through
+        its spec, so each spec's is played once (one sandbox run) and then reused: `rlscope
+        sft` draws a fresh seed per pair, and a sandbox run per pair dominated its steps."""
+        index = random.Random(seed).randrange(len(self.specs))
+        if (index, max_turns) not in self._demos:
+            env = self.make(seed)
+            body = (*encode(env.spec.reference), END_ID)
+            self._demos[index, max_turns] = play(env, lambda segments: body, max_turns)
+        return list(self._demos[index, max_turns])

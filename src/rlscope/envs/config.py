@@ -47,6 +47,10 @@ class EnvConfig:
     calculator_difficulty: int = 1
     """calculator_tool: word-problem level, 1 (one + or −), 2 (a product and a sum or
     difference) or 3 (two products, or a product shared out by exact division)."""
+    calculator_max_operand: int = 99
+    """calculator_tool: largest number in a word problem, 2..99 (levels 2 and 3 draw their
+    factors from 2..min(19, this)); smaller is easier: 9 makes every operand one digit, which
+    the tiny model learns to copy (docs/recipes.md). 99 keeps the problems as they were."""
     calculator_max_expr_chars: int = 64
     """calculator_tool: longest expression ``calc(...)`` evaluates (longer: an error line)."""
     calculator_max_depth: int = 8
@@ -73,6 +77,10 @@ class EnvConfig:
     code_repair_heldout: bool = False
     """code_repair: draw the specifications from the held-out set (evaluation) instead of the
     training set."""
+    code_repair_max_reference_chars: int = 0
+    """code_repair: keep only the specs whose reference body has at most this many characters
+    (an easier family; 50 keeps 10 of the 17 training specs, mostly one-line bodies such as
+    ``return s[::-1]``); 0 keeps every spec."""
     code_repair_unsafe_sandbox: bool = False
     """code_repair: run the code in the weak subprocess sandbox instead of the isolated one
     (docs/sandbox.md); only for machines without bubblewrap, never with an adversarial
