@@ -131,7 +131,7 @@ def main() -> None:
                  and not isinstance(v, types.ModuleType)]
         print("\n".join(shown) if shown else "(no variables)")
 
-    setup_ns: dict[str, Any] = {"__name__": "rlscope_repl_tools"}
+    setup_ns: dict[str, Any] = {"__name__": "__main__"}  # its exceptions print unqualified
     exec(compile(setup["setup_source"], "<tools>", "exec"), setup_ns)
     given = dict(setup_ns["tools"](setup["setup_data"], request))
     given.update(FINAL=FINAL, FINAL_VAR=FINAL_VAR, SHOW_VARS=SHOW_VARS)
