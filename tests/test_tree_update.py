@@ -50,13 +50,13 @@ def test_segment_objective_by_hand() -> None:
     logp = torch.tensor([[-1.0, -2.0]])
     old = torch.tensor([[-1.5, -1.9]])
     ref = torch.tensor([[-1.0, -1.8]])
-    loss_BT, stats = segment_objective(logp, old, ref, torch.tensor([1.0]), 0.2, 0.5)
+    loss_BT, stats = segment_objective(logp, old, ref, torch.tensor([1.0]), 0.2, 0.2, 0.5)
     k3 = math.exp(0.2) - 1.2
     assert loss_BT.tolist()[0] == pytest.approx([-1.2, -math.exp(-0.1) + 0.5 * k3])
     assert stats["clipfrac_region"].tolist() == [[1.0, 0.0]]
     assert stats["kl_ref_k3"].tolist()[0] == pytest.approx([0.0, k3])
     # A < 0: min(ρA, clip(ρ)A) takes the larger |.|: ρ = e^{0.5}, A = −1 → −(−1.6487) = 1.6487
-    loss_BT, _ = segment_objective(logp, old, logp, torch.tensor([-1.0]), 0.2, 0.5)
+    loss_BT, _ = segment_objective(logp, old, logp, torch.tensor([-1.0]), 0.2, 0.2, 0.5)
     assert loss_BT[0, 0].item() == pytest.approx(math.exp(0.5))
 
 
@@ -129,7 +129,7 @@ def test_rlm_grpo_with_no_children_equals_grpo_on_the_root_turns() -> None:
     params = list(policy.parameters())
     metrics = update_on_segments(
         policy, reference, torch.optim.SGD(params, lr=1.0), params, segments, 4,
-        UpdateOptions(clip=0.2, kl_coef=0.01, micro_batch_size=1, grad_clip=0.0),
+        UpdateOptions(clip_low=0.2, clip_high=0.2, kl_coef=0.01, micro_batch_size=1, grad_clip=0.0),
         torch.Generator().manual_seed(0))
     assert metrics["loss/total"] == pytest.approx(grpo.loss.item(), rel=1e-10)
     assert metrics["policy/ratio_mean"] == pytest.approx(1.0)

@@ -22,6 +22,8 @@ from rlscope.checks import (
     readable_errors,
     writable_dir_errors,
 )
+from rlscope.envs.rlm.config import RlmConfig
+from rlscope.envs.rlm.trainer import RlmTrainConfig
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
 from rlscope.methods.advantages import ADVANTAGES
@@ -247,6 +249,8 @@ class TrainConfig:
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     teacher_options: TeacherConfig = field(default_factory=TeacherConfig)
+    rlm: RlmConfig = field(default_factory=RlmConfig)
+    rlm_train: RlmTrainConfig = field(default_factory=RlmTrainConfig)
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,15 @@ from __future__ import annotations
 from rlscope.checks import field_errors
 from rlscope.config import FIELD_ALIASES, ConfigError, TrainConfig, validate
 from rlscope.methods import METHODS, canonical_method_name, resolve_method
+from rlscope.steps import tree
 from rlscope.steps.base import KindStep, StepKind, common_errors
 
 ROLLOUT = "rollout"
 """The step kind of the loop in `rlscope.train` (every task of `rlscope.tasks.TASKS`)."""
 
-STEPS: dict[str, StepKind] = {}
+STEPS: dict[str, StepKind] = {
+    "tree": tree.KIND,
+}
 """Step kind → its record. Each kind is one module of this package."""
 
 

@@ -1,7 +1,8 @@
 """The RLM tree step's model side (COMPANIONS.md §4, "Models"): the chat codecs that turn a
 conversation into prompt token ids and generated ids back into text, and `RecordingGenerator`,
-the ``generate(conversations) -> texts`` callable the tree driver calls, which samples with
-`rlscope.sampling.generate` and keeps every generation's token ids for the learner.
+the ``generate(conversations, max_new_tokens) -> texts`` callable the tree driver calls, which
+samples with `rlscope.sampling.generate` and keeps every generation's token ids for the
+learner.
 
 - `ByteChat`: the byte tokenizer (`rlscope.tokenizer.ByteTokenizer`) plus the chat specials
   ``<|system|> <|user|> <|assistant|> <|end|>``; a message is ``<|role|>`` + its UTF-8 bytes +
@@ -134,17 +135,16 @@ def conversation_key(messages: Sequence[Message], text: str) -> str:
 
 
 class RecordingGenerator:
-    """``generate(conversations) -> texts`` for the tree driver: one batched sampling call
-    (temperature 1, top-p 1, top-k 0, or greedy), each row's generation recorded under
+    """``generate(conversations, max_new_tokens) -> texts`` for the tree driver: one batched
+    sampling call (temperature 1, top-p 1, top-k 0, or greedy), each row's generation recorded under
     `conversation_key` so the learner finds the ids of every segment of the tree.
 
     ``seeds`` draws each row's sampling seed (its state is part of the run's state).
     """
 
-    def __init__(self, policy: Policy, codec: ChatCodec, max_new_tokens: int, greedy: bool,
-                 seeds: torch.Generator, device: torch.device) -> None:
-        self.policy, self.codec, self.device = policy, codec, device
-        self.max_new_tokens, self.seeds = max_new_tokens, seeds
+    def __init__(self, policy: Policy, codec: ChatCodec, greedy: bool, seeds: torch.Generator,
+                 device: torch.device) -> None:
+        self.policy, self.codec, self.device, self.seeds = policy, codec, device, seeds
         self.sampling = SamplingConfig(temperature=0.0 if greedy else 1.0,
                                        stop_token_ids=codec.stop_ids, backend="eager")
         self.records: dict[str, list[Generation]] = {}
@@ -153,7 +153,8 @@ class RecordingGenerator:
         """Prompt tokens of a conversation (the driver's context limit reads it)."""
         return len(self.codec.prompt_ids(messages))
 
-    def __call__(self, conversations: Sequence[Sequence[Message]]) -> list[str]:
+    def __call__(self, conversations: Sequence[Sequence[Message]],
+                 max_new_tokens: int) -> list[str]:
         if not conversations:
             return []
         prompts_ids = [self.codec.prompt_ids(c) for c in conversations]
@@ -164,7 +165,7 @@ class RecordingGenerator:
         self.policy.eval()  # type: ignore[attr-defined]
         try:
             out = generate(self.policy, prompts, self.sampling, row_seeds_B.to(self.device),
-                           self.max_new_tokens)
+                           max_new_tokens)
         finally:
             self.policy.train(was_training)  # type: ignore[attr-defined]
         texts = []

@@ -53,8 +53,10 @@ class TreeSegment:
 class UpdateOptions:
     """The tree update's constants."""
 
-    clip: float = 0.2
-    """PPO ε: ratios are clipped to [1 − ε, 1 + ε]."""
+    clip_low: float = 0.2
+    """PPO ε_low: ratios are clipped to [1 − ε_low, 1 + ε_high]."""
+    clip_high: float = 0.2
+    """PPO ε_high."""
     kl_coef: float = 0.01
     """β of the k3 penalty to the reference."""
     micro_batch_size: int = 1
@@ -105,16 +107,17 @@ def token_logprobs(policy: Policy | nn.Module, tokens_BL: torch.Tensor) -> torch
 
 
 def segment_objective(logp_BT: torch.Tensor, logp_old_BT: torch.Tensor,
-                      logp_ref_BT: torch.Tensor, adv_B: torch.Tensor, clip: float,
-                      kl_coef: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token loss −[min(ρ_t A, clip(ρ_t, 1 ± ε)A) − β·k3_t] ``[B, T]`` with
+                      logp_ref_BT: torch.Tensor, adv_B: torch.Tensor, clip_low: float,
+                      clip_high: float, kl_coef: float
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss −[min(ρ_t A, clip(ρ_t, 1 − ε_low, 1 + ε_high)A) − β·k3_t] ``[B, T]`` with
     ρ_t = exp(ℓ_t − ℓ_μ,t), k3_t = exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1 (Schulman 2020), A the
     segment's advantage broadcast over its tokens; and per-token stats ``ratio``, ``kl_ref_k3``,
     ``clipfrac_region`` (PPO: Schulman et al. 1707.06347; GRPO's k3 penalty: 2402.03300)."""
     rho_BT = ratio(logp_BT, logp_old_BT)
     adv_BT = adv_B[:, None].expand_as(logp_BT)
     surrogate_BT, clip_stats = clipped_surrogate(rho_BT, adv_BT, ObjectiveConfig(
-        "ppo_clip", clip_low=clip, clip_high=clip))
+        "ppo_clip", clip_low=clip_low, clip_high=clip_high))
     k3_BT = kl_estimate(logp_BT, logp_ref_BT, "k3")
     return surrogate_BT + kl_coef * k3_BT, {
         "ratio": rho_BT.detach(), "kl_ref_k3": k3_BT.detach(),
@@ -187,7 +190,7 @@ def update_on_segments(policy: Policy | nn.Module, reference: Policy | nn.Module
                 logp_BT, _padded([logp_old[i] for i in rows], width),
                 _padded([logp_ref[i] for i in rows], width),
                 torch.tensor([s.advantage for s in chunk], device=device, dtype=logp_BT.dtype),
-                opts.clip, opts.kl_coef)
+                opts.clip_low, opts.clip_high, opts.kl_coef)
             weight_B = torch.tensor([s.weight for s in chunk], device=device,
                                     dtype=logp_BT.dtype)
             loss = segment_weighted(loss_BT, mask_BT, weight_B, n_trees)

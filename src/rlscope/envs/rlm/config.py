@@ -58,8 +58,6 @@ class RlmConfig:
     train_child_trajectories: bool = True
     """Train on the children's turns (weight 1/(k·n_j) each); ``--no_train_child_trajectories``
     gives them weight 0."""
-    unsafe_sandbox: bool = False
-    """Run the REPL in the weak subprocess sandbox instead of bubblewrap (docs/sandbox.md)."""
 
 
 def rlm_errors(cfg: RlmConfig, environ: dict[str, str] | None = None) -> list[str]:

@@ -1,0 +1,322 @@
+"""The ``tree`` step kind: GRPO over trees of REPL rollouts (``rlm_grpo`` on ``rlm_papers``,
+COMPANIONS.md §4).
+
+A step draws batch_size / group_size train examples and runs group_size trees on each
+(`rlscope.envs.rlm.run_trees`: a root in its REPL, children spawned by ``rlm_query*``), the
+model sampling every turn through `RecordingGenerator` (temperature 1, top-p 1, top-k 0);
+scores each root's final answer (`char_f1`, or the judge); turns the root rewards into group
+advantages and every generated turn into a weighted segment (`segment_weights`); and updates
+the policy on the segments (`rlscope.steps.tree_update`). Evaluation runs one greedy tree per
+eval example. The model is a Hugging Face architecture built from a config with the byte chat
+codec, or a local directory with its tokenizer and chat template; LoRA adapters (or full
+fine-tuning with a frozen copy as the KL reference when ``--lora_rank 0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlscope import checkpoint
+from rlscope.envs.rlm import (
+    RlmExample,
+    TreeRecord,
+    char_f1,
+    check_prompt_lengths,
+    judge_reward,
+    load_examples,
+    rlm_errors,
+    run_trees,
+    segment_weights,
+    split_examples,
+)
+from rlscope.methods.spec import MethodSpec
+from rlscope.metrics.estimators import advantage_metrics, group_outcome_metrics
+from rlscope.policy import add_lora, build_policy, reference_of
+from rlscope.policy.base import Policy
+from rlscope.steps.base import StepKind
+from rlscope.steps.tree_model import ByteChat, ChatCodec, RecordingGenerator, TemplateChat
+from rlscope.steps.tree_update import (
+    TreeSegment,
+    UpdateOptions,
+    tree_advantages,
+    update_on_segments,
+)
+
+if TYPE_CHECKING:
+    from rlscope.config import TrainConfig
+
+TASK = "rlm_papers"
+DEFAULT_GROUP_SIZE = 4
+"""Trees per prompt when --group_size is 0."""
+SAMPLES_PER_STEP = 2
+"""Whole trees written to samples.jsonl per sampled step (they are long)."""
+
+
+def group_size_of(cfg: TrainConfig) -> int:
+    """Trees per prompt: --group_size, or `DEFAULT_GROUP_SIZE` when it is 0."""
+    return cfg.run.group_size or DEFAULT_GROUP_SIZE
+
+
+def tree_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
+    """The rejections of COMPANIONS.md §4 (one line each, saying what to change)."""
+    r, m, t = cfg.run, cfg.model, cfg.rlm_train
+    errors = rlm_errors(cfg.rlm)
+    g = group_size_of(cfg)
+    if g <= 1:
+        errors.append(f"--group_size {g}: rlm_grpo compares trees of one prompt; use 2 or more")
+    elif r.batch_size % g:
+        errors.append(f"--batch_size {r.batch_size} is not a multiple of --group_size {g}")
+    if spec.objective.clip_low <= 0 or spec.objective.clip_high <= 0:
+        errors.append(f"--clip_low {spec.objective.clip_low} / --clip_high "
+                      f"{spec.objective.clip_high}: the PPO clip must be > 0")
+    if spec.kl.coef < 0:
+        errors.append(f"--kl_coef {spec.kl.coef} must be >= 0")
+    overridden = [f"--{name}" for name in ("advantage", "gate", "objective", "agg",
+                                           "selection", "kl_estimator", "kl_target",
+                                           "kl_place", "kl_control", "entropy_coef")
+                  if getattr(cfg.components, name) is not None]
+    if overridden:
+        errors.append(f"{', '.join(overridden)}: rlm_grpo's update is fixed (PPO clip, k3 KL "
+                      "to the reference in the loss, segment-weighted); use --kl_coef, "
+                      "--clip_low/--clip_high and --no_scale_rewards")
+    if m.arch not in ("llama", "qwen2", "hf"):
+        errors.append(f"--arch {m.arch}: rlm_grpo trains a Hugging Face model (--arch qwen2 or "
+                      "llama built from a config, or --arch hf --path DIR)")
+    if t.enable_thinking and m.arch != "hf":
+        errors.append("--enable_thinking needs --arch hf (a chat template that reads it); a "
+                      "model built from a config uses the byte chat format")
+    cuda = r.device.startswith("cuda") or (r.device == "auto" and torch.cuda.is_available())
+    if t.load_in_4bit and (m.lora_rank < 1 or m.arch != "hf" or not cuda):
+        errors.append("--load_in_4bit needs LoRA (--lora_rank > 0), --arch hf and a CUDA "
+                      "device: the 4-bit base stays frozen and bitsandbytes runs on CUDA")
+    if t.eval_examples < 0:
+        errors.append(f"--eval_examples {t.eval_examples} must be >= 0 (0 = the whole split)")
+    if m.dtype != "float32" and m.arch == "hf" and t.load_in_4bit:
+        errors.append("--load_in_4bit keeps float32 adapters: use --dtype float32")
+    return errors
+
+
+def _codec(cfg: TrainConfig) -> ChatCodec:
+    if cfg.model.arch == "hf":
+        return TemplateChat(cfg.model.path, cfg.rlm_train.enable_thinking)
+    return ByteChat()
+
+
+def _policy(cfg: TrainConfig, codec: ChatCodec, device: torch.device) -> Policy:
+    """The policy (LoRA on top of --init's weights when both are given)."""
+    m = cfg.model
+    base_cfg = dataclasses.replace(m, lora_rank=0)
+    max_len = cfg.rlm.max_prompt_tokens + max(cfg.rlm.max_plan_tokens,
+                                              cfg.rlm.max_child_tokens)
+    if cfg.rlm_train.load_in_4bit:
+        policy = _four_bit(m.path)
+    else:
+        policy = build_policy(base_cfg, codec.vocab_size, max_len).to(device)
+    if cfg.run.init:
+        checkpoint.load_init(cfg.run.init, policy, device)
+    if m.lora_rank > 0:
+        from rlscope.policy.hf import HFPolicy
+
+        assert isinstance(policy, HFPolicy)
+        policy = add_lora(policy, m)
+    return policy
+
+
+def _four_bit(path: str) -> Policy:
+    """A local model's frozen base in NF4 with double quantisation (bitsandbytes, CUDA)."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from rlscope.policy.hf import HFPolicy
+
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                               bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                 quantization_config=quant)
+    return HFPolicy(model.eval())
+
+
+class TreeStep:
+    """One ``rlm_grpo`` run (module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, spec: MethodSpec, device: torch.device) -> None:
+        self.cfg, self.device = cfg, device
+        rlm = cfg.rlm
+        examples = load_examples(rlm.train_file or None, rlm.max_examples)
+        self.train_examples, eval_examples = split_examples(examples)
+        n_eval = cfg.rlm_train.eval_examples
+        self.eval_examples = eval_examples[:n_eval] if n_eval else eval_examples
+        self.codec = _codec(cfg)
+        check_prompt_lengths(examples, lambda c: len(self.codec.prompt_ids(c)),
+                             rlm.max_prompt_tokens)
+        self.policy = _policy(cfg, self.codec, device)
+        self.reference = reference_of(self.policy)
+        self.params = [p for p in self.policy.parameters()  # type: ignore[attr-defined]
+                       if p.requires_grad]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, weight_decay=o.weight_decay,
+                                           betas=(o.adam_beta1, o.adam_beta2))
+        self.group_size = group_size_of(cfg)
+        self.options = UpdateOptions(
+            clip_low=spec.objective.clip_low, clip_high=spec.objective.clip_high,
+            kl_coef=spec.kl.coef, micro_batch_size=cfg.run.micro_batch_size or 1,
+            inner_epochs=cfg.run.inner_epochs, grad_clip=o.grad_clip)
+        seed = cfg.run.seed
+        self.prompts = torch.Generator().manual_seed(seed)
+        self.sampling = torch.Generator().manual_seed(seed + 1)
+        self.order = torch.Generator().manual_seed(seed + 2)
+        self.pending: list[dict[str, Any]] = []
+
+    def _trees(self, examples: list[RlmExample], greedy: bool, seeds: torch.Generator
+               ) -> tuple[list[TreeRecord], RecordingGenerator]:
+        generate = RecordingGenerator(self.policy, self.codec, greedy, seeds, self.device)
+        trees = run_trees(examples, generate, self.cfg.rlm, generate.count_tokens,
+                          self.cfg.task_options.unsafe_sandbox)
+        return trees, generate
+
+    def _rewards(self, trees: list[TreeRecord], examples: list[RlmExample]
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Root rewards ``[B]`` and the reward parts' means (char_f1: precision, recall,
+        n_pred)."""
+        rlm = self.cfg.rlm
+        rewards, precision, recall, n_pred = [], [], [], []
+        for tree, example in zip(trees, examples, strict=True):
+            if not tree.has_final:
+                rewards.append(0.0)
+                precision.append(0.0)
+                recall.append(0.0)
+                n_pred.append(0.0)
+            elif rlm.reward_mode == "judge":
+                rewards.append(judge_reward(tree.final, example.gold, rlm))
+            else:
+                score = char_f1(tree.final, example.papers, example.gold,
+                                rlm.max_reward_predictions)
+                rewards.append(score.reward)
+                precision.append(score.precision)
+                recall.append(score.recall)
+                n_pred.append(float(score.n_pred))
+        parts = {} if rlm.reward_mode == "judge" else {
+            "reward/precision": _mean(precision), "reward/recall": _mean(recall),
+            "rlm/n_pred_mean": _mean(n_pred)}
+        return torch.tensor(rewards, dtype=torch.float64), parts
+
+    def train_step(self, step: int) -> dict[str, float]:
+        g = self.group_size
+        picks = torch.randint(len(self.train_examples), (self.cfg.run.batch_size // g,),
+                              generator=self.prompts).tolist()
+        examples = [self.train_examples[i] for i in picks for _ in range(g)]
+        trees, generate = self._trees(examples, False, self.sampling)
+        rewards_B, reward_parts = self._rewards(trees, examples)
+        adv_B = tree_advantages(rewards_B, g, self.cfg.rlm_train.scale_rewards)
+        segments = []
+        for i, tree in enumerate(trees):
+            weights = segment_weights(tree, self.cfg.rlm.train_child_trajectories)
+            for segment, weight in zip(tree.segments, weights, strict=True):
+                ids = generate.take(segment.prompt, segment.text)
+                segments.append(TreeSegment(
+                    i, -1 if segment.child is None else segment.child, segment.turn,
+                    ids.prompt_ids, ids.completion_ids, float(adv_B[i]), weight))
+        self.policy.train()  # type: ignore[attr-defined]
+        update = update_on_segments(self.policy, self.reference, self.optimizer, self.params,
+                                    segments, len(trees), self.options, self.order)
+        self.policy.eval()  # type: ignore[attr-defined]
+        if self.cfg.run.log_samples and step % max(self.cfg.run.samples_every, 1) == 0:
+            self.pending += [{"step": step, "reward": float(rewards_B[i]),
+                              "advantage": float(adv_B[i]), **trees[i].to_dict()}
+                             for i in range(min(SAMPLES_PER_STEP, len(trees)))]
+        ones_B1 = torch.ones(len(trees), 1, dtype=torch.float64)
+        measured = advantage_metrics(adv_B[:, None], ones_B1, rewards_B, g) \
+            | group_outcome_metrics(rewards_B, g)
+        return {"reward/mean": float(rewards_B.mean()), "reward/max": float(rewards_B.max()),
+                **reward_parts, **tree_metrics(trees),
+                **{k: float(v) for k, v in measured.items()}, **update}
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """One greedy tree per eval example: ``eval/reward``, ``eval/final_rate``,
+        ``eval/children_mean``."""
+        examples = list(self.eval_examples)
+        trees, _ = self._trees(examples, True, torch.Generator().manual_seed(0))
+        rewards_B, _ = self._rewards(trees, examples)
+        return {"eval/reward": float(rewards_B.mean()),
+                "eval/final_rate": _mean([float(t.has_final) for t in trees]),
+                "eval/children_mean": _mean([float(len(t.children)) for t in trees])}
+
+    def take_samples(self) -> list[dict[str, Any]]:
+        """The whole trees to append to ``samples.jsonl`` since the last call."""
+        out, self.pending = self.pending, []
+        return out
+
+    def export(self, directory: Path) -> None:
+        """The adapter (LoRA) or the full model, the tokenizer and its config into
+        ``directory``."""
+        from rlscope.policy.hf import HFPolicy
+
+        directory.mkdir(parents=True, exist_ok=True)
+        assert isinstance(self.policy, HFPolicy)
+        model: Any = self.policy.unwrap()
+        if self.policy.has_adapters:
+            self.policy.save_adapter(directory)
+            model.get_base_model().config.save_pretrained(str(directory))
+        else:
+            model.save_pretrained(str(directory))
+        self.codec.save(directory)
+
+    def state_dict(self) -> dict[str, Any]:
+        trained = {name: p.detach().clone() for name, p in
+                   self.policy.named_parameters()  # type: ignore[attr-defined]
+                   if p.requires_grad}
+        return {"trained": trained, "optimizer": self.optimizer.state_dict(),
+                "prompts": self.prompts.get_state(), "sampling": self.sampling.get_state(),
+                "order": self.order.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        params = dict(self.policy.named_parameters())  # type: ignore[attr-defined]
+        with torch.no_grad():
+            for name, value in state["trained"].items():
+                params[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+        for name in ("prompts", "sampling", "order"):
+            getattr(self, name).set_state(state[name])
+
+    def describe(self) -> str:
+        m = self.cfg.model
+        model = f"{m.path} (chat template)" if m.arch == "hf" else (
+            f"{m.arch} d_model={m.d_model} n_layers={m.n_layers} n_heads={m.n_heads} "
+            "(byte chat codec)")
+        lora = f"LoRA r={m.lora_rank} α={m.lora_alpha}" if m.lora_rank else "full fine-tuning"
+        return (f"rlm_papers: {len(self.train_examples)} train / {len(self.eval_examples)} eval "
+                f"examples; {model}; {lora}")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def tree_metrics(trees: list[TreeRecord]) -> dict[str, float]:
+    """``rlm/*`` counters of a step's trees (means over trees unless said)."""
+    blocks = sum(t.repl_blocks for t in trees)
+    return {
+        "rlm/children_mean": _mean([float(len(t.children)) for t in trees]),
+        "rlm/segments": float(sum(len(t.segments) for t in trees)),
+        "rlm/root_segments": float(sum(t.root_segments for t in trees)),
+        "rlm/child_segments": float(sum(t.child_segments for t in trees)),
+        "rlm/root_turns_mean": _mean([float(t.root_turns) for t in trees]),
+        "rlm/final_rate": _mean([float(t.has_final) for t in trees]),
+        "rlm/repl_error_rate": sum(t.repl_errors for t in trees) / max(blocks, 1),
+        "rlm/repl_timeouts": float(sum(t.repl_timeouts for t in trees)),
+        "rlm/budget_refusals": float(sum(t.budget_refusals for t in trees)),
+        "rlm/context_limit_rate": _mean([float(t.finish == "context_limit") for t in trees]),
+    }
+
+
+KIND = StepKind(tasks={TASK: "questions over several fictional papers answered from a Python "
+                             "REPL with sub-agent calls (rlm_grpo; COMPANIONS.md §4)"},
+                validate=tree_errors, build=TreeStep)
+"""The ``tree`` step kind's record in `rlscope.steps.STEPS`."""
+
+__all__ = ["KIND", "TreeStep", "tree_errors", "tree_metrics"]
