@@ -48,6 +48,8 @@ from rlscope.steps.tree_update import (
 
 if TYPE_CHECKING:
     from rlscope.config import TrainConfig
+    from rlscope.envs.rlm import RlmConfig
+    from rlscope.policy import ModelConfig
 
 TASK = "rlm_papers"
 DEFAULT_GROUP_SIZE = 4
@@ -100,29 +102,32 @@ def tree_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     return errors
 
 
-def _codec(cfg: TrainConfig) -> ChatCodec:
-    if cfg.model.arch == "hf":
-        return TemplateChat(cfg.model.path, cfg.rlm_train.enable_thinking)
+def chat_codec(model: ModelConfig, enable_thinking: bool) -> ChatCodec:
+    """The local directory's chat template (``--arch hf``), else the byte chat codec."""
+    if model.arch == "hf":
+        return TemplateChat(model.path, enable_thinking)
     return ByteChat()
 
 
-def _policy(cfg: TrainConfig, codec: ChatCodec, device: torch.device) -> Policy:
-    """The policy (LoRA on top of --init's weights when both are given)."""
-    m = cfg.model
-    base_cfg = dataclasses.replace(m, lora_rank=0)
-    max_len = cfg.rlm.max_prompt_tokens + max(cfg.rlm.max_plan_tokens,
-                                              cfg.rlm.max_child_tokens)
-    if cfg.rlm_train.load_in_4bit:
-        policy = _four_bit(m.path)
-    else:
-        policy = build_policy(base_cfg, codec.vocab_size, max_len).to(device)
-    if cfg.run.init:
-        checkpoint.load_init(cfg.run.init, policy, device)
-    if m.lora_rank > 0:
+def positions(rlm: RlmConfig) -> int:
+    """Positions a config-built model needs: the longest prompt plus one turn."""
+    return rlm.max_prompt_tokens + max(rlm.max_plan_tokens, rlm.max_child_tokens)
+
+
+def rlm_policy(model: ModelConfig, codec: ChatCodec, max_len: int, device: torch.device,
+               init: str = "", load_in_4bit: bool = False) -> Policy:
+    """The policy: built from the config (or loaded from ``--path``; in 4-bit with
+    ``load_in_4bit``), ``init``'s weights loaded (an ``rlscope sft`` output or a checkpoint),
+    then LoRA adapters on top when ``--lora_rank`` > 0."""
+    policy = _four_bit(model.path) if load_in_4bit else build_policy(
+        dataclasses.replace(model, lora_rank=0), codec.vocab_size, max_len).to(device)
+    if init:
+        checkpoint.load_init(init, policy, device)
+    if model.lora_rank > 0:
         from rlscope.policy.hf import HFPolicy
 
         assert isinstance(policy, HFPolicy)
-        policy = add_lora(policy, m)
+        policy = add_lora(policy, model)
     return policy
 
 
@@ -150,10 +155,11 @@ class TreeStep:
         self.train_examples, eval_examples = split_examples(examples)
         n_eval = cfg.rlm_train.eval_examples
         self.eval_examples = eval_examples[:n_eval] if n_eval else eval_examples
-        self.codec = _codec(cfg)
+        self.codec = chat_codec(cfg.model, cfg.rlm_train.enable_thinking)
         check_prompt_lengths(examples, lambda c: len(self.codec.prompt_ids(c)),
                              rlm.max_prompt_tokens)
-        self.policy = _policy(cfg, self.codec, device)
+        self.policy = rlm_policy(cfg.model, self.codec, positions(rlm), device, cfg.run.init,
+                                 cfg.rlm_train.load_in_4bit)
         self.reference = reference_of(self.policy)
         self.params = [p for p in self.policy.parameters()  # type: ignore[attr-defined]
                        if p.requires_grad]
@@ -319,4 +325,5 @@ KIND = StepKind(tasks={TASK: "questions over several fictional papers answered f
                 validate=tree_errors, build=TreeStep)
 """The ``tree`` step kind's record in `rlscope.steps.STEPS`."""
 
-__all__ = ["KIND", "TreeStep", "tree_errors", "tree_metrics"]
+__all__ = ["KIND", "TreeStep", "chat_codec", "positions", "rlm_policy", "tree_errors",
+           "tree_metrics"]

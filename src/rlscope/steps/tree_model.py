@@ -47,6 +47,10 @@ class ChatCodec(Protocol):
         """The conversation followed by the assistant's generation prompt."""
         ...
 
+    def conversation_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The conversation alone (a finished transcript, for supervised training)."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str:
         """The text of generated ids (stop ids dropped)."""
         ...
@@ -65,7 +69,7 @@ class ByteChat:
         self.end_id = self.tokenizer.special_id("<|end|>")
         self.stop_ids: tuple[int, ...] = (self.end_id,)
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+    def conversation_ids(self, messages: Sequence[Message]) -> list[int]:
         ids: list[int] = []
         for message in messages:
             role = message["role"]
@@ -73,7 +77,10 @@ class ByteChat:
                 raise ValueError(f"unknown chat role {role!r}: use system, user or assistant")
             ids += [self.tokenizer.special_id(f"<|{role}|>"),
                     *self.tokenizer.encode(message["content"]), self.end_id]
-        return [*ids, self.tokenizer.special_id("<|assistant|>")]
+        return ids
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        return [*self.conversation_ids(messages), self.tokenizer.special_id("<|assistant|>")]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(i for i in ids if i not in self.stop_ids)
@@ -103,13 +110,19 @@ class TemplateChat:
                 stops.add(token_id)
         self.stop_ids = tuple(sorted(i for i in stops if i is not None))
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+    def _template(self, messages: Sequence[Message], generation_prompt: bool) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True,
+            list(messages), add_generation_prompt=generation_prompt, tokenize=True,
             enable_thinking=self.enable_thinking)
         if not isinstance(ids, list):  # a BatchEncoding in some versions
             ids = ids["input_ids"]
         return [int(i) for i in ids]
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        return self._template(messages, True)
+
+    def conversation_ids(self, messages: Sequence[Message]) -> list[int]:
+        return self._template(messages, False)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode([i for i in ids if i not in self.stop_ids],
@@ -117,6 +130,31 @@ class TemplateChat:
 
     def save(self, directory: Path) -> None:
         self.tokenizer.save_pretrained(str(directory))
+
+
+def transcript_ids(codec: ChatCodec, messages: Sequence[Message], train: Sequence[bool]
+                   ) -> tuple[list[int], list[bool]]:
+    """A finished conversation's ids and the mask of the ids a policy generates in it: each
+    message with ``train`` True (an assistant turn) from the end of its generation prompt
+    through its stop id. ValueError when the codec's rendering of a prefix is not a prefix of
+    the whole (a chat template that rewrites earlier turns)."""
+    if len(train) != len(messages):
+        raise ValueError(f"{len(train)} mask entries for {len(messages)} messages")
+    ids = codec.conversation_ids(messages)
+    mask = [False] * len(ids)
+    for i, learn in enumerate(train):
+        if not learn:
+            continue
+        if messages[i]["role"] != "assistant":
+            raise ValueError(f"message {i} is a {messages[i]['role']} message: only assistant "
+                             "turns are trained")
+        start = len(codec.prompt_ids(messages[:i]))
+        through = codec.conversation_ids(messages[:i + 1])
+        if ids[:len(through)] != through or start > len(through):
+            raise ValueError("the chat format renders an earlier turn differently once later "
+                             "turns follow; cannot align the assistant turns")
+        mask[start:len(through)] = [True] * (len(through) - start)
+    return ids, mask
 
 
 @dataclass(frozen=True)
