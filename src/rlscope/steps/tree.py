@@ -15,6 +15,7 @@ fine-tuning with a frozen copy as the KL reference when ``--lora_rank 0``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,14 @@ from rlscope.metrics.estimators import advantage_metrics, group_outcome_metrics
 from rlscope.policy import add_lora, build_policy, reference_of
 from rlscope.policy.base import Policy
 from rlscope.steps.base import StepKind
-from rlscope.steps.tree_model import ByteChat, ChatCodec, RecordingGenerator, TemplateChat
+from rlscope.steps.tree_model import (
+    ByteChat,
+    ChatCodec,
+    Generation,
+    Message,
+    RecordingGenerator,
+    TemplateChat,
+)
 from rlscope.steps.tree_update import (
     TreeSegment,
     UpdateOptions,
@@ -55,7 +63,8 @@ TASK = "rlm_papers"
 DEFAULT_GROUP_SIZE = 4
 """Trees per prompt when --group_size is 0."""
 SAMPLES_PER_STEP = 2
-"""Whole trees written to samples.jsonl per sampled step (they are long)."""
+"""At most this many whole trees (they are long) written to samples.jsonl per sampled step
+(``--log_samples`` caps it further)."""
 
 
 def group_size_of(cfg: TrainConfig) -> int:
@@ -218,14 +227,8 @@ class TreeStep:
         trees, generate = self._trees(examples, False, self.sampling)
         rewards_B, reward_parts = self._rewards(trees, examples)
         adv_B = tree_advantages(rewards_B, g, self.cfg.rlm_train.scale_rewards)
-        segments = []
-        for i, tree in enumerate(trees):
-            weights = segment_weights(tree, self.cfg.rlm.train_child_trajectories)
-            for segment, weight in zip(tree.segments, weights, strict=True):
-                ids = generate.take(segment.prompt, segment.text)
-                segments.append(TreeSegment(
-                    i, -1 if segment.child is None else segment.child, segment.turn,
-                    ids.prompt_ids, ids.completion_ids, float(adv_B[i]), weight))
+        segments = tree_segments(trees, generate.take, adv_B,
+                                 self.cfg.rlm.train_child_trajectories)
         self.policy.train()  # type: ignore[attr-defined]
         update = update_on_segments(self.policy, self.reference, self.optimizer, self.params,
                                     segments, len(trees), self.options, self.order)
@@ -233,7 +236,8 @@ class TreeStep:
         if self.cfg.run.log_samples and step % max(self.cfg.run.samples_every, 1) == 0:
             self.pending += [{"step": step, "reward": float(rewards_B[i]),
                               "advantage": float(adv_B[i]), **trees[i].to_dict()}
-                             for i in range(min(SAMPLES_PER_STEP, len(trees)))]
+                             for i in range(min(self.cfg.run.log_samples, SAMPLES_PER_STEP,
+                                                len(trees)))]
         ones_B1 = torch.ones(len(trees), 1, dtype=torch.float64)
         measured = advantage_metrics(adv_B[:, None], ones_B1, rewards_B, g) \
             | group_outcome_metrics(rewards_B, g)
@@ -299,6 +303,23 @@ class TreeStep:
                 f"examples; {model}; {lora}")
 
 
+def tree_segments(trees: Sequence[TreeRecord], take: Callable[[Sequence[Message], str],
+                                                              Generation],
+                  adv_B: torch.Tensor, train_child_trajectories: bool) -> list[TreeSegment]:
+    """Every generated turn of ``trees`` as a `TreeSegment`: its ids (``take(prompt,
+    text)``: the recorded generation), its tree's advantage and its credit weight
+    (`rlscope.envs.rlm.segment_weights`)."""
+    segments = []
+    for i, tree in enumerate(trees):
+        weights = segment_weights(tree, train_child_trajectories)
+        for segment, weight in zip(tree.segments, weights, strict=True):
+            ids = take(segment.prompt, segment.text)
+            segments.append(TreeSegment(
+                i, -1 if segment.child is None else segment.child, segment.turn,
+                ids.prompt_ids, ids.completion_ids, float(adv_B[i]), weight))
+    return segments
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -326,4 +347,4 @@ KIND = StepKind(tasks={TASK: "questions over several fictional papers answered f
 """The ``tree`` step kind's record in `rlscope.steps.STEPS`."""
 
 __all__ = ["KIND", "TreeStep", "chat_codec", "positions", "rlm_policy", "tree_errors",
-           "tree_metrics"]
+           "tree_metrics", "tree_segments"]
