@@ -296,7 +296,7 @@ def credit_weights(n_root_turns: int, child_turns: Sequence[int],
         raise ValueError("turn counts must be >= 0")
     root = [1.0 / n_root_turns] * n_root_turns
     k = sum(n > 0 for n in child_turns)
-    children = [[(1.0 / (k * n) if train_child_trajectories else 0.0)] * n
+    children = [[1.0 / (k * n) if train_child_trajectories else 0.0] * n if n else []
                 for n in child_turns]
     return root, children
 
