@@ -12,14 +12,20 @@ from dataclasses import replace
 import pytest
 
 from rlscope.envs.rlm import (
+    ChildRecord,
     RlmConfig,
     ScriptedPolicy,
+    Segment,
+    TreeRecord,
+    TreeScore,
     char_f1,
     credit_weights,
     load_examples,
     run_trees,
+    score_tree,
     segment_weights,
     sft_pairs,
+    tree_metrics,
 )
 from rlscope.envs.rlm.prompts import CHILD_SYSTEM_PROMPT, NO_BLOCK, Conversation
 from rlscope.sandbox import isolation_problem
@@ -205,3 +211,50 @@ def test_a_timeout_in_a_tree_resets_its_session_and_the_tree_goes_on(examples: l
 def test_generate_must_return_one_text_per_conversation(examples: list) -> None:
     with pytest.raises(ValueError, match="generate returned 0 texts for 1"):
         run_trees(examples[:1], lambda conversations, n: [], CFG, chars)
+
+
+def _tree(segments: list[tuple[int | None, int]], children: int, final: object,
+          finish: str, blocks: int, errors: int, timeouts: int, refusals: int) -> TreeRecord:
+    segs = tuple(Segment(c, t, (), "x") for c, t in segments)
+    kids = tuple(ChildRecord(j, "q", "P1", None, False, 1, "max_turns") for j in range(children))
+    root_turns = sum(c is None for c, _ in segments)
+    return TreeRecord("ex", segs, final is not None, final, finish,  # type: ignore[arg-type]
+                      root_turns, kids, blocks, errors, timeouts, refusals)
+
+
+def test_tree_metrics_by_hand() -> None:
+    a = _tree([(None, 0), (0, 0), (1, 0), (None, 1)], 2, ["s"], "final", 4, 1, 1, 0)
+    b = _tree([(None, 0), (None, 1), (None, 2)], 0, None, "context_limit", 2, 1, 0, 3)
+    scores = [TreeScore(0.5, 1.0, 1 / 3, 1), TreeScore(0.0, 0.0, 0.0, 0)]
+    assert tree_metrics([a, b], scores) == {
+        "reward/mean": 0.25, "reward/max": 0.5, "reward/precision": 0.5,
+        "reward/recall": pytest.approx(1 / 6),
+        "rlm/children_mean": 1.0,            # (2 + 0) / 2
+        "rlm/segments": 7.0, "rlm/root_segments": 5.0, "rlm/child_segments": 2.0,
+        "rlm/root_turns_mean": 2.5,          # (2 + 3) / 2
+        "rlm/final_rate": 0.5,
+        "rlm/repl_error_rate": 2 / 6,        # (1 + 1) errors over (4 + 2) blocks
+        "rlm/repl_timeouts": 1.0, "rlm/budget_refusals": 3.0,
+        "rlm/context_limit_rate": 0.5, "rlm/n_pred_mean": 0.5}
+    with pytest.raises(ValueError, match="one score per tree"):
+        tree_metrics([a], scores)
+
+
+def test_score_tree_in_both_modes(examples: list) -> None:
+    e = examples[0]
+    answered = _tree([(None, 0)], 0, [g.text for g in e.gold], "final", 1, 0, 0, 0)
+    silent = _tree([(None, 0)], 0, None, "max_turns", 1, 0, 0, 0)
+    assert score_tree(answered, e, CFG) == TreeScore(1.0, 1.0, 1.0, len(e.gold))
+    assert score_tree(silent, e, CFG) == TreeScore(0.0, 0.0, 0.0, 0)
+    judge_cfg = replace(CFG, reward_mode="judge")
+    asked: list[object] = []
+
+    def judge(answer: object, gold: object, cfg: RlmConfig) -> tuple[int, int]:
+        asked.append(answer)
+        return 8, 4
+
+    # (8/10 + 4/10) / 2 = 0.6
+    assert score_tree(answered, e, judge_cfg, judge) == TreeScore(
+        pytest.approx(0.6), 0.8, 0.4, len(e.gold))  # type: ignore[arg-type]
+    assert score_tree(silent, e, judge_cfg, judge) == TreeScore(0.0, 0.0, 0.0, 0)
+    assert asked == [answered.final]  # no answer: the judge is not asked
