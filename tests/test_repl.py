@@ -251,3 +251,20 @@ def test_invalid_limits_and_messages_raise() -> None:
     assert not session.alive
     too_long = session.run("x" * (repl.MAX_CODE_CHARS + 1))
     assert too_long.status == "error" and not session.alive
+
+
+@isolated_only
+def test_sessions_launched_together_all_run(guarded: Any) -> None:
+    """`launch` starts several children before any is waited for (the tree driver boots a
+    lockstep batch's sessions at once); each then runs, in whatever order."""
+    sessions = [ReplSession(TOOLS, {"n": i}, LIMITS) for i in range(4)]
+    try:
+        for s in sessions:
+            s.launch()
+        assert all(s.alive for s in sessions)
+        results = [s.run("print(data['n'])") for s in reversed(sessions)]
+    finally:
+        for s in sessions:
+            s.close()
+    assert [r.observation for r in results] == ["3\n", "2\n", "1\n", "0\n"]
+    assert guarded(["print('host checks')"])[0].observation == "host checks\n"
