@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +269,15 @@ def test_sessions_launched_together_all_run(guarded: Any) -> None:
             s.close()
     assert [r.observation for r in results] == ["3\n", "2\n", "1\n", "0\n"]
     assert guarded(["print('host checks')"])[0].observation == "host checks\n"
+
+
+@isolated_only
+def test_final_values_are_not_cut_to_the_observation(guarded: Any) -> None:
+    big, cut = guarded(["FINAL(['y' * 100] * 50)", "FINAL(['z' * 100] * 50 + [1])"],
+                       limits=replace(LIMITS, max_final_chars=2000))
+    assert (big.has_final, cut.has_final) == (True, True)
+    # both are over 2,000 JSON characters: their repr, cut to 2,000
+    assert big.final == repr(["y" * 100] * 50)[:2000]
+    assert cut.final == repr(["z" * 100] * 50 + [1])[:2000]
+    (whole,) = guarded(["FINAL(['y' * 100] * 50)"])  # default 65,536: the value itself
+    assert whole.final == ["y" * 100] * 50

@@ -171,3 +171,15 @@ def test_judge_mode_needs_url_model_and_key(tmp_path: Any) -> None:
         f"--train_file {tmp_path / 'x.csv'} must end in .jsonl or .parquet"]
     assert rlm_errors(RlmConfig(train_file=str(tmp_path / "x.jsonl"))) == [
         f"--train_file {tmp_path / 'x.jsonl'} does not exist"]
+
+
+def test_sandbox_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlscope.envs.rlm.config as config
+
+    monkeypatch.setattr(config, "isolation_problem", lambda: "bubblewrap not found at /x")
+    (error,) = config.sandbox_errors(RlmConfig())
+    assert error.startswith("the REPL sandbox is unavailable: bubblewrap not found at /x; "
+                            "install bubblewrap")
+    assert config.sandbox_errors(RlmConfig(unsafe_sandbox=True)) == []
+    monkeypatch.setattr(config, "isolation_problem", lambda: "")
+    assert config.sandbox_errors(RlmConfig()) == []

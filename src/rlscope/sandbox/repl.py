@@ -61,6 +61,8 @@ class ReplLimits:
     """RLIMIT_CPU of the whole session (``repl_timeout`` × the turn limit)."""
     max_observation_chars: int = 3000
     """The observation (stdout, then the error line) is cut to this many characters."""
+    max_final_chars: int = 65_536
+    """A FINAL value whose JSON is longer comes back as its ``repr`` cut to this length."""
     memory_bytes: int = 1024 * 2**20
     """RLIMIT_AS of the session."""
     file_bytes: int = 2**20
@@ -254,6 +256,7 @@ class ReplSession:
                  "modules": _MODULES, "allowed_imports": list(ALLOWED_IMPORTS),
                  "dropped_builtins": list(DROPPED_BUILTINS),
                  "max_stdout_chars": limits.max_observation_chars,
+                 "max_final_chars": limits.max_final_chars,
                  "setup_source": self.setup_source, "setup_data": self.setup_data}
         self._ready, self._ready_by = False, time.monotonic() + limits.start_seconds
         self._send(setup, self._ready_by)

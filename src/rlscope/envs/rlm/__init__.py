@@ -5,7 +5,7 @@
 text: the policy is a ``generate(conversations, max_new_tokens)`` callable, so nothing here
 imports a model."""
 
-from rlscope.envs.rlm.config import RlmConfig, rlm_errors
+from rlscope.envs.rlm.config import RlmConfig, rlm_errors, sandbox_errors
 from rlscope.envs.rlm.data import (
     GoldSpan,
     RlmExample,
@@ -28,5 +28,5 @@ from rlscope.envs.rlm.tree import (
 __all__ = ["CharF1", "ChildRecord", "GoldSpan", "JudgeError", "RlmConfig", "RlmExample",
            "ScriptedPolicy", "Segment", "TreeRecord", "TreeScore", "char_f1",
            "check_prompt_lengths", "credit_weights", "judge_reward", "load_examples",
-           "rlm_errors", "run_trees", "score_tree", "segment_weights", "sft_pairs",
-           "split_examples", "tree_metrics"]
+           "rlm_errors", "run_trees", "sandbox_errors", "score_tree", "segment_weights",
+           "sft_pairs", "split_examples", "tree_metrics"]
