@@ -61,6 +61,8 @@ class ReplLimits:
     """RLIMIT_CPU of the whole session (``repl_timeout`` × the turn limit)."""
     max_observation_chars: int = 3000
     """The observation (stdout, then the error line) is cut to this many characters."""
+    max_final_chars: int = 65_536
+    """A FINAL value whose JSON is longer comes back as its ``repr`` cut to this length."""
     memory_bytes: int = 1024 * 2**20
     """RLIMIT_AS of the session."""
     file_bytes: int = 2**20
@@ -110,7 +112,8 @@ class ReplSession:
     ``tools(data, request) -> dict`` (stdlib only), run in the child with full builtins before
     any user code; ``setup_data`` (plain JSON) is its ``data``; the names it returns (plus
     FINAL, FINAL_VAR, SHOW_VARS) are the user's tools. ``on_request`` answers the tools'
-    ``request(payload)`` calls (an error without it). The child starts at the first `run`.
+    ``request(payload)`` calls (an error without it). The child starts at `launch` or the
+    first `run`.
     Use as a context manager or call `close`. Raises SandboxUnavailable at the first `run` in
     the isolated mode where bubblewrap cannot isolate."""
 
@@ -127,6 +130,7 @@ class ReplSession:
         self._root: str | None = None
         self._nonce = ""
         self._buffer = b""
+        self._ready, self._ready_by = False, 0.0
 
     def __enter__(self) -> ReplSession:
         return self
@@ -152,6 +156,23 @@ class ReplSession:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
         self._buffer = b""
+        self._ready = False
+
+    def launch(self) -> None:
+        """Start the child's process now, without waiting for it to be ready (the next `run`
+        waits), so that several sessions boot at once; nothing if it runs. A launch that fails
+        leaves the session stopped (the next `run` tries again and reports it). Raises
+        SandboxUnavailable as `run` does. (No threads: bubblewrap's ``--die-with-parent``
+        would kill the child when the thread that started it ends.)"""
+        if self._proc is not None:
+            return
+        try:
+            self._launch()
+        except _Killed:
+            self.close()
+        except BaseException:
+            self.close()
+            raise
 
     def run(self, code: str) -> ReplResult:
         """Run one block (see the class docstring); never raises for anything the code does.
@@ -162,7 +183,11 @@ class ReplSession:
                                 f"{MAX_CODE_CHARS} characters", None, start)
         try:
             if self._proc is None:
-                self._start()
+                self._launch()
+            if not self._ready:
+                if self._receive(self._ready_by).get("kind") != "ready":
+                    raise _Killed("crashed", "the session did not start")
+                self._ready = True
             self._send({"code": code}, time.monotonic() + self.limits.block_seconds)
             left = self.limits.block_seconds
             while True:
@@ -204,7 +229,8 @@ class ReplSession:
             return {"error": ["RuntimeError", "this session has no parent handler"]}
         return self.on_request(payload)
 
-    def _start(self) -> None:
+    def _launch(self) -> None:
+        """Start the child and send it its setup; it answers "ready" by ``_ready_by``."""
         limits = self.limits
         self._nonce = secrets.token_hex(16)
         child_limits = rlimits(_Limits(cpu_seconds=limits.cpu_seconds,
@@ -230,11 +256,10 @@ class ReplSession:
                  "modules": _MODULES, "allowed_imports": list(ALLOWED_IMPORTS),
                  "dropped_builtins": list(DROPPED_BUILTINS),
                  "max_stdout_chars": limits.max_observation_chars,
+                 "max_final_chars": limits.max_final_chars,
                  "setup_source": self.setup_source, "setup_data": self.setup_data}
-        deadline = time.monotonic() + limits.start_seconds
-        self._send(setup, deadline)
-        if self._receive(deadline).get("kind") != "ready":
-            raise _Killed("crashed", "the session did not start")
+        self._ready, self._ready_by = False, time.monotonic() + limits.start_seconds
+        self._send(setup, self._ready_by)
 
     def _send(self, message: Any, deadline: float) -> None:
         """Write one JSON line to the child's stdin before ``deadline``."""

@@ -7,11 +7,12 @@ session's nonce and goes to the result channel, a duplicate of the original fd 1
 and 2 then point to /dev/null):
 
 1. stdin: the setup ``{"nonce", "limits", "root", "guard", "modules": {"harness",
-   "guard"}, "allowed_imports", "dropped_builtins", "max_stdout_chars", "setup_source",
-   "setup_data"}``. ``modules`` are the sources of ``harness.py`` (limits, plain values) and
-   ``weak_harness.py`` (the audit guard), executed here because the files themselves are not
-   visible in the isolated mode. ``setup_source`` defines ``tools(data, request)``, which
-   returns the names given to the user's namespace. The child answers ``{"kind": "ready"}``.
+   "guard"}, "allowed_imports", "dropped_builtins", "max_stdout_chars", "max_final_chars",
+   "setup_source", "setup_data"}``. ``modules`` are the sources of ``harness.py`` (limits,
+   plain values) and ``weak_harness.py`` (the audit guard), executed here because the files
+   themselves are not visible in the isolated mode. ``setup_source`` defines ``tools(data,
+   request)``, which returns the names given to the user's namespace. The child answers
+   ``{"kind": "ready"}``.
 2. stdin: ``{"code": str}``; the child runs it in the persistent namespace (restricted
    builtins, import allow-list, stdout captured) and answers ``{"kind": "done", "stdout",
    "error", "final"}``. While it runs, a tool may call ``request(payload)``: the child writes
@@ -100,7 +101,7 @@ def main() -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     dumps, loads, write_all, plain = json.dumps, json.loads, shared.write_all, shared.plain
-    cap = int(setup["max_stdout_chars"])
+    cap, final_cap = int(setup["max_stdout_chars"]), int(setup["max_final_chars"])
 
     def send(message: dict[str, Any]) -> None:
         write_all(result_fd, (nonce + dumps(message) + "\n").encode("utf-8", "replace"))
@@ -165,11 +166,11 @@ def main() -> None:
         if "value" in final:
             try:
                 encoded = plain(final["value"])
-                answer = {"value": encoded, "plain": True} if len(dumps(encoded)) <= cap \
-                    else {"value": repr(final["value"])[:cap], "plain": False}
+                answer = {"value": encoded, "plain": True} if len(dumps(encoded)) <= final_cap \
+                    else {"value": repr(final["value"])[:final_cap], "plain": False}
             except BaseException:  # not plain data: its repr stands for it
                 try:
-                    answer = {"value": repr(final["value"])[:cap], "plain": False}
+                    answer = {"value": repr(final["value"])[:final_cap], "plain": False}
                 except BaseException as e:
                     error = f"FINAL: the value cannot be shown ({type(e).__name__})"
         send({"kind": "done", "stdout": out.value(), "error": error[:cap], "final": answer})

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from rlscope.sandbox import isolation_problem
+from rlscope.sandbox.isolated import INSTALL_HINT
+
 RewardMode = Literal["char_f1", "judge"]
 
 
@@ -100,3 +103,12 @@ def rlm_errors(cfg: RlmConfig, environ: dict[str, str] | None = None) -> list[st
         elif not path.is_file():
             errors.append(f"--train_file {cfg.train_file} does not exist")
     return errors
+
+
+def sandbox_errors(cfg: RlmConfig) -> list[str]:
+    """Why the REPL cannot run here (empty if it can): the isolated mode needs bubblewrap and
+    seccomp unless ``--unsafe_sandbox`` (a quick probe, cached)."""
+    if cfg.unsafe_sandbox:
+        return []
+    problem = isolation_problem()
+    return [f"the REPL sandbox is unavailable: {problem}; {INSTALL_HINT}"] if problem else []

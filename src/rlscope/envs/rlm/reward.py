@@ -172,7 +172,15 @@ def _urllib_post(url: str, headers: dict[str, str], body: bytes, timeout: float)
 def judge_reward(answer: Any, gold: Sequence[GoldSpan], cfg: RlmConfig, *,
                  post: Post = _urllib_post, sleep: Callable[[float], None] = time.sleep,
                  environ: Mapping[str, str] | None = None) -> float:
-    """The judge reward of a final answer: one chat-completions request to
+    """The judge reward of a final answer, `judge_score` of `judge_grades`."""
+    return judge_score(*judge_grades(answer, gold, cfg, post=post, sleep=sleep,
+                                     environ=environ))
+
+
+def judge_grades(answer: Any, gold: Sequence[GoldSpan], cfg: RlmConfig, *,
+                 post: Post = _urllib_post, sleep: Callable[[float], None] = time.sleep,
+                 environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """The judge's (precision, recall) of a final answer: one chat-completions request to
     ``cfg.judge_base_url`` (timeout 60 s), retried 5 times with backoff 1, 2, 4, 8, 16 s on
     network errors and malformed grades; then JudgeError (the run fails). ``post``,
     ``sleep`` and ``environ`` are injectable (tests never contact an endpoint)."""
@@ -191,7 +199,7 @@ def judge_reward(answer: Any, gold: Sequence[GoldSpan], cfg: RlmConfig, *,
         if attempt:
             sleep(float(2 ** (attempt - 1)))
         try:
-            return judge_score(*parse_judge_response(post(url, headers, body, JUDGE_TIMEOUT_S)))
+            return parse_judge_response(post(url, headers, body, JUDGE_TIMEOUT_S))
         except (OSError, urllib.error.URLError, JudgeError) as e:
             last = str(e)
     raise JudgeError(f"the judge at {url} failed {JUDGE_RETRIES + 1} times; last: {last[:300]}")

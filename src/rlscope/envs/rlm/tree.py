@@ -144,6 +144,13 @@ def session_limits(cfg: RlmConfig, turns: int) -> ReplLimits:
                       max_observation_chars=cfg.max_observation_chars)
 
 
+def start_sessions(sessions: Sequence[ReplSession]) -> None:
+    """Launch the sessions that are not running, so that they boot at the same time (a start
+    is mostly waiting for a new interpreter; the blocks then run one at a time)."""
+    for session in sessions:
+        session.launch()
+
+
 class TreeRunner:
     """Runs trees with one policy and one configuration (`run_trees`)."""
 
@@ -172,6 +179,8 @@ class TreeRunner:
         if not live:
             return
         texts = self._texts([r for _, r in live], max_new_tokens)
+        start_sessions([r.session for (_, r), text in zip(live, texts, strict=True)
+                        if first_repl_block(text) is not None])
         for (t, r), text in zip(live, texts, strict=True):
             self._advance(t, r, text, max_turns)
 
@@ -300,7 +309,7 @@ def credit_weights(n_root_turns: int, child_turns: Sequence[int],
         raise ValueError("turn counts must be >= 0")
     root = [1.0 / n_root_turns] * n_root_turns
     k = sum(n > 0 for n in child_turns)
-    children = [[(1.0 / (k * n) if train_child_trajectories else 0.0)] * n
+    children = [[1.0 / (k * n) if train_child_trajectories else 0.0] * n if n else []
                 for n in child_turns]
     return root, children
 
