@@ -15,7 +15,15 @@ import torch
 
 from rlscope import steps
 from rlscope.config import ConfigError, OptimConfig, RunConfig, TrainConfig
-from rlscope.envs.rlm import RlmConfig, ScriptedPolicy, load_examples, run_trees, split_examples
+from rlscope.envs.rlm import (
+    RlmConfig,
+    ScriptedPolicy,
+    TreeScore,
+    load_examples,
+    run_trees,
+    split_examples,
+    tree_metrics,
+)
 from rlscope.envs.rlm.trainer import RlmTrainConfig
 from rlscope.methods import MethodConfig
 from rlscope.metrics.schema import unregistered
@@ -233,8 +241,9 @@ def test_a_resumed_run_equals_the_uninterrupted_run(tmp_path: Path,
 
     def by_length(self: TreeStep, trees: list[Any], examples: list[Any]
                   ) -> tuple[torch.Tensor, dict[str, float]]:
-        lengths = [float(sum(len(s.text) for s in t.segments)) for t in trees]
-        return torch.tensor(lengths, dtype=torch.float64) / 8.0, {}
+        rewards = [sum(len(s.text) for s in t.segments) / 8.0 for t in trees]
+        return (torch.tensor(rewards, dtype=torch.float64),
+                tree_metrics(trees, [TreeScore(r, 0.0, 0.0, 0) for r in rewards]))
 
     monkeypatch.setattr(TreeStep, "_rewards", by_length)
     lora = ModelConfig(**{**vars(SMALL), "lora_rank": 2, "lora_alpha": 4})

@@ -23,16 +23,18 @@ import torch
 
 from rlscope import checkpoint
 from rlscope.envs.rlm import (
+    RlmConfig,
     RlmExample,
     TreeRecord,
-    char_f1,
     check_prompt_lengths,
-    judge_reward,
     load_examples,
     rlm_errors,
     run_trees,
+    sandbox_errors,
+    score_tree,
     segment_weights,
     split_examples,
+    tree_metrics,
 )
 from rlscope.methods.spec import MethodSpec
 from rlscope.metrics.estimators import advantage_metrics, group_outcome_metrics
@@ -56,7 +58,6 @@ from rlscope.steps.tree_update import (
 
 if TYPE_CHECKING:
     from rlscope.config import TrainConfig
-    from rlscope.envs.rlm import RlmConfig
     from rlscope.policy import ModelConfig
 
 TASK = "rlm_papers"
@@ -75,7 +76,7 @@ def group_size_of(cfg: TrainConfig) -> int:
 def tree_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     """The rejections of COMPANIONS.md §4 (one line each, saying what to change)."""
     r, m, t = cfg.run, cfg.model, cfg.rlm_train
-    errors = rlm_errors(cfg.rlm)
+    errors = rlm_errors(cfg.rlm) + sandbox_errors(rlm_options(cfg))
     g = group_size_of(cfg)
     if g <= 1:
         errors.append(f"--group_size {g}: rlm_grpo compares trees of one prompt; use 2 or more")
@@ -109,6 +110,11 @@ def tree_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     if m.dtype != "float32" and m.arch == "hf" and t.load_in_4bit:
         errors.append("--load_in_4bit keeps float32 adapters: use --dtype float32")
     return errors
+
+
+def rlm_options(cfg: TrainConfig) -> RlmConfig:
+    """The environment's options, the REPL's sandbox mode taken from ``--unsafe_sandbox``."""
+    return dataclasses.replace(cfg.rlm, unsafe_sandbox=cfg.task_options.unsafe_sandbox)
 
 
 def chat_codec(model: ModelConfig, enable_thinking: bool) -> ChatCodec:
@@ -189,35 +195,16 @@ class TreeStep:
     def _trees(self, examples: list[RlmExample], greedy: bool, seeds: torch.Generator
                ) -> tuple[list[TreeRecord], RecordingGenerator]:
         generate = RecordingGenerator(self.policy, self.codec, greedy, seeds, self.device)
-        trees = run_trees(examples, generate, self.cfg.rlm, generate.count_tokens,
-                          self.cfg.task_options.unsafe_sandbox)
+        trees = run_trees(examples, generate, rlm_options(self.cfg), generate.count_tokens)
         return trees, generate
 
     def _rewards(self, trees: list[TreeRecord], examples: list[RlmExample]
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Root rewards ``[B]`` and the reward parts' means (char_f1: precision, recall,
-        n_pred)."""
-        rlm = self.cfg.rlm
-        rewards, precision, recall, n_pred = [], [], [], []
-        for tree, example in zip(trees, examples, strict=True):
-            if not tree.has_final:
-                rewards.append(0.0)
-                precision.append(0.0)
-                recall.append(0.0)
-                n_pred.append(0.0)
-            elif rlm.reward_mode == "judge":
-                rewards.append(judge_reward(tree.final, example.gold, rlm))
-            else:
-                score = char_f1(tree.final, example.papers, example.gold,
-                                rlm.max_reward_predictions)
-                rewards.append(score.reward)
-                precision.append(score.precision)
-                recall.append(score.recall)
-                n_pred.append(float(score.n_pred))
-        parts = {} if rlm.reward_mode == "judge" else {
-            "reward/precision": _mean(precision), "reward/recall": _mean(recall),
-            "rlm/n_pred_mean": _mean(n_pred)}
-        return torch.tensor(rewards, dtype=torch.float64), parts
+        """Root rewards ``[B]`` (`rlscope.envs.rlm.score_tree`: char_f1 or the judge; no
+        FINAL scores 0) and the environment's metrics of the trees (`tree_metrics`)."""
+        scores = [score_tree(t, e, self.cfg.rlm) for t, e in zip(trees, examples, strict=True)]
+        return (torch.tensor([s.reward for s in scores], dtype=torch.float64),
+                tree_metrics(trees, scores))
 
     def train_step(self, step: int) -> dict[str, float]:
         g = self.group_size
@@ -225,7 +212,7 @@ class TreeStep:
                               generator=self.prompts).tolist()
         examples = [self.train_examples[i] for i in picks for _ in range(g)]
         trees, generate = self._trees(examples, False, self.sampling)
-        rewards_B, reward_parts = self._rewards(trees, examples)
+        rewards_B, env_metrics = self._rewards(trees, examples)
         adv_B = tree_advantages(rewards_B, g, self.cfg.rlm_train.scale_rewards)
         segments = tree_segments(trees, generate.take, adv_B,
                                  self.cfg.rlm.train_child_trajectories)
@@ -241,9 +228,7 @@ class TreeStep:
         ones_B1 = torch.ones(len(trees), 1, dtype=torch.float64)
         measured = advantage_metrics(adv_B[:, None], ones_B1, rewards_B, g) \
             | group_outcome_metrics(rewards_B, g)
-        return {"reward/mean": float(rewards_B.mean()), "reward/max": float(rewards_B.max()),
-                **reward_parts, **tree_metrics(trees),
-                **{k: float(v) for k, v in measured.items()}, **update}
+        return {**env_metrics, **{k: float(v) for k, v in measured.items()}, **update}
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
@@ -251,10 +236,10 @@ class TreeStep:
         ``eval/children_mean``."""
         examples = list(self.eval_examples)
         trees, _ = self._trees(examples, True, torch.Generator().manual_seed(0))
-        rewards_B, _ = self._rewards(trees, examples)
-        return {"eval/reward": float(rewards_B.mean()),
-                "eval/final_rate": _mean([float(t.has_final) for t in trees]),
-                "eval/children_mean": _mean([float(len(t.children)) for t in trees])}
+        _, measured = self._rewards(trees, examples)
+        return {"eval/reward": measured["reward/mean"],
+                "eval/final_rate": measured["rlm/final_rate"],
+                "eval/children_mean": measured["rlm/children_mean"]}
 
     def take_samples(self) -> list[dict[str, Any]]:
         """The whole trees to append to ``samples.jsonl`` since the last call."""
@@ -320,31 +305,10 @@ def tree_segments(trees: Sequence[TreeRecord], take: Callable[[Sequence[Message]
     return segments
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def tree_metrics(trees: list[TreeRecord]) -> dict[str, float]:
-    """``rlm/*`` counters of a step's trees (means over trees unless said)."""
-    blocks = sum(t.repl_blocks for t in trees)
-    return {
-        "rlm/children_mean": _mean([float(len(t.children)) for t in trees]),
-        "rlm/segments": float(sum(len(t.segments) for t in trees)),
-        "rlm/root_segments": float(sum(t.root_segments for t in trees)),
-        "rlm/child_segments": float(sum(t.child_segments for t in trees)),
-        "rlm/root_turns_mean": _mean([float(t.root_turns) for t in trees]),
-        "rlm/final_rate": _mean([float(t.has_final) for t in trees]),
-        "rlm/repl_error_rate": sum(t.repl_errors for t in trees) / max(blocks, 1),
-        "rlm/repl_timeouts": float(sum(t.repl_timeouts for t in trees)),
-        "rlm/budget_refusals": float(sum(t.budget_refusals for t in trees)),
-        "rlm/context_limit_rate": _mean([float(t.finish == "context_limit") for t in trees]),
-    }
-
-
 KIND = StepKind(tasks={TASK: "questions over several fictional papers answered from a Python "
                              "REPL with sub-agent calls (rlm_grpo; COMPANIONS.md §4)"},
                 validate=tree_errors, build=TreeStep)
 """The ``tree`` step kind's record in `rlscope.steps.STEPS`."""
 
 __all__ = ["KIND", "TreeStep", "chat_codec", "positions", "rlm_policy", "tree_errors",
-           "tree_metrics", "tree_segments"]
+           "tree_segments"]

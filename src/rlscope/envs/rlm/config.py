@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tyro.conf import Suppress
+
 from rlscope.sandbox import isolation_problem
 from rlscope.sandbox.isolated import INSTALL_HINT
 
@@ -61,6 +63,10 @@ class RlmConfig:
     train_child_trajectories: bool = True
     """Train on the children's turns (weight 1/(k·n_j) each); ``--no_train_child_trajectories``
     gives them weight 0."""
+    unsafe_sandbox: Suppress[bool] = False
+    """Run the REPL in the weak subprocess sandbox instead of bubblewrap (docs/sandbox.md).
+    Not a flag of its own: ``rlscope train`` sets it from the task option
+    ``--unsafe_sandbox``."""
 
 
 def rlm_errors(cfg: RlmConfig, environ: dict[str, str] | None = None) -> list[str]:

@@ -154,10 +154,8 @@ def start_sessions(sessions: Sequence[ReplSession]) -> None:
 class TreeRunner:
     """Runs trees with one policy and one configuration (`run_trees`)."""
 
-    def __init__(self, generate: Generate, cfg: RlmConfig, count_tokens: CountTokens,
-                 unsafe_sandbox: bool = False) -> None:
+    def __init__(self, generate: Generate, cfg: RlmConfig, count_tokens: CountTokens) -> None:
         self.generate, self.cfg, self.count_tokens = generate, cfg, count_tokens
-        self.unsafe_sandbox = unsafe_sandbox
 
     def _texts(self, rollouts: Sequence[_Rollout], max_new_tokens: int) -> list[str]:
         texts = self.generate([r.conversation for r in rollouts], max_new_tokens)
@@ -238,7 +236,7 @@ class TreeRunner:
             session = ReplSession(TOOLS_SOURCE, {"kind": "child", "paper": text,
                                                  "paper_id": pid},
                                   session_limits(cfg, cfg.max_child_turns),
-                                  unsafe=self.unsafe_sandbox)
+                                  unsafe=cfg.unsafe_sandbox)
             kids.append((prompt, pid, _Rollout(child_conversation(prompt, pid), session,
                                                used + i)))
         try:
@@ -268,7 +266,7 @@ class TreeRunner:
                     ReplSession(TOOLS_SOURCE, {"kind": "root", "papers": tree.example.papers},
                                 session_limits(cfg, cfg.max_root_turns),
                                 on_request=functools.partial(self._children, tree),
-                                unsafe=self.unsafe_sandbox), None)
+                                unsafe=cfg.unsafe_sandbox), None)
             for _ in range(cfg.max_root_turns):
                 live = [(t, t.root) for t in trees if t.root is not None and not t.root.done]
                 if not live:
@@ -290,11 +288,9 @@ class TreeRunner:
 
 
 def run_trees(examples: Sequence[RlmExample], generate: Generate, cfg: RlmConfig,
-              count_tokens: CountTokens, unsafe_sandbox: bool = False) -> list[TreeRecord]:
-    """One tree per example (module docstring); sessions are closed on return or error.
-    ``unsafe_sandbox`` (``--unsafe_sandbox``) runs the REPL in the weak subprocess sandbox
-    instead of bubblewrap (docs/sandbox.md)."""
-    return TreeRunner(generate, cfg, count_tokens, unsafe_sandbox).run(examples)
+              count_tokens: CountTokens) -> list[TreeRecord]:
+    """One tree per example (module docstring); sessions are closed on return or error."""
+    return TreeRunner(generate, cfg, count_tokens).run(examples)
 
 
 def credit_weights(n_root_turns: int, child_turns: Sequence[int],
