@@ -38,7 +38,8 @@ from rlscope.steps.tree_model import (
     transcript_ids,
 )
 from rlscope.steps.tree_update import UpdateOptions, update_on_segments
-from rlscope.supervised.sft import SftConfig, sft, validate_sft
+from rlscope.supervised.rlm_sft import rlm_sft, rlm_sft_errors
+from rlscope.supervised.sft import SftConfig
 from rlscope.tasks import TaskConfig
 from rlscope.train import train
 
@@ -269,10 +270,10 @@ def test_the_scripted_warm_start_trains_assistant_turns_and_loads_into_train(
         tmp_path: Path) -> None:
     cfg = SftConfig(task="rlm_papers", model=SMALL, num_steps=2, batch_size=1, eval_every=0,
                     lr=1e-2, runs_dir=str(tmp_path), name="warm", progress=False, device="cpu")
-    assert validate_sft(cfg) == []
+    assert rlm_sft_errors(cfg) == []
     assert "--data: rlm_papers trains on its scripted transcripts" in " ".join(
-        validate_sft(SftConfig(task="rlm_papers", model=SMALL, data="x.jsonl")))
-    result = sft(cfg)
+        rlm_sft_errors(SftConfig(task="rlm_papers", model=SMALL, data="x.jsonl")))
+    result = rlm_sft(cfg)
     assert [m["step"] for m in result.metrics] == [0, 1]
     assert result.metrics[1]["sft/loss"] < result.metrics[0]["sft/loss"] * 2  # finite, sane
     assert result.evals[-1]["sft/heldout_loss"] > 0

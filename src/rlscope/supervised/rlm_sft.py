@@ -27,6 +27,8 @@ from rlscope.supervised.sft import SftConfig, SftResult, save_sft, sft_loss
 from rlscope.tasks import Task
 from rlscope.utils import resolve_device
 
+RLM_TASK = TASK
+"""``rlscope sft --task rlm_papers`` runs `rlm_sft` instead of `rlscope.supervised.sft.sft`."""
 HELDOUT_TRANSCRIPTS = 16
 """Eval-split transcripts in ``sft/heldout_loss``."""
 
@@ -113,4 +115,4 @@ def rlm_sft(cfg: SftConfig) -> SftResult:
                        lambda out_dir, _: save_sft(out_dir, policy, cfg))  # type: ignore[arg-type]
 
 
-__all__ = ["rlm_sft", "rlm_sft_errors"]
+__all__ = ["RLM_TASK", "rlm_sft", "rlm_sft_errors"]

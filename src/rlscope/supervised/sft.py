@@ -51,8 +51,6 @@ from rlscope.utils import resolve_device
 HELDOUT_SEED_OFFSET = 2_000_029
 """Held-out SFT pairs come from a generator seeded with seed + this (never the training one)."""
 HELDOUT_PAIRS = 256
-RLM_TASK = "rlm_papers"
-"""The task of the tree step whose warm start is `rlscope.supervised.rlm_sft`."""
 
 
 @dataclass(frozen=True)
@@ -154,10 +152,6 @@ def read_pairs(path: str, task: Task) -> list[Pair | MaskedPair]:
 
 def validate_sft(cfg: SftConfig) -> list[str]:
     """Every problem of ``cfg`` (empty when it can run)."""
-    if cfg.task == RLM_TASK:
-        from rlscope.supervised.rlm_sft import rlm_sft_errors
-
-        return rlm_sft_errors(cfg)
     errors, task = job_task(cfg, cfg.task)
     if task is None:
         return errors
@@ -182,12 +176,7 @@ def _pairs_of(task: Task, generator: torch.Generator, n: int) -> list[Pair | Mas
 
 
 def sft(cfg: SftConfig) -> SftResult:
-    """Run the warm start of ``cfg`` and write its output directory (module docstring;
-    ``--task rlm_papers``: `rlscope.supervised.rlm_sft`)."""
-    if cfg.task == RLM_TASK:
-        from rlscope.supervised.rlm_sft import rlm_sft
-
-        return rlm_sft(cfg)
+    """Run the warm start of ``cfg`` and write its output directory (module docstring)."""
     errors = validate_sft(cfg)
     if errors:
         raise ValueError("invalid configuration:\n  - " + "\n  - ".join(errors))
