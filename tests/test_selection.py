@@ -79,7 +79,9 @@ def test_grouped_presets_select_mixed_groups_by_default() -> None:
     # traj_group_pg (COMPANIONS.md §5) trains on every group: flat groups have zero centred
     # advantage anyway, and the learnability experiments measure the mixed rate, not filter on it
     assert METHODS["traj_group_pg"].selection == "none"
-    for name in grouped - {"gpg", "traj_group_pg"}:
+    # rlm_grpo (COMPANIONS.md §4): "no group selection"; its tree step trains every tree
+    assert METHODS["rlm_grpo"].selection == "none"
+    for name in grouped - {"gpg", "traj_group_pg", "rlm_grpo"}:
         assert METHODS[name].selection == "mixed_groups", name
 
 
