@@ -29,6 +29,7 @@ from rlscope.methods import MethodConfig
 from rlscope.metrics.schema import unregistered
 from rlscope.policy import ModelConfig
 from rlscope.policy.hf import HFPolicy, tiny_hf_model
+from rlscope.sampling import SamplingConfig
 from rlscope.steps.tree import TreeStep, tree_segments
 from rlscope.steps.tree_model import (
     ByteChat,
@@ -186,6 +187,9 @@ def test_scripted_trees_become_weighted_segments_and_train_root_and_child_turns(
     ({"rlm_train": {"enable_thinking": True}}, r"--enable_thinking needs --arch hf"),
     ({"model": {"arch": "tiny"}}, r"--arch tiny: rlm_grpo trains a Hugging Face model"),
     ({"run": {"delay": 1}}, r"--delay is not supported by the 'tree' step"),
+    ({"model": {"d_model": 30, "n_heads": 4}}, r"model.d_model=30 must be divisible"),
+    ({"sampling": {"temperature": 0.7}}, r"--temperature, --top_p, --top_k, --max_new_tokens: "
+                                         r"rlm_grpo samples at temperature 1"),
 ])
 def test_each_rejection_names_what_to_change(tmp_path: Path, change: dict[str, dict[str, Any]],
                                              message: str) -> None:
@@ -194,7 +198,8 @@ def test_each_rejection_names_what_to_change(tmp_path: Path, change: dict[str, d
         "rlm": RlmConfig(**{**vars(FAST), **change.get("rlm", {})}),
         "model": ModelConfig(**{**vars(SMALL), **change.get("model", {})}),
         "rlm_train": RlmTrainConfig(**change.get("rlm_train", {})),
-        "components": MethodConfig(**change.get("components", {}))}
+        "components": MethodConfig(**change.get("components", {})),
+        "sampling": SamplingConfig(**change.get("sampling", {}))}
     cfg = TrainConfig(method=base.method, task=base.task, run=RunConfig(**{
         **vars(base.run), **change.get("run", {})}), **parts)
     with pytest.raises(ConfigError, match=message):

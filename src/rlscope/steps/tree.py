@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlscope import checkpoint
+from rlscope.checks import device_errors, model_module_errors
 from rlscope.envs.rlm import (
     RlmConfig,
     RlmExample,
@@ -75,8 +76,14 @@ def group_size_of(cfg: TrainConfig) -> int:
 
 def tree_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     """The rejections of COMPANIONS.md §4 (one line each, saying what to change)."""
-    r, m, t = cfg.run, cfg.model, cfg.rlm_train
-    errors = rlm_errors(cfg.rlm) + sandbox_errors(rlm_options(cfg))
+    r, m, t, sampling = cfg.run, cfg.model, cfg.rlm_train, cfg.sampling
+    errors = (m.validate() + model_module_errors(m) + device_errors(r.device)
+              + rlm_errors(cfg.rlm) + sandbox_errors(rlm_options(cfg)))
+    if (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens) != (
+            1.0, 1.0, 0, 0):
+        errors.append("--temperature, --top_p, --top_k, --max_new_tokens: rlm_grpo samples at "
+                      "temperature 1, top-p 1, top-k 0 (its turn lengths are --max_plan_tokens "
+                      "and --max_child_tokens); drop them")
     g = group_size_of(cfg)
     if g <= 1:
         errors.append(f"--group_size {g}: rlm_grpo compares trees of one prompt; use 2 or more")
