@@ -314,3 +314,46 @@ def test_the_smoke_config_of_section_6_runs_two_steps(tmp_path: Path) -> None:
     assert result.status == "completed"
     assert [m["step"] for m in records(result.run_dir, "metrics.jsonl")] == [0, 1]
     assert len((tmp_path / "o.csv").read_text().splitlines()) == 1 + 3
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.slow
+def test_a_local_model_directory_trains_with_its_tokenizer_and_chat_template(
+        tmp_path: Path) -> None:
+    """--arch hf --path DIR: the directory's tokenizer and ChatML template render the
+    conversations, <|im_end|> stops a turn, and a LoRA run on it completes."""
+    from transformers import AutoTokenizer
+
+    from rlscope.serve.tokenizer_dir import CHAT_SPECIALS, write_tokenizer_dir
+    from rlscope.steps.tree_model import TemplateChat
+
+    model_dir = tmp_path / "local"
+    tiny_hf_model("qwen2", 256 + len(CHAT_SPECIALS), seed=1, hidden_size=32, num_heads=2,
+                  num_layers=1, max_len=4096).save_pretrained(str(model_dir))
+    write_tokenizer_dir(model_dir, "tiny-qwen2-chat", marker=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(str(model_dir))
+
+    codec = TemplateChat(str(model_dir), enable_thinking=False)
+    im_start, im_end = 257, 258  # <|im_start|>, <|im_end|>
+    assert im_end in codec.stop_ids
+    messages: list[Message] = [{"role": "user", "content": "a"},
+                               {"role": "assistant", "content": "b"}]
+    nl = 10
+    # <|im_start|>user\na<|im_end|>\n then the generation prompt <|im_start|>assistant\n
+    assert codec.prompt_ids(messages[:1]) == [im_start, *b"user", nl, 97, im_end, nl,
+                                              im_start, *b"assistant", nl]
+    ids, mask = transcript_ids(codec, messages, [False, True])
+    assert [i for i, m in zip(ids, mask, strict=True) if m] == [98, im_end, nl]
+    assert codec.decode([98, im_end]) == "b"
+
+    model = ModelConfig(arch="hf", path=str(model_dir), lora_rank=2, lora_alpha=4)
+    rlm = RlmConfig(**{**vars(FAST), "max_prompt_tokens": 3000})
+    result = train(config(tmp_path, rlm=rlm, model=model))
+    assert result.status == "completed"
+    assert (result.run_dir / "model" / "tokenizer_config.json").is_file()
+    assert (result.run_dir / "model" / "adapter_config.json").is_file()
