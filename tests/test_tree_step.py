@@ -320,7 +320,6 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-@pytest.mark.slow
 def test_a_local_model_directory_trains_with_its_tokenizer_and_chat_template(
         tmp_path: Path) -> None:
     """--arch hf --path DIR: the directory's tokenizer and ChatML template render the
