@@ -22,6 +22,7 @@ from rlscope.steps.tree_update import (
     UpdateOptions,
     segment_objective,
     segment_tensors,
+    token_logprobs,
     tree_advantages,
     update_on_segments,
 )
@@ -157,3 +158,30 @@ def test_child_segments_of_weight_zero_change_nothing() -> None:
     assert deltas[0].abs().sum() > 0
     torch.testing.assert_close(deltas[1], deltas[0], rtol=0, atol=0)
     torch.testing.assert_close(deltas[2], deltas[0], rtol=1e-9, atol=1e-12)
+
+
+def test_repeated_updates_raise_the_rewarded_turn_and_lower_the_other() -> None:
+    """Behaviour: two trees of one prompt, the first rewarded (A = +1) and the second not
+    (A = −1), each a root turn and a child turn: after a few AdamW steps the policy puts more
+    log-probability on both segments of the first tree and less on the second's."""
+    policy, reference = _models()
+    prompt, child_prompt = (1, 2, 3), (4, 5)
+    good = [TreeSegment(0, -1, 0, prompt, (6, 7), 1.0, 1.0),
+            TreeSegment(0, 0, 0, child_prompt, (8,), 1.0, 1.0)]
+    bad = [TreeSegment(1, -1, 0, prompt, (9, 10), -1.0, 1.0),
+           TreeSegment(1, 0, 0, child_prompt, (11,), -1.0, 1.0)]
+
+    def logp(segment: TreeSegment) -> float:
+        tokens_BL, mask_BT = segment_tensors([segment])
+        with torch.no_grad():
+            return float((token_logprobs(policy, tokens_BL) * mask_BT).sum())
+
+    before = [logp(s) for s in good + bad]
+    params = list(policy.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    for _ in range(5):
+        update_on_segments(policy, reference, optimizer, params, good + bad, 2,
+                           UpdateOptions(), torch.Generator().manual_seed(0))
+    after = [logp(s) for s in good + bad]
+    assert after[0] > before[0] and after[1] > before[1]
+    assert after[2] < before[2] and after[3] < before[3]
