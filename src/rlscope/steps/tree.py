@@ -223,10 +223,8 @@ class TreeStep:
         adv_B = tree_advantages(rewards_B, g, self.cfg.rlm_train.scale_rewards)
         segments = tree_segments(trees, generate.take, adv_B,
                                  self.cfg.rlm.train_child_trajectories)
-        self.policy.train()  # type: ignore[attr-defined]
         update = update_on_segments(self.policy, self.reference, self.optimizer, self.params,
                                     segments, len(trees), self.options, self.order)
-        self.policy.eval()  # type: ignore[attr-defined]
         if self.cfg.run.log_samples and step % max(self.cfg.run.samples_every, 1) == 0:
             self.pending += [{"step": step, "reward": float(rewards_B[i]),
                               "advantage": float(adv_B[i]), **trees[i].to_dict()}

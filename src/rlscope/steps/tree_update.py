@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -172,8 +173,12 @@ def update_on_segments(policy: Policy | nn.Module, reference: Policy | nn.Module
         return {"loss/total": 0.0, "rlm/segment_loss_mean": 0.0, "policy/ratio_mean": 1.0,
                 "policy/kl_ref_k3": 0.0, "policy/clipfrac_region": 0.0, "optim/grad_norm": 0.0}
     device = _device(policy)
+    module = cast(nn.Module, policy)
+    training = module.training
+    module.eval()  # ℓ_μ and ℓ_ref without dropout (LoRA's, when --lora_dropout > 0)
     logp_old = _no_grad_logprobs(policy, trained, opts.micro_batch_size)
     logp_ref = _no_grad_logprobs(reference, trained, opts.micro_batch_size)
+    module.train()
     sums = {"loss": 0.0, "segment_loss": 0.0, "ratio": 0.0, "kl_ref_k3": 0.0,
             "clipfrac_region": 0.0, "tokens": 0.0}
     grad_norm = torch.zeros(())
@@ -206,6 +211,7 @@ def update_on_segments(policy: Policy | nn.Module, reference: Policy | nn.Module
         grad_norm = torch.nn.utils.clip_grad_norm_(
             list(params), opts.grad_clip if opts.grad_clip > 0 else float("inf"))
         optimizer.step()
+    module.train(training)
     tokens = max(sums["tokens"], 1.0)
     return {"loss/total": sums["loss"], "rlm/segment_loss_mean": sums["segment_loss"]
             / len(trained), "policy/ratio_mean": sums["ratio"] / tokens,
