@@ -185,3 +185,16 @@ def test_repeated_updates_raise_the_rewarded_turn_and_lower_the_other() -> None:
     after = [logp(s) for s in good + bad]
     assert after[0] > before[0] and after[1] > before[1]
     assert after[2] < before[2] and after[3] < before[3]
+
+
+def test_chunked_log_probs_at_the_generated_positions_equal_the_full_logits() -> None:
+    """token_logprobs with a mask reads only the generated positions from the final hidden
+    states, in chunks; the values (and 0 elsewhere) match the full-logits path."""
+    policy, _ = _models()
+    segments = [TreeSegment(0, -1, 0, (1, 2, 3), (4, 5, 6), 1.0, 1.0),
+                TreeSegment(0, 0, 0, (7,), (8, 9), 1.0, 0.5)]
+    tokens_BL, mask_BT = segment_tensors(segments)
+    full_BT = token_logprobs(policy, tokens_BL)
+    chunked_BT = token_logprobs(policy, tokens_BL, mask_BT)
+    torch.testing.assert_close(chunked_BT, full_BT * mask_BT, rtol=1e-12, atol=1e-12)
+    assert bool((chunked_BT[mask_BT > 0] < 0).all())

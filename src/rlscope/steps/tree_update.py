@@ -27,7 +27,11 @@ from rlscope.methods.aggregation import segment_weighted
 from rlscope.methods.configs import AdvantageConfig, ObjectiveConfig
 from rlscope.methods.regularizers import kl_estimate
 from rlscope.methods.terms import clipped_surrogate, ratio
-from rlscope.policy.base import Policy
+from rlscope.policy.base import Policy, head_dtype
+from rlscope.policy.chunked import chunked_logp_entropy
+
+LOGPROB_CHUNK = 1024
+"""Positions per chunk of the head's log-probs (`token_logprobs`)."""
 
 
 @dataclass(frozen=True)
@@ -98,13 +102,30 @@ def segment_tensors(segments: Sequence[TreeSegment], pad_id: int = 0
     return tokens_BL, mask_BL[:, 1:]
 
 
-def token_logprobs(policy: Policy | nn.Module, tokens_BL: torch.Tensor) -> torch.Tensor:
-    """ℓ_t = log π(token t + 1 | tokens ≤ t) at temperature 1, ``[B, L − 1]``."""
-    logits_BLV, _ = policy(tokens_BL)  # type: ignore[operator]
-    logits_BTV = logits_BLV[:, :-1]
-    logp_BTV = torch.log_softmax(
-        logits_BTV.to(torch.promote_types(logits_BTV.dtype, torch.float32)), dim=-1)
-    return logp_BTV.gather(-1, tokens_BL[:, 1:, None]).squeeze(-1)
+def token_logprobs(policy: Policy | nn.Module, tokens_BL: torch.Tensor,
+                   mask_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """ℓ_t = log π(token t + 1 | tokens ≤ t) at temperature 1, ``[B, L − 1]``.
+
+    With ``mask_BT`` and a policy that exposes its final hidden states and a plain linear
+    head (`rlscope.policy.hf.HFPolicy`), only the masked positions are computed, `LOGPROB_CHUNK`
+    at a time (`rlscope.policy.chunked.chunked_logp_entropy`), the others 0: a long context
+    never materialises its [L, V] logits (8k positions × a 152k vocabulary are 5 GB)."""
+    final_hidden = getattr(policy, "final_hidden", None)
+    output_head = getattr(policy, "output_head", None)
+    head = output_head() if mask_BT is not None and callable(output_head) else None
+    if head is None or mask_BT is None or final_hidden is None:
+        logits_BLV, _ = policy(tokens_BL)  # type: ignore[operator]
+        logits_BTV = logits_BLV[:, :-1]
+        logp_BTV = torch.log_softmax(
+            logits_BTV.to(torch.promote_types(logits_BTV.dtype, torch.float32)), dim=-1)
+        return logp_BTV.gather(-1, tokens_BL[:, 1:, None]).squeeze(-1)
+    keep_BT = mask_BT > 0
+    hidden_ND = final_hidden(tokens_BL)[:, :-1][keep_BT]
+    W_VD, bias_V = head
+    logp_N, _ = chunked_logp_entropy(hidden_ND, W_VD, bias_V, tokens_BL[:, 1:][keep_BT],
+                                     1.0, LOGPROB_CHUNK, head_dtype(policy))
+    return torch.zeros(keep_BT.shape, dtype=logp_N.dtype, device=logp_N.device
+                       ).masked_scatter(keep_BT, logp_N)
 
 
 def segment_objective(logp_BT: torch.Tensor, logp_old_BT: torch.Tensor,
@@ -136,8 +157,9 @@ def _no_grad_logprobs(model: Policy | nn.Module, segments: Sequence[TreeSegment]
     out: list[torch.Tensor] = []
     for rows in _chunks(range(len(segments)), micro_batch_size):
         chunk = [segments[i] for i in rows]
-        tokens_BL, _ = segment_tensors(chunk)
-        logp_BT = token_logprobs(model, tokens_BL.to(_device(model)))
+        tokens_BL, mask_BT = segment_tensors(chunk)
+        device = _device(model)
+        logp_BT = token_logprobs(model, tokens_BL.to(device), mask_BT.to(device))
         out += [logp_BT[row, :len(s.prompt_ids) + len(s.completion_ids) - 1]
                 for row, s in enumerate(chunk)]
     return out
@@ -189,7 +211,7 @@ def update_on_segments(policy: Policy | nn.Module, reference: Policy | nn.Module
             chunk = [trained[i] for i in rows]
             tokens_BL, mask_BT = segment_tensors(chunk)
             tokens_BL, mask_BT = tokens_BL.to(device), mask_BT.to(device)
-            logp_BT = token_logprobs(policy, tokens_BL)
+            logp_BT = token_logprobs(policy, tokens_BL, mask_BT)
             width = logp_BT.shape[1]
             loss_BT, stats = segment_objective(
                 logp_BT, _padded([logp_old[i] for i in rows], width),
