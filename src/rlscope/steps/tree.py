@@ -238,8 +238,10 @@ class TreeStep:
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
         """One greedy tree per eval example: ``eval/reward``, ``eval/final_rate``,
-        ``eval/children_mean``."""
+        ``eval/children_mean`` (none without eval examples)."""
         examples = list(self.eval_examples)
+        if not examples:  # a --train_file without eval rows
+            return {}
         trees, _ = self._trees(examples, True, torch.Generator().manual_seed(0))
         _, measured = self._rewards(trees, examples)
         return {"eval/reward": measured["reward/mean"],
