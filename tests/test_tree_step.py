@@ -356,3 +356,16 @@ def test_a_local_model_directory_trains_with_its_tokenizer_and_chat_template(
     assert result.status == "completed"
     assert (result.run_dir / "model" / "tokenizer_config.json").is_file()
     assert (result.run_dir / "model" / "adapter_config.json").is_file()
+
+
+def test_a_train_file_of_train_rows_trains_and_evaluates_nothing(tmp_path: Path) -> None:
+    shipped = Path(__file__).parents[1] / "src" / "rlscope" / "data" / "rlm_papers.jsonl"
+    rows = [json.loads(line) for line in shipped.read_text().splitlines()]
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows if r["split"] == "train"))
+    rlm = RlmConfig(**{**vars(FAST), "train_file": str(data), "max_examples": 2})
+    result = train(config(tmp_path, rlm=rlm))
+    assert result.status == "completed"
+    assert "2 train / 0 eval examples" in json.loads(
+        (result.run_dir / "config.json").read_text())["task_description"]
+    assert [set(e) for e in records(result.run_dir, "eval.jsonl")] == [{"step", "time/eval"}]
