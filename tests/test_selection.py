@@ -83,7 +83,9 @@ def test_grouped_presets_select_mixed_groups_by_default() -> None:
     set_presets = {name for name, spec in METHODS.items() if spec.step == "set"}
     assert set_presets == {"vpo_grpo", "scalar_grpo", "multi_rlvr"}
     assert all(METHODS[n].selection == "none" for n in set_presets)
-    for name in grouped - {"gpg", "traj_group_pg"} - set_presets:
+    # rlm_grpo (COMPANIONS.md §4): "no group selection"; its tree step trains every tree
+    assert METHODS["rlm_grpo"].selection == "none"
+    for name in grouped - {"gpg", "traj_group_pg", "rlm_grpo"} - set_presets:
         assert METHODS[name].selection == "mixed_groups", name
 
 

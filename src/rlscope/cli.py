@@ -140,13 +140,15 @@ def _without_option(args: list[str], name: str) -> list[str]:
 
 
 def cmd_sft(args: list[str]) -> int:
+    from rlscope.supervised.rlm_sft import RLM_TASK, rlm_sft, rlm_sft_errors
     from rlscope.supervised.sft import SftConfig, sft, validate_sft
 
     cfg = _tyro_parse(SftConfig, args, "rlscope sft")
     assert isinstance(cfg, SftConfig)
-    if _report_errors(validate_sft(cfg)):
+    rlm = cfg.task == RLM_TASK  # the tree step's warm start (no Task object)
+    if _report_errors(rlm_sft_errors(cfg) if rlm else validate_sft(cfg)):
         return 2
-    result = sft(cfg)
+    result = rlm_sft(cfg) if rlm else sft(cfg)
     _start_end_table(f"sft on {cfg.task}", result.evals, {
         "heldout loss": "sft/heldout_loss", "test_error": "eval/test_error"})
     Console().print(f"wrote {result.out_dir} in {result.wall_time_s:.1f} s; continue with "

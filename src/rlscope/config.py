@@ -22,6 +22,8 @@ from rlscope.checks import (
     readable_errors,
     writable_dir_errors,
 )
+from rlscope.envs.rlm.config import RlmConfig
+from rlscope.envs.rlm.trainer import RlmTrainConfig
 from rlscope.methods import MethodConfig, MethodSpec, canonical_method_name, resolve_method
 from rlscope.methods import validate_method as _validate_method
 from rlscope.methods.advantages import ADVANTAGES
@@ -142,14 +144,15 @@ class RunConfig:
     batch_size: int = 96
     """Rollouts per step (prompts × group_size)."""
     group_size: int = 0
-    """Rollouts per prompt; 0 = 8 for grouped methods and 1 otherwise."""
+    """Rollouts per prompt; 0 = 8 for grouped methods and 1 otherwise (rlm_grpo: trees per
+    prompt, 0 = 4)."""
     inner_epochs: int = 1
     """Passes over each batch."""
     num_minibatches: int = 1
     """Optimizer steps per pass (the batch is split into this many minibatches)."""
     micro_batch_size: int = 0
     """Rows per forward/backward (gradient accumulation; never changes the update). 0 = whole
-    minibatch."""
+    minibatch (rlm_grpo: segments per forward/backward, 0 = 1)."""
     delay: int = 0
     """Staleness: train on the batch sampled this many steps ago."""
     fill_batch: bool = False
@@ -249,6 +252,8 @@ class TrainConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     teacher_options: TeacherConfig = field(default_factory=TeacherConfig)
     pedagogy: PedagogyConfig = field(default_factory=PedagogyConfig)
+    rlm: RlmConfig = field(default_factory=RlmConfig)
+    rlm_train: RlmTrainConfig = field(default_factory=RlmTrainConfig)
 
 
 @dataclass(frozen=True)

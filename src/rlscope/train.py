@@ -112,7 +112,7 @@ from rlscope.sampling.candidates import sample_candidates
 from rlscope.sampling.episodes import episode_loss_metrics, episode_metrics, generate_episodes
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.sampling.sampler import SamplingConfig, generate
-from rlscope.steps import ROLLOUT, STEPS, kind_of, validate_run
+from rlscope.steps import ROLLOUT, STEPS, KindStep, kind_of, validate_run
 from rlscope.tasks.base import (
     GroupSized,
     Interactive,
@@ -952,6 +952,8 @@ def kind_train(cfg: TrainConfig, kind: str) -> RunResult:
             values = stepper.train_step(step)
             values["time/step"] = time.perf_counter() - t0
             log.add_step({"step": step, **values})
+            for sample in getattr(stepper, "take_samples", list)():  # optional: samples.jsonl
+                log.samples.write(sample)
             done = step + 1
             diverged = loss_divergence(values, step)
             if diverged:
@@ -960,9 +962,11 @@ def kind_train(cfg: TrainConfig, kind: str) -> RunResult:
                 break
             if r.checkpoint_every and done % r.checkpoint_every == 0:
                 checkpoint.save_state(run_dir, done, stepper.state_dict())
+                export_kind(stepper, run_dir)
         if status == "completed":
             evaluate(r.num_steps)
             checkpoint.save_state(run_dir, done, stepper.state_dict())
+            export_kind(stepper, run_dir)
     except BaseException as error:
         checkpoint.atomic_write_text(run_dir / "status.json", json.dumps(
             {"status": "failed", "steps": done, "error": repr(error)}))
@@ -971,6 +975,14 @@ def kind_train(cfg: TrainConfig, kind: str) -> RunResult:
         torch.set_num_threads(threads_before)
         log.close()
     return log.result(done, status, diverged)
+
+
+def export_kind(stepper: KindStep, run_dir: Path) -> None:
+    """A step kind's optional export beside its checkpoint (``export(directory)``: e.g. the
+    tree step's adapter, tokenizer and model config) into ``<run_dir>/model``."""
+    export = getattr(stepper, "export", None)
+    if export is not None:
+        export(run_dir / "model")
 
 
 def resume_cleanup(cfg: TrainConfig, run_dir: Path, step: int) -> list[str]:

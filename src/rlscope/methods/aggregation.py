@@ -56,6 +56,23 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, agg: str,
     raise ValueError(f"unknown aggregation {agg!r}; valid: {', '.join(AGGREGATIONS)}")
 
 
+def segment_weighted(loss_BT: torch.Tensor, mask_BT: torch.Tensor, weight_B: torch.Tensor,
+                     n_trees: int) -> torch.Tensor:
+    """This micro-batch's share of the RLM step loss Σ_s w_s · L_s / N_trees, with L_s the
+    token mean of segment s's losses (COMPANIONS.md §4, "Credit propagation", step 5).
+
+    One row per segment (a generated turn of a root or a child of some tree); ``weight_B`` its
+    credit weight w_s (root turn 1/n_root, child turn 1/(k·n_j)); ``n_trees`` the optimizer
+    batch's trees, a global count, so summing the shares over micro-batches gives the loss of
+    the whole batch. Not one of `AGGREGATIONS`: it reads per-row weights the rollout loop has
+    no notion of; only the ``tree`` step calls it.
+    """
+    if n_trees < 1:
+        raise ValueError(f"n_trees={n_trees} must be >= 1")
+    per_segment_B = (loss_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp_min(1.0)
+    return (weight_B * per_segment_B).sum() / n_trees
+
+
 def group_token_counts(mask_BT: torch.Tensor, group_size: int) -> torch.Tensor:
     """Valid tokens of each row's group (contiguous rows), ``[B]``; the row's own count when
     the rows do not split into groups of ``group_size``."""

@@ -468,6 +468,18 @@ METHODS: dict[str, MethodSpec] = {
         advantage=AdvantageConfig("group_zscore"),
         objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2), step="two_view",
         two_view=TwoViewRule("none", "student_grpo"), requires=_TWO_VIEW),
+    # issue 21: the RLM companion (COMPANIONS.md §4), trained by the tree step
+    "rlm_grpo": MethodSpec(
+        description="GRPO over trees of REPL rollouts: each tree's root advantage (group "
+        "z-score of the root rewards) on every root and child turn, weighted 1/n_root per root "
+        "turn and 1/(k·n_j) per child turn; PPO clip and k3 KL to the reference per segment.",
+        source="rlm_grpo (rl-experiments companions); GRPO 2402.03300",
+        regime="rlm_papers on a Hugging Face model (LoRA); group_size > 1; on-policy (one "
+        "AdamW step per inner epoch on freshly sampled trees); warm-start with rlscope sft",
+        advantage=AdvantageConfig("group_zscore"),
+        objective=ObjectiveConfig("ppo_clip", clip_low=0.2, clip_high=0.2),
+        kl=KLConfig(coef=0.01, estimator="k3", target="ref", place="loss"),
+        grouped=True, step="tree"),
 }
 
 

@@ -534,6 +534,44 @@ METRICS: tuple[MetricDef, ...] = (
     _m("env/time", "steps", "sum", "rollout",
        "interactive tasks: seconds spent inside the environments (reset and steps) while the "
        "step's episodes were sampled (part of time/sample)"),
+    # issue 21, companion 4: rlm_grpo's tree step (COMPANIONS.md §4)
+    _m("reward/precision", "sequences", "seq_mean", "rollout",
+       "rlm_grpo (char_f1): mean character precision of the roots' final answers (0 without "
+       "FINAL)"),
+    _m("reward/recall", "sequences", "seq_mean", "rollout",
+       "rlm_grpo (char_f1): mean character recall of the gold sentences (0 without FINAL)"),
+    _m("rlm/n_pred_mean", "sequences", "seq_mean", "rollout",
+       "rlm_grpo (char_f1): mean number of predicted strings per final answer"),
+    _m("rlm/children_mean", "sequences", "seq_mean", "rollout",
+       "rlm_grpo: children spawned per tree (rlm_query* calls that ran)"),
+    _m("rlm/segments", "steps", "sum", "rollout",
+       "rlm_grpo: generated turns (segments) of the step's trees, root and child"),
+    _m("rlm/root_segments", "steps", "sum", "rollout", "rlm_grpo: root turns of the step"),
+    _m("rlm/child_segments", "steps", "sum", "rollout", "rlm_grpo: child turns of the step"),
+    _m("rlm/segment_loss_mean", "sequences", "seq_mean", "first_pass",
+       "rlm_grpo: mean over the trained segments (weight > 0) of the segment loss L_s (token "
+       "mean of −[min(ρA, clip(ρ)A) − β·k3])"),
+    _m("rlm/root_turns_mean", "sequences", "seq_mean", "rollout",
+       "rlm_grpo: root turns per tree"),
+    _m("rlm/final_rate", "sequences", "frac", "rollout",
+       "rlm_grpo: trees whose root ended with FINAL"),
+    _m("rlm/repl_error_rate", "steps", "frac", "rollout",
+       "rlm_grpo: REPL blocks (root and child) that raised, timed out or crashed, over all "
+       "blocks run"),
+    _m("rlm/repl_timeouts", "steps", "sum", "rollout",
+       "rlm_grpo: REPL blocks killed by --repl_timeout (the session was reset)"),
+    _m("rlm/budget_refusals", "steps", "sum", "rollout",
+       "rlm_grpo: rlm_query* calls refused with BudgetError (--max_children, "
+       "--max_children_per_call)"),
+    _m("rlm/context_limit_rate", "sequences", "frac", "rollout",
+       "rlm_grpo: trees whose root stopped because its conversation passed "
+       "--max_prompt_tokens"),
+    _m("eval/reward", "prompts", "seq_mean", "eval",
+       "rlm_grpo: mean root reward of one greedy tree per eval example"),
+    _m("eval/final_rate", "prompts", "frac", "eval",
+       "rlm_grpo: eval trees whose root ended with FINAL"),
+    _m("eval/children_mean", "prompts", "seq_mean", "eval",
+       "rlm_grpo: children per eval tree"),
 )
 
 SCHEMA: dict[str, MetricDef] = {m.name: m for m in METRICS}

@@ -161,8 +161,10 @@ def filesystem_args() -> tuple[str, ...]:
     return (*args, executable)
 
 
-def bwrap_command(bwrap: str, seccomp_fd: int, tmp_bytes: int) -> list[str]:
-    """The full command line of one isolated child reading its request on stdin."""
+def bwrap_command(bwrap: str, seccomp_fd: int, tmp_bytes: int, source: str | None = None
+                  ) -> list[str]:
+    """The full command line of one isolated child reading its request on stdin; ``source``
+    is the child's program (`HARNESS_SOURCE` unless given: the REPL passes its own)."""
     *fs, executable = filesystem_args()
     return [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net",
             "--unshare-uts", "--unshare-cgroup-try", "--disable-userns",
@@ -171,18 +173,19 @@ def bwrap_command(bwrap: str, seccomp_fd: int, tmp_bytes: int) -> list[str]:
             "--dev", "/dev", "--remount-ro", "/dev",
             "--size", str(tmp_bytes), "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp",
             "--seccomp", str(seccomp_fd), "--hostname", "sandbox",
-            executable, "-I", "-S", "-B", "-c", HARNESS_SOURCE]
+            executable, "-I", "-S", "-B", "-c", HARNESS_SOURCE if source is None else source]
 
 
-def _spawn(bwrap: str, tmp_bytes: int) -> subprocess.Popen[bytes]:
-    """Start one isolated child (its seccomp program handed over on a sealed-off memfd)."""
+def _spawn(bwrap: str, tmp_bytes: int, source: str | None = None) -> subprocess.Popen[bytes]:
+    """Start one isolated child (its seccomp program handed over on a sealed-off memfd)
+    running ``source`` (`bwrap_command`)."""
     program = seccomp_program()
     fd = os.memfd_create("rlscope-seccomp")  # close-on-exec: only this child gets it
     try:
         os.write(fd, program)
         os.lseek(fd, 0, os.SEEK_SET)
         return subprocess.Popen(
-            bwrap_command(bwrap, fd, tmp_bytes), stdin=subprocess.PIPE,
+            bwrap_command(bwrap, fd, tmp_bytes, source), stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"LC_ALL": "C.UTF-8"},
             close_fds=True, pass_fds=(fd,), start_new_session=True, cwd="/")
     finally:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from rlscope.checks import field_errors
 from rlscope.config import FIELD_ALIASES, ConfigError, TrainConfig, validate
 from rlscope.methods import METHODS, canonical_method_name, resolve_method
-from rlscope.steps import set_step, two_view
+from rlscope.steps import set_step, tree, two_view
 from rlscope.steps.base import KindStep, StepKind, common_errors
 
 ROLLOUT = "rollout"
@@ -22,6 +22,7 @@ ROLLOUT = "rollout"
 STEPS: dict[str, StepKind] = {
     "set": set_step.KIND,
     "two_view": two_view.KIND,
+    "tree": tree.KIND,
 }
 """Step kind → its record. Each kind is one module of this package."""
 

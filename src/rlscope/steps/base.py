@@ -51,6 +51,10 @@ class KindStep(Protocol):
         """One line on the task and the models, for ``config.json``."""
         ...
 
+    # Optional, read by the loop through getattr: ``take_samples() -> list[dict]`` (records
+    # to append to samples.jsonl after each step) and ``export(directory)`` (what a user
+    # loads outside rlscope, written to <run_dir>/model beside every checkpoint).
+
 
 @dataclass(frozen=True)
 class StepKind:
