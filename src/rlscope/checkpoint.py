@@ -25,6 +25,8 @@ import torch
 
 from rlscope.distributed import DataParallel, local
 from rlscope.files import (
+    LATEST,
+    SFT_FILE,
     CheckpointError,
     UnsafeCheckpointError,
     atomic_save,
@@ -33,9 +35,6 @@ from rlscope.files import (
 )
 from rlscope.policy.base import Policy
 
-LATEST = "latest.pt"
-"""A text file naming the newest complete checkpoint (kept for tools that read it; `load`
-looks at the files themselves)."""
 FORMAT = 2
 """``format`` of the checkpoints written now: plain tensors and containers, read with
 ``weights_only=True``. Format 1 (no ``format`` key) holds the same kinds of objects and loads
@@ -50,8 +49,6 @@ SHARDED_STATE = "state.pt"
 as in a ``step_<N>.pt`` file."""
 RESUME_KEYS = ("policy", "optimizer", "generator", "step", "beta", "fallback_streak", "queue")
 """What a training checkpoint must hold to be resumed."""
-SFT_FILE = "sft.pt"
-"""The weights file `rlscope sft` writes in its output directory."""
 
 
 def new_run_dir(cfg: Any, runs_dir: str) -> Path:

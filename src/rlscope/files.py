@@ -26,6 +26,12 @@ UNSAFE_GLOBAL = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
 """How torch's weights-only unpickler names the global a refused pickle wanted."""
 
 
+LATEST = "latest.pt"
+"""A text file in ``checkpoints/`` naming the newest complete checkpoint (kept for tools that
+read it; `rlscope.checkpoint.load` looks at the files themselves)."""
+SFT_FILE = "sft.pt"
+"""The weights file `rlscope sft` writes in its output directory."""
+
 class CheckpointError(ValueError):
     """A weights file rlscope will not load (foreign, truncated or corrupt) or a run directory
     with no usable checkpoint; the message is one line: the option, the file, the reason."""

@@ -259,7 +259,7 @@ class ModelAnswerer:
 
 def _payload_model(path: Path, what: str) -> tuple[Path, dict[str, Any], str]:
     """The weights file of ``path``, its model config and the task it was trained on."""
-    from rlscope.checkpoint import LATEST, SFT_FILE
+    from rlscope.files import LATEST, SFT_FILE
 
     if not path.exists():
         raise ValueError(f"{what} {path}: no such file or directory")
