@@ -139,3 +139,29 @@ def test_a_non_finite_loss_stops_a_kind_run_as_diverged(tmp_path: Path) -> None:
     assert result.status == "diverged"
     assert result.reason == "loss/total = nan at step 0"
     assert len(result.metrics) == 1
+
+
+def _parse_train(args: list[str]) -> TrainConfig:
+    """``rlscope train ARGS`` parsed as the command line does: the flags over the step kind's
+    own defaults."""
+    from rlscope.cli import _train_parse
+
+    cfg = _train_parse(args, TrainConfig())
+    return steps.with_kind_defaults(cfg, lambda defaults: _train_parse(args, defaults))
+
+
+def test_the_pedagogy_and_rlm_defaults_apply_to_the_options_not_given() -> None:
+    ped = _parse_train(["--task", "teacher_student", "--method", "pedagogical_rl",
+                        "--num_steps", "7"])
+    assert (ped.run.num_steps, ped.run.batch_size, ped.run.group_size, ped.run.eval_every) == \
+        (7, 96, 8, 20)
+    rlm = _parse_train(["--task", "rlm_papers", "--method", "rlm_grpo", "--device", "cpu",
+                        "--lora_rank", "4"])
+    assert (rlm.run.num_steps, rlm.run.batch_size, rlm.run.group_size, rlm.run.eval_every,
+            rlm.run.checkpoint_every, rlm.optim.lr, rlm.optim.weight_decay) == \
+        (100, 4, 4, 25, 25, 1e-5, 0.0)
+    assert (rlm.model.lora_rank, rlm.model.lora_alpha, rlm.model.autocast,
+            rlm.model.gradient_checkpointing) == (4, 32, "none", False)
+    assert "gate_proj" in rlm.model.lora_targets and "down_proj" in rlm.model.lora_targets
+    on_gpu = _parse_train(["--task", "rlm_papers", "--method", "rlm_grpo", "--device", "cuda"])
+    assert (on_gpu.model.autocast, on_gpu.model.gradient_checkpointing) == ("bf16", True)

@@ -312,10 +312,35 @@ def tree_segments(trees: Sequence[TreeRecord], take: Callable[[Sequence[Message]
     return segments
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The modules the RLM defaults put LoRA adapters on (COMPANIONS.md §4)."""
+
+
+def tree_defaults(cfg: TrainConfig) -> TrainConfig:
+    """The RLM defaults (COMPANIONS.md §4): 100 steps, batch 4 = 1 prompt × 4 trees, one inner
+    epoch, AdamW lr 1e-5 without weight decay, LoRA r 16 / α 32 / dropout 0 on the attention
+    and MLP projections, evaluation and checkpoints every 25 steps; on CUDA (``--device cuda``,
+    or ``auto`` with a GPU) bf16 autocast and gradient checkpointing. Flags given on the
+    command line or in a manifest override them (`rlscope.steps.with_kind_defaults`)."""
+    from rlscope.config import OptimConfig, RunConfig, TrainConfig
+    from rlscope.policy import ModelConfig
+
+    device = cfg.run.device
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return TrainConfig(
+        method=cfg.method, task=cfg.task,
+        run=RunConfig(num_steps=100, batch_size=4, group_size=4, inner_epochs=1,
+                      eval_every=25, checkpoint_every=25),
+        optim=OptimConfig(lr=1e-5, weight_decay=0.0),
+        model=ModelConfig(lora_rank=16, lora_alpha=32, lora_dropout=0.0,
+                          lora_targets=LORA_TARGETS, autocast="bf16" if cuda else "none",
+                          gradient_checkpointing=cuda))
+
+
 KIND = StepKind(tasks={TASK: "questions over several fictional papers answered from a Python "
                              "REPL with sub-agent calls (rlm_grpo; COMPANIONS.md §4)"},
-                validate=tree_errors, build=TreeStep)
+                validate=tree_errors, build=TreeStep, defaults=tree_defaults)
 """The ``tree`` step kind's record in `rlscope.steps.STEPS`."""
 
-__all__ = ["KIND", "TreeStep", "chat_codec", "positions", "rlm_policy", "tree_errors",
-           "tree_segments"]
+__all__ = ["KIND", "LORA_TARGETS", "TreeStep", "chat_codec", "positions", "rlm_policy",
+           "tree_defaults", "tree_errors", "tree_segments"]

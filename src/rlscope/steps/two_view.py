@@ -298,7 +298,18 @@ def two_view_errors(cfg: TrainConfig, spec: MethodSpec) -> list[str]:
     return errors
 
 
-KIND = StepKind(tasks={ts.NAME: ts.SUMMARY}, validate=two_view_errors, build=TwoViewStep)
+def two_view_defaults(cfg: TrainConfig) -> TrainConfig:
+    """The pedagogy defaults (COMPANIONS.md §3): 300 steps, batch 96 in groups of 8, evaluation
+    every 20 steps; flags given on the command line or in a manifest override them
+    (`rlscope.steps.with_kind_defaults`)."""
+    from rlscope.config import RunConfig, TrainConfig
+
+    return TrainConfig(method=cfg.method, task=cfg.task, run=RunConfig(
+        num_steps=300, batch_size=96, group_size=8, eval_every=20))
+
+
+KIND = StepKind(tasks={ts.NAME: ts.SUMMARY}, validate=two_view_errors, build=TwoViewStep,
+                defaults=two_view_defaults)
 """The ``two_view`` step kind (`rlscope.steps.STEPS`)."""
 
-__all__ = ["KIND", "TwoViewStep", "completion_logp_BTV", "two_view_errors"]
+__all__ = ["KIND", "TwoViewStep", "completion_logp_BTV", "two_view_defaults", "two_view_errors"]
