@@ -177,8 +177,10 @@ def test_presets_are_rejected_outside_their_regime_with_the_reason(tmp_path: Pat
     assert not (tmp_path / method).exists()
 
 
-@pytest.mark.parametrize("method", ALL_METHODS)
+@pytest.mark.parametrize("method", [m for m in ALL_METHODS if METHODS[m].step != "tree"])
 def test_every_logged_metric_is_registered(tmp_path: Path, method: str) -> None:
+    # the tree step's runs build a Hugging Face model and REPL sandboxes: tests/test_tree_step.py
+    # checks that every metric it logs is registered
     result = train(_in_regime(_cfg(tmp_path, method, num_steps=3, eval_every=2, name=method)))
     metrics = read_jsonl(result.run_dir / "metrics.jsonl")
     evals = read_jsonl(result.run_dir / "eval.jsonl")
