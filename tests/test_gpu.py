@@ -418,3 +418,57 @@ def test_compiled_gumbel_offsets_equal_the_eager_ones() -> None:
         step_t = torch.tensor(step, device="cuda")
         assert torch.equal(compiled(seeds_B, step_t, keys_V),
                            gumbel_offsets(seeds_B, step, 151936))
+
+
+def test_flash_decode_attention_under_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 on CUDA: the decode attention runs on torch's flash kernel with per-row key
+    lengths, and its log-probs are as close to the learner's teacher-forced forward as those of
+    the additive-mask form (`hf_static.FLASH_DECODE` off) on ragged left-padded prompts."""
+    from rlscope.sampling.backends import hf_static
+
+    policy, prompts, seeds_B, group_B = _hf_static_case("qwen2", torch.bfloat16)
+    head_dim = hf_static.HFStaticWeights(policy.unwrap(), torch.bfloat16).head_dim
+    assert hf_static.flash_decode_supported(torch.device("cuda"), torch.bfloat16, head_dim)
+    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11))
+    gaps = {}
+    for flash in (True, False):
+        monkeypatch.setattr(hf_static, "FLASH_DECODE", flash)
+        out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
+        used = [b.flash for b in hf_static._DECODERS[policy][2].values()]
+        assert flash in used
+        seq_BT = torch.cat([prompts.tokens_BP, out.completion_tokens_BT], 1)
+        assert prompts.attention_mask_BP is not None
+        mask_BT = torch.cat([prompts.attention_mask_BP,
+                             torch.ones_like(out.completion_tokens_BT)], 1)
+        with torch.no_grad():
+            logits_BTV, _ = policy(seq_BT, mask_BT)
+        P, T = prompts.tokens_BP.shape[1], out.completion_tokens_BT.shape[1]
+        learner_BT = logits_BTV[:, P - 1:P - 1 + T].log_softmax(-1).gather(
+            -1, out.completion_tokens_BT[..., None])[..., 0] * out.completion_mask_BT
+        gaps[flash] = (learner_BT - out.logp_raw_BT).abs()
+    assert gaps[True].max().item() < 0.1 and gaps[True].mean().item() < 0.01
+    assert gaps[True].mean().item() < 2 * gaps[False].mean().item() + 1e-3
+
+
+def test_compiled_chunk_kernels_equal_eager_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed learner's chunked log-prob/entropy with its compiled kernels
+    (`chunked.COMPILE_CHUNKS`) equals the eager computation: values and gradients, float32
+    softmax over bf16 logits, a last chunk shorter than the others."""
+    from rlscope.policy import chunked
+
+    g = torch.Generator().manual_seed(0)
+    N, D, V = 300, 64, 5000
+    h0 = torch.randn(N, D, generator=g).cuda()
+    W0 = (torch.randn(V, D, generator=g) * 0.2).cuda()
+    y = torch.randint(0, V, (N,), generator=g).cuda()
+    c = torch.randn(N, generator=g).cuda()
+    out = {}
+    for compiled in (True, False):
+        monkeypatch.setattr(chunked, "COMPILE_CHUNKS", compiled)
+        h, W = h0.clone().requires_grad_(), W0.clone().requires_grad_()
+        lp, ent = chunked.chunked_logp_entropy(h, W, None, y, 0.9, 128, torch.bfloat16)
+        ((c * lp).sum() + (c * ent).sum()).backward()
+        out[compiled] = (lp, ent, h.grad, W.grad)
+    assert chunked._COMPILED.get("forward") is not None and not chunked._COMPILED.get("failed")
+    for a, b in zip(out[True], out[False], strict=True):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-2)

@@ -213,6 +213,42 @@ def test_chunked_logp_entropy_equals_full_logits(chunk: int, bias: bool) -> None
     _close(g_h, torch.autograd.grad(ref_lp.sum(), [h])[0])
 
 
+def test_chunked_kernels_trace_and_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk kernels as the CUDA path runs them (through ``torch.compile``; here its
+    ``aot_eager`` backend, which traces without generating code) give the eager values and
+    gradients; a kernel that fails sends the computation to the eager functions for good."""
+    from rlscope.policy import chunked
+
+    g = torch.Generator().manual_seed(3)
+    N, D, Vs, tau = 9, 5, 17, 0.7
+    h = torch.randn(N, D, generator=g, dtype=F64, requires_grad=True)
+    W = torch.randn(Vs, D, generator=g, dtype=F64, requires_grad=True)
+    y = torch.randint(0, Vs, (N,), generator=g)
+    c = torch.randn(N, generator=g, dtype=F64)
+
+    def loss() -> tuple[torch.Tensor, ...]:
+        lp, ent = chunked_logp_entropy(h, W, None, y, tau, 4)
+        return (lp, ent, *torch.autograd.grad((c * lp).sum() + (c * ent).sum(), [h, W]))
+
+    eager = loss()
+    traced = (torch.compile(chunked.forward_stats, backend="aot_eager"),
+              torch.compile(chunked.score_grad, backend="aot_eager"))
+    monkeypatch.setattr(chunked, "chunk_kernels", lambda device: traced)
+    for a, b in zip(loss(), eager, strict=True):
+        _close(a, b)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(chunked, "_COMPILED", {})
+    monkeypatch.setattr(chunked, "chunk_kernels",
+                        lambda device: (chunked.forward_stats, chunked.score_grad)
+                        if chunked._COMPILED.get("failed") else (broken, broken))
+    for a, b in zip(loss(), eager, strict=True):
+        _close(a, b)
+    assert chunked._COMPILED["failed"] is True
+
+
 def test_chunked_upcasts_low_precision() -> None:
     """bf16 hidden states are computed in float32 and get a bf16 gradient."""
     g = torch.Generator().manual_seed(2)

@@ -341,3 +341,59 @@ def test_compiled_decode_step_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     eager, static = _both(policy, cfg, new_tokens=10)
     assert len(compiled) == 1
     _assert_same(eager, static)
+
+
+def _varlen_reference(q_NKD: torch.Tensor, k_MKD: torch.Tensor, v_MKD: torch.Tensor,
+                      cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int,
+                      scale: float, used_B: torch.Tensor) -> torch.Tensor:
+    """What torch's flash kernel computes for `hf_static.flash_varlen`, in plain torch:
+    sequence b's query rows attend (no causal mask) to keys cu_k[b] .. cu_k[b] + used_B[b]."""
+    out_NKD = torch.empty_like(q_NKD)
+    for b in range(used_B.shape[0]):
+        q = q_NKD[int(cu_q[b]):int(cu_q[b + 1])].transpose(0, 1)  # [K, n, D]
+        start, n = int(cu_k[b]), int(used_B[b])
+        k = k_MKD[start:start + n].transpose(0, 1)
+        v = v_MKD[start:start + n].transpose(0, 1)
+        w = (q @ k.transpose(-1, -2) * scale).softmax(-1)
+        out_NKD[int(cu_q[b]):int(cu_q[b + 1])] = (w @ v).transpose(0, 1)
+    return out_NKD
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_flash_decode_bookkeeping_equals_the_mask_path(monkeypatch: pytest.MonkeyPatch,
+                                                       arch: str) -> None:
+    """The flash form of the decode attention (per-row key offsets and used counts, query
+    heads as rows of their kv head) attends to exactly the keys of the mask form: with the
+    kernel replaced by a plain reference, the static sampler gives the eager path's tokens
+    and log-probs on ragged left-padded prompts with stops (float32, CPU)."""
+    policy = _policy(arch)
+    cfg = SamplingConfig(stop_token_ids=STOPS)
+    prompts, seeds_B, group_B = _prompts(groups=3, group_size=3)
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 14,
+                     group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+    monkeypatch.setattr(hf_static, "flash_decode_supported", lambda *a: True)
+    monkeypatch.setattr(hf_static, "flash_varlen", _varlen_reference)
+    flash = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
+                     group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+    buckets = list(hf_static._DECODERS[policy][2].values())
+    assert [b.flash for b in buckets] == [True]
+    assert bool(eager.finished_by_stop_B.any())
+    _assert_same(eager, flash)
+
+
+def test_flash_decode_needs_left_padding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt mask with a hole (not left padding) keeps the mask form."""
+    policy = _policy("qwen2")
+    prompts, seeds_B, group_B = _prompts(groups=2, group_size=1)
+    mask_BP = prompts.attention_mask_BP
+    assert mask_BP is not None
+    holed_BP = mask_BP.clone()
+    holed_BP[0, -2] = 0
+    assert hf_static.left_padded(mask_BP.bool())
+    assert not hf_static.left_padded(holed_BP.bool())
+    assert not hf_static.flash_decode_supported(torch.device("cpu"), torch.bfloat16, 64)
+    monkeypatch.setattr(hf_static, "flash_decode_supported", lambda *a: True)
+    monkeypatch.setattr(hf_static, "flash_varlen", _varlen_reference)
+    holed = dataclasses.replace(prompts, attention_mask_BP=holed_BP)
+    generate(policy, holed, SamplingConfig(backend="static"), seeds_B, 4, group_id_B=group_B)
+    assert [b.flash for b in hf_static._DECODERS[policy][2].values()] == [False]

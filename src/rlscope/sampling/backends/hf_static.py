@@ -363,9 +363,9 @@ class HFStaticWeights:
         rope = self._rope(x_GPD, pos_GP)
         for i in range(len(self.w_qkv)):
             q_GPHD, k_GPKD, v_GPKD = self._qkv(i, x_GPD, rope)
+            k_cache[i][:, :P].copy_(k_GPKD.index_select(0, row_group_B))
+            v_cache[i][:, :P].copy_(v_GPKD.index_select(0, row_group_B))
             k_GKPD, v_GKPD = k_GPKD.transpose(1, 2), v_GPKD.transpose(1, 2)
-            k_cache[i][:, :, :P].copy_(k_GKPD.index_select(0, row_group_B))
-            v_cache[i][:, :, :P].copy_(v_GKPD.index_select(0, row_group_B))
             o_GHPD = F.scaled_dot_product_attention(q_GPHD.transpose(1, 2), k_GKPD, v_GKPD,
                                                     attn_mask=allowed_G1PP, scale=self.scale,
                                                     enable_gqa=True)
@@ -373,31 +373,120 @@ class HFStaticWeights:
         return self._logits(x_GPD[:, -1])
 
     def decode(self, token_B: torch.Tensor, pos_B: torch.Tensor, col_1: torch.Tensor,
-               bias_BKL: torch.Tensor, k_cache: list[torch.Tensor],
-               v_cache: list[torch.Tensor]) -> torch.Tensor:
+               keys: DecodeKeys, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]
+               ) -> torch.Tensor:
         """One position per row, graph-safe: ``token_B`` at position ``pos_B`` is written to
-        cache column ``col_1`` (a ``[1]`` device tensor), unmasked there in the additive key
-        mask ``bias_BKL`` (0 where attended, -inf elsewhere), and attends over the whole cache;
-        returns the next ``logits_BV``."""
-        B = token_B.shape[0]
-        K, Dh = self.n_kv, self.head_dim
-        G = self.n_heads // K
-        L = bias_BKL.shape[-1]
-        bias_BKL.index_fill_(2, col_1, 0.0)
-        bias_BK1L = bias_BKL.view(B, K, 1, L)
+        cache column ``col_1`` (a ``[1]`` device tensor) of the ``[B, L, K, Dh]`` caches and
+        attends over the keys ``keys`` marks (`DecodeKeys`: an additive mask over the whole
+        cache, or torch's flash kernel over each row's written columns); returns the next
+        ``logits_BV``."""
+        keys.advance(col_1)
         x_B1D = self.embed.index_select(0, token_B)[:, None]
         rope = self._rope(x_B1D, pos_B[:, None])
         for i in range(len(self.w_qkv)):
             q_B1HD, k_B1KD, v_B1KD = self._qkv(i, x_B1D, rope)
-            k_cache[i].index_copy_(2, col_1, k_B1KD.transpose(1, 2))
-            v_cache[i].index_copy_(2, col_1, v_B1KD.transpose(1, 2))
-            # GQA without repeated keys: the G query heads of a kv head are G query rows of
-            # one attention head over its keys (one fused kernel, no causal mask needed)
-            q_BKGD = q_B1HD[:, 0].view(B, K, G, Dh)
-            o_BKGD = F.scaled_dot_product_attention(q_BKGD, k_cache[i], v_cache[i],
-                                                    attn_mask=bias_BK1L, scale=self.scale)
-            x_B1D = self._finish_layer(i, x_B1D, o_BKGD.reshape(B, 1, K * G * Dh))
+            k_cache[i].index_copy_(1, col_1, k_B1KD)
+            v_cache[i].index_copy_(1, col_1, v_B1KD)
+            o_BE = keys.attend(q_B1HD[:, 0], k_cache[i], v_cache[i], self.scale)
+            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None])
         return self._logits(x_B1D[:, 0])
+
+
+def flash_decode_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the decode attention can run on torch's flash kernel with per-row key
+    lengths (``aten._flash_attention_forward`` with ``seqused_k``): CUDA, fp16/bf16, a head
+    dimension the kernel takes, and a torch that has the argument. `FLASH_DECODE` turns it
+    off."""
+    if not FLASH_DECODE or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if head_dim % 8 or head_dim > 256:
+        return False
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    return op is not None and "seqused_k" in str(op.default._schema)
+
+
+def flash_varlen(q_NKD: torch.Tensor, k_MKD: torch.Tensor, v_MKD: torch.Tensor,
+                 cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, scale: float,
+                 used_B: torch.Tensor) -> torch.Tensor:
+    """Non-causal attention of query rows ``q_NKD[cu_q[b]:cu_q[b+1]]`` over the keys
+    ``k_MKD[cu_k[b]:cu_k[b] + used_B[b]]`` of each sequence ``b`` (int32 offsets), on torch's
+    flash kernel (CUDA, fp16/bf16)."""
+    out: torch.Tensor = torch.ops.aten._flash_attention_forward(
+        q_NKD, k_MKD, v_MKD, cu_q, cu_k, max_q, max_k, 0.0, False, False, scale=scale,
+        seqused_k=used_B)[0]
+    return out
+
+
+FLASH_DECODE = True
+"""Use torch's flash kernel for the decode attention where `flash_decode_supported`."""
+
+
+class DecodeKeys:
+    """Which cache columns each decode query attends to, and the attention over them.
+
+    The caches are ``[B, L, K, Dh]``; a row's real prompt keys sit in columns
+    ``[P - len_b, P)`` (left padding) and its generated keys from column ``P`` on, one column
+    per position for every row.
+
+    - **mask** (any device and dtype): an additive key mask ``bias_BKL`` (0 where attended,
+      -inf elsewhere) over the whole cache, the ``group`` query heads of each kv head as
+      ``group`` query rows of one fused attention call (no repeated keys).
+    - **flash** (`flash_decode_supported`): torch's flash kernel in its variable-length form
+      with each row's first attended column as its key offset (``cu_seq_k``) and the count of
+      attended columns as ``seqused_k``, so only written keys are read; the query heads of a
+      kv head are again its ``group`` query rows (``cu_seq_q`` steps of ``group``).
+    """
+
+    def __init__(self, rows: int, n_kv: int, n_heads: int, length: int, dtype: torch.dtype,
+                 device: torch.device, flash: bool) -> None:
+        self.rows, self.n_kv, self.group, self.length = rows, n_kv, n_heads // n_kv, length
+        self.flash = flash
+        self.bias_BKL = torch.full((rows, n_kv, length), float("-inf"), dtype=dtype,
+                                   device=device)
+        steps = torch.arange(rows + 1, dtype=torch.int32, device=device)
+        self.cu_q = steps * self.group
+        self.cu_k = steps * length
+        self.used_B = torch.zeros(rows, dtype=torch.int32, device=device)
+
+    def reset(self, mask_BP: torch.Tensor) -> None:
+        """A new prefill of ``[B, P]`` left-padded prompts (``mask_BP`` bool): attend to the
+        real prompt columns only. The flash form needs each row's real tokens contiguous
+        (left padding; `left_padded`)."""
+        B, P = mask_BP.shape
+        self.bias_BKL.fill_(float("-inf"))
+        self.bias_BKL[:, :, :P].masked_fill_(mask_BP[:, None, :], 0.0)
+        len_B = mask_BP.sum(-1).to(torch.int32)
+        offsets_B = torch.arange(B, device=mask_BP.device, dtype=torch.int32) * self.length
+        self.cu_k[:B].copy_(offsets_B + (P - len_B))
+        self.used_B.copy_(len_B)
+
+    def advance(self, col_1: torch.Tensor) -> None:
+        """Attend to cache column ``col_1`` from now on (graph-safe)."""
+        if self.flash:
+            self.used_B += 1
+        else:
+            self.bias_BKL.index_fill_(2, col_1, 0.0)
+
+    def attend(self, q_BHD: torch.Tensor, k_BLKD: torch.Tensor, v_BLKD: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        """``[B, H·Dh]`` attention outputs of the queries ``q_BHD`` (head ``h = k·group + g``)."""
+        B, H, Dh = q_BHD.shape
+        K, G, L = self.n_kv, self.group, self.length
+        if self.flash:
+            q_NKD = q_BHD.view(B, K, G, Dh).transpose(1, 2).reshape(B * G, K, Dh)
+            o_NKD = flash_varlen(q_NKD, k_BLKD.view(B * L, K, Dh), v_BLKD.view(B * L, K, Dh),
+                                 self.cu_q, self.cu_k, G, L, scale, self.used_B)
+            return o_NKD.view(B, G, K, Dh).transpose(1, 2).reshape(B, H * Dh)
+        o_BKGD = F.scaled_dot_product_attention(
+            q_BHD.view(B, K, G, Dh), k_BLKD.transpose(1, 2), v_BLKD.transpose(1, 2),
+            attn_mask=self.bias_BKL.view(B, K, 1, L), scale=scale)
+        return o_BKGD.reshape(B, H * Dh)
+
+
+def left_padded(mask_BP: torch.Tensor) -> bool:
+    """Whether every row's real tokens are contiguous and end at the last column."""
+    return bool((mask_BP.long().diff(dim=-1) >= 0).all()) and bool(mask_BP[:, -1].all()) \
+        if mask_BP.numel() else True
 
 
 @dataclass
@@ -412,6 +501,8 @@ class _Bucket:
     pad_token_id: int
     with_entropy: bool
     with_sum_p2: bool
+    flash: bool = False
+    """Decode attention on torch's flash kernel (`DecodeKeys`)."""
     k_cache: list[torch.Tensor] = field(default_factory=list)
     v_cache: list[torch.Tensor] = field(default_factory=list)
     out: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -422,13 +513,11 @@ class _Bucket:
         # a multiple of 16 keys: fused attention kernels want an aligned mask row
         L = self.prompt_len + bucket_prompt_len(self.new_tokens)
         for _ in range(len(w.w_qkv)):
-            self.k_cache.append(torch.zeros(B, w.n_kv, L, w.head_dim, dtype=w.dtype,
+            self.k_cache.append(torch.zeros(B, L, w.n_kv, w.head_dim, dtype=w.dtype,
                                             device=device))
             self.v_cache.append(torch.zeros_like(self.k_cache[-1]))
-        self.bias_BKL = torch.full((B, w.n_kv, L), float("-inf"), dtype=w.dtype,
-                                   device=device)
-        """Additive key mask per (row, kv head): 0 on real prompt tokens and written
-        positions, -inf on padding and columns not yet written."""
+        self.keys = DecodeKeys(B, w.n_kv, w.n_heads, L, w.dtype, device, self.flash)
+        """The keys each query attends to: real prompt tokens and written positions."""
         self.pos_B = torch.zeros(B, dtype=torch.long, device=device)
         self.col_1 = torch.zeros(1, dtype=torch.long, device=device)
         self.step = torch.zeros((), dtype=torch.long, device=device)
@@ -475,7 +564,7 @@ class _Bucket:
 
     def decode_step(self) -> None:
         """Feed the last token, advance the counters, draw the next token (graph-safe)."""
-        logits_BV = self.weights.decode(self.token_B, self.pos_B, self.col_1, self.bias_BKL,
+        logits_BV = self.weights.decode(self.token_B, self.pos_B, self.col_1, self.keys,
                                         self.k_cache, self.v_cache)
         self.col_1 += 1
         self.pos_B += 1
@@ -511,9 +600,13 @@ def compiles(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+COMPILE_MODE: str | None = None
+"""``torch.compile`` mode of ``compile_sampler`` (None: the default mode)."""
+
+
 def compile_step(step: Callable[[], None]) -> Callable[[], None]:
     """``step`` through ``torch.compile`` (static shapes: one compile per bucket)."""
-    return torch.compile(step, dynamic=False)
+    return torch.compile(step, dynamic=False, mode=COMPILE_MODE)
 
 
 def can_capture(device: torch.device) -> bool:
@@ -611,14 +704,18 @@ class HFStaticBackend:
         # what the captured step depends on (not the backend's name or the stop-check period)
         step_cfg = dataclasses.replace(cfg, backend="static", stop_check_every=1,
                                        max_new_tokens=0)
-        key = (Bb, Pb, max_new_tokens, step_cfg, pad_token_id, with_entropy, with_sum_p2)
+        # torch's flash kernel reads each row's keys from one offset on: left padding only
+        flash = flash_decode_supported(device, weights.dtype, weights.head_dim) and (
+            prompts.attention_mask_BP is None or left_padded(prompts.attention_mask_BP.bool()))
+        key = (Bb, Pb, max_new_tokens, step_cfg, pad_token_id, with_entropy, with_sum_p2,
+               flash)
         buckets = _DECODERS[policy][2]
         bucket = buckets.get(key)
         if bucket is None:
             while len(buckets) >= MAX_BUCKETS:
                 del buckets[next(iter(buckets))]
             bucket = buckets[key] = _Bucket(weights, Bb, Pb, max_new_tokens, step_cfg,
-                                            pad_token_id, with_entropy, with_sum_p2)
+                                            pad_token_id, with_entropy, with_sum_p2, flash)
         with torch.autocast(device.type, enabled=False):
             self._prefill(bucket, prompts, row_seeds_B, group_id_B)
         if bucket.graph is None and cfg.decode_graphs and max_new_tokens > 1 \
@@ -670,8 +767,7 @@ class HFStaticBackend:
         mask_GP = F.pad(mask_BP[first_G], (Pb - P, 0))
         row_group_Bb = torch.cat([row_group_B, row_group_B[:1].expand(Bb - B)])
         mask_BbPb = mask_GP[row_group_Bb]
-        bucket.bias_BKL.fill_(float("-inf"))
-        bucket.bias_BKL[:, :, :Pb].masked_fill_(mask_BbPb[:, None, :], 0.0)
+        bucket.keys.reset(mask_BbPb)
         bucket.pos_B.copy_(mask_BbPb.sum(-1))
         bucket.col_1.fill_(Pb)
         bucket.step.zero_()

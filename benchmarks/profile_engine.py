@@ -1,0 +1,426 @@
+"""Where a Hugging Face model's decode position and learner step spend their GPU time.
+
+Prints one JSON (also written to ``--output``): for each ``--models`` shape of
+`hf_engine.SHAPES`,
+
+- ``decode``: the static sampler's decode step (batch ``--batch``, ``--prompt_len`` prompt
+  tokens in groups of ``--group``, ``--new_tokens`` new tokens): the graphed call's
+  completion tokens/s, then the step run eagerly (and compiled, ``--compile``) under
+  ``torch.profiler``: the GPU time per position by kernel, the top kernels and a split by
+  kind (matmul, attention, Triton, other);
+- ``learner`` (``--learner``): one packed learner step of `hf_engine.learner_section`'s
+  ragged batch under the profiler, split the same way;
+- ``attention``: the decode attention alone at the sampler's shapes, timed from CUDA graphs:
+  the additive-mask SDPA the sampler uses, the same over only the written columns, and
+  torch's flash kernel with per-row key lengths (``seqused_k``) where the build has it.
+
+GPU only (the profiler's kernel times need CUDA)::
+
+    python benchmarks/profile_engine.py --models 104m qwen0.5b --learner --output prof.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_engine import SHAPES, build_model, random_prompts
+
+from rlscope.policy.hf import HFPolicy
+from rlscope.sampling import generate
+from rlscope.sampling.backends import hf_static
+from rlscope.sampling.draw import SamplingConfig
+
+
+def log(msg: str) -> None:
+    print(f"[profile_engine] {msg}", file=sys.stderr, flush=True)
+
+
+KINDS = (("attention", ("fmha", "flash", "attention", "attn", "softmax")),
+         ("matmul", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "splitk")),
+         ("triton", ("triton",)),
+         ("copy", ("memcpy", "memset", "copy")))
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other"
+
+
+def profile_kernels(fn: Callable[[], None], calls: int) -> dict[str, Any]:
+    """GPU kernel time of ``calls`` calls of ``fn`` per call: total, by kind, top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for evt in prof.events():
+        if evt.device_type.name != "CUDA":
+            continue
+        per[evt.name][0] += evt.device_time_total / calls
+        per[evt.name][1] += 1 / calls
+    kinds: dict[str, float] = defaultdict(float)
+    for name, (us, _) in per.items():
+        kinds[kind_of(name)] += us
+    top = sorted(per.items(), key=lambda kv: -kv[1][0])[:30]
+    return {"gpu_us": sum(v[0] for v in per.values()),
+            "kernels": sum(v[1] for v in per.values()),
+            "by_kind_us": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "top": [{"name": n[:120], "us": round(v[0], 2), "count": round(v[1], 2)}
+                    for n, v in top]}
+
+
+def graph_time_us(fn: Callable[[], Any], iters: int = 50) -> float:
+    """Mean µs of ``fn`` replayed from a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def decode_section(args: argparse.Namespace, shape: str, compiled: bool) -> dict[str, Any]:
+    device = torch.device("cuda")
+    model = build_model(shape).to(device)
+    policy = HFPolicy(model)
+    policy.autocast_dtype = torch.bfloat16
+    policy.eval()
+    cfg = SamplingConfig(temperature=1.0, stop_token_ids=(), backend="static",
+                         compile_sampler=compiled)
+    prompts = random_prompts(args.batch, args.prompt_len, SHAPES[shape]["vocab_size"], False, 0,
+                             device, args.group)
+    seeds_B = torch.arange(args.batch, device=device)
+    group_B = torch.div(seeds_B, args.group, rounding_mode="floor")
+
+    def call() -> None:
+        generate(policy, prompts, cfg, seeds_B, args.new_tokens, group_id_B=group_B)
+
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.repeats):
+        call()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / args.repeats
+    out: dict[str, Any] = {"graphed_tokens_per_s": args.batch * args.new_tokens / wall,
+                           "graphed_ms_per_position": wall / args.new_tokens * 1e3}
+    bucket = next(iter(hf_static._DECODERS[policy][2].values()))
+    backend = hf_static.HFStaticBackend()
+    with torch.no_grad(), torch.autocast("cuda", enabled=False):
+        backend._prefill(bucket, prompts, seeds_B, group_B)
+        out["graph_replay_us"] = None
+        if bucket.graph is not None:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            n = min(32, args.new_tokens - 2)
+            for _ in range(n):
+                bucket.graph.replay()
+            torch.cuda.synchronize()
+            out["graph_replay_us"] = (time.perf_counter() - t0) / n * 1e6
+            backend._prefill(bucket, prompts, seeds_B, group_B)
+        out["profile"] = profile_kernels(bucket.step_fn, min(16, args.new_tokens - 2))
+    torch.cuda.empty_cache()
+    return out
+
+
+def attention_section(args: argparse.Namespace, shape: str) -> dict[str, Any]:
+    """The decode attention alone at position ``P + new_tokens / 2``."""
+    s = SHAPES[shape]
+    B, K = args.batch, s["num_key_value_heads"]
+    H = s["num_attention_heads"]
+    Dh = s["hidden_size"] // H
+    G = H // K
+    P = args.prompt_len
+    L = P + args.new_tokens
+    used = P + args.new_tokens // 2
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    q_BKGD = torch.randn(B, K, G, Dh, device=dev, dtype=dt)
+    k_BKLD = torch.randn(B, K, L, Dh, device=dev, dtype=dt)
+    v_BKLD = torch.randn_like(k_BKLD)
+    bias_BK1L = torch.full((B, K, 1, L), float("-inf"), device=dev, dtype=dt)
+    bias_BK1L[..., :used] = 0
+    out: dict[str, Any] = {"rows": B, "keys": L, "used": used}
+    out["sdpa_bias_full_us"] = graph_time_us(lambda: F.scaled_dot_product_attention(
+        q_BKGD, k_BKLD, v_BKLD, attn_mask=bias_BK1L))
+    ub = -(-used // 32) * 32
+    out["sdpa_bias_sliced_us"] = graph_time_us(lambda: F.scaled_dot_product_attention(
+        q_BKGD, k_BKLD[:, :, :ub], v_BKLD[:, :, :ub], attn_mask=bias_BK1L[..., :ub]))
+    out["sdpa_sliced_nomask_us"] = graph_time_us(lambda: F.scaled_dot_product_attention(
+        q_BKGD, k_BKLD[:, :, :used], v_BKLD[:, :, :used]))
+
+    def manual() -> torch.Tensor:
+        s_BKGL = torch.matmul(q_BKGD, k_BKLD.transpose(-1, -2)) + bias_BK1L
+        return torch.matmul(s_BKGL.float().softmax(-1).to(dt), v_BKLD)
+
+    out["manual_full_us"] = graph_time_us(manual)
+    # torch's flash kernel, rows of L keys, each using its first `used` (a [B, L, K, D] cache)
+    k_BLKD = k_BKLD.transpose(1, 2).contiguous()
+    v_BLKD = v_BKLD.transpose(1, 2).contiguous()
+    q_BHD = torch.randn(B, H, Dh, device=dev, dtype=dt)
+    cu_q = torch.arange(B + 1, device=dev, dtype=torch.int32)
+    cu_k = torch.arange(B + 1, device=dev, dtype=torch.int32) * L
+    seqused = torch.full((B,), used, device=dev, dtype=torch.int32)
+    try:
+        def flash() -> Any:
+            return torch.ops.aten._flash_attention_forward(
+                q_BHD, k_BLKD.view(B * L, K, Dh), v_BLKD.view(B * L, K, Dh), cu_q, cu_k, 1, L,
+                0.0, False, False, seqused_k=seqused)
+
+        out["flash_seqused_us"] = graph_time_us(flash)
+    except Exception as exc:
+        out["flash_seqused_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    try:
+        q_B1HD = q_BHD[:, None]
+
+        def flash_dense() -> Any:
+            return torch.ops.aten._flash_attention_forward(
+                q_B1HD, k_BLKD, v_BLKD, None, None, 1, L, 0.0, False, False)
+
+        out["flash_dense_full_us"] = graph_time_us(flash_dense)
+    except Exception as exc:
+        out["flash_dense_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return out
+
+
+def eager_time_us(fn: Callable[[], Any], iters: int = 20) -> float:
+    """Mean µs of ``fn`` run eagerly (after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def learner_attention_section(shape: str, tokens: int = 6144) -> dict[str, Any]:
+    """Forward + backward of the learner's attention over ``tokens`` packed tokens of rows of
+    64..384 tokens: SDPA over bins of 384 with a block-diagonal causal mask (the packed
+    learner's SDPA path), SDPA causal over padded rows of 384, and torch's varlen flash kernel
+    over one sequence."""
+    s = SHAPES[shape]
+    H, K = s["num_attention_heads"], s["num_key_value_heads"]
+    Dh = s["hidden_size"] // H
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    lengths: list[int] = []
+    while sum(lengths) < tokens:
+        lengths.append(int(torch.randint(64, 385, (1,), generator=g)))
+    lengths[-1] -= sum(lengths) - tokens
+    out: dict[str, Any] = {"tokens": tokens, "rows": len(lengths)}
+    bins = -(-tokens // 384)
+    qb = torch.randn(bins, H, 384, Dh, device=dev, dtype=dt, requires_grad=True)
+    kb = torch.randn(bins, K, 384, Dh, device=dev, dtype=dt, requires_grad=True)
+    vb = torch.randn(bins, K, 384, Dh, device=dev, dtype=dt, requires_grad=True)
+    seg = torch.zeros(bins * 384, dtype=torch.long)
+    start = 0
+    for i, n in enumerate(lengths):
+        seg[start:start + n] = i
+        start += n
+    seg_b = seg.view(bins, 384).to(dev)
+    causal = torch.ones(384, 384, dtype=torch.bool, device=dev).tril()
+    mask = (seg_b[:, :, None] == seg_b[:, None, :]) & causal
+    mask = mask[:, None]
+
+    def sdpa_mask() -> None:
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, enable_gqa=True)
+        o.sum().backward()
+
+    def sdpa_causal() -> None:
+        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=True)
+        o.sum().backward()
+
+    out["sdpa_blockmask_fwd_bwd_us"] = eager_time_us(sdpa_mask)
+    out["sdpa_causal_fwd_bwd_us"] = eager_time_us(sdpa_causal)
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        q = torch.randn(tokens, H, Dh, device=dev, dtype=dt, requires_grad=True)
+        k = torch.randn(tokens, K, Dh, device=dev, dtype=dt, requires_grad=True)
+        v = torch.randn(tokens, K, Dh, device=dev, dtype=dt, requires_grad=True)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=dev,
+                          dtype=torch.int32)
+
+        def varlen() -> None:
+            o = varlen_attn(q, k, v, cu, cu, max(lengths), max(lengths), is_causal=True)
+            o.sum().backward()
+
+        out["varlen_fwd_bwd_us"] = eager_time_us(varlen)
+    except Exception as exc:
+        out["varlen_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return out
+
+
+def host_profile(fn: Callable[[], None]) -> dict[str, Any]:
+    """The host side of one call of ``fn``: the top operators by self CPU time, and the
+    synchronising runtime calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    avg = prof.key_averages()
+    cpu = sorted(avg, key=lambda e: -e.self_cpu_time_total)[:30]
+    syncs = {e.key: e.count for e in avg
+             if any(k in e.key for k in ("Synchronize", "MemcpyAsync", "cudaMemcpy", "item",
+                                         "_local_scalar_dense", "nonzero"))}
+    return {"wall_profiled_s": wall,
+            "top_cpu": [{"name": e.key[:100], "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2),
+                         "count": e.count} for e in cpu],
+            "sync_calls": syncs}
+
+
+def learner_profile(args: argparse.Namespace, shape: str, tmp: Path) -> dict[str, Any]:
+    from hf_engine import learner_config, ragged_batch, save_model
+
+    from rlscope.config import (
+        MethodConfig,
+        ModelConfig,
+        OptimConfig,
+        RunConfig,
+        TaskConfig,
+        TrainConfig,
+    )
+    from rlscope.learner import prepare
+    from rlscope.train import setup
+
+    device = torch.device("cuda")
+    model_dir = tmp / shape
+    params = save_model(shape, model_dir)
+    batch = ragged_batch(256, 32, 64, 384, SHAPES[shape]["vocab_size"], 8, device)
+    real = int(batch.completion_mask_BT.sum()) + batch.prompt_tokens_BP.numel()
+    out: dict[str, Any] = {"params": params, "real_tokens": real}
+    for label, overrides in args.learner_variants:
+        cfg = TrainConfig(
+            method="grpo", task="length_target",
+            task_options=TaskConfig(length_limit=384, eval_batches=1, eval_batch_size=8),
+            components=MethodConfig(selection="none", kl_coef=0.0),
+            model=ModelConfig(arch="hf", path=str(model_dir), autocast="bf16"),
+            optim=OptimConfig(lr=1e-5, grad_clip=1.0),
+            run=RunConfig(num_steps=1, batch_size=256, group_size=8, micro_batch_size=16,
+                          eval_every=0, device="cuda", progress=False, runs_dir=str(tmp),
+                          log_samples=0, doctor_every=0, name=f"prof_{label}"))
+        cfg, used = learner_config(cfg, True, 16 * 384, False, overrides)
+        parts = setup(cfg)
+        parts.policy.train()
+        inputs, _ = prepare(parts.spec, batch, parts.policy, None, None, 0.0,
+                            parts.d.group_size, parts.plan.dist)
+        for _ in range(2):
+            parts.learn(batch, inputs, 0.0, None)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(2):
+            parts.learn(batch, inputs, 0.0, None)
+        torch.cuda.synchronize()
+        step = (time.perf_counter() - t0) / 2
+        row = {"config": used, "step_s": step, "tokens_per_s": real / step,
+               "mfu": 6 * params * real / step / 989e12,
+               "profile": profile_kernels(partial(parts.learn, batch, inputs, 0.0, None), 1),
+               "host": host_profile(partial(parts.learn, batch, inputs, 0.0, None))}
+        log(f"learner {label}: {row['tokens_per_s']:,.0f} tokens/s, mfu {row['mfu']:.3f}")
+        out[label] = row
+        del parts, inputs
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["104m", "qwen0.5b"], choices=list(SHAPES),
+                   help="model shapes (hf_engine.SHAPES)")
+    p.add_argument("--batch", type=int, default=256, help="sampler rows")
+    p.add_argument("--prompt_len", type=int, default=64, help="prompt tokens")
+    p.add_argument("--group", type=int, default=8, help="rows sharing a prompt")
+    p.add_argument("--new_tokens", type=int, default=128, help="new tokens per row")
+    p.add_argument("--repeats", type=int, default=3, help="timed sampler calls")
+    p.add_argument("--compile", action="store_true", help="also profile --compile_sampler")
+    p.add_argument("--learner", action="store_true", help="also profile a packed learner step")
+    p.add_argument("--learner_variant", action="append", default=[], metavar="LABEL:K=V,..",
+                   help="extra learner variants (LearnerConfig overrides)")
+    p.add_argument("--compile_mode", default=None,
+                   help="torch.compile mode of the compiled decode step (hf_static.COMPILE_MODE)")
+    p.add_argument("--skip_attention", action="store_true", help="no attention microbenchmarks")
+    p.add_argument("--skip_decode", action="store_true", help="only attention and learner")
+    p.add_argument("--output", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    variants: list[tuple[str, dict[str, Any]]] = [("packed", {})]
+    for item in args.learner_variant:
+        label, _, rest = item.partition(":")
+        kv = {}
+        for pair in filter(None, rest.split(",")):
+            k, _, v = pair.partition("=")
+            try:
+                kv[k] = json.loads(v)
+            except json.JSONDecodeError:
+                kv[k] = v
+        variants.append((label, kv))
+    args.learner_variants = variants
+    hf_static.COMPILE_MODE = args.compile_mode
+    import tempfile
+
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "args": {k: v for k, v in vars(args).items()
+                                    if k != "learner_variants"}}
+    res["flash_forward_schema"] = str(torch.ops.aten._flash_attention_forward.default._schema)
+    res["torch_varlen"] = importlib.util.find_spec("torch.nn.attention.varlen") is not None
+    for shape in args.models:
+        r: dict[str, Any] = {}
+        if not args.skip_attention:
+            log(f"{shape}: attention")
+            r["attention"] = attention_section(args, shape)
+            r["learner_attention"] = learner_attention_section(shape)
+        if not args.skip_decode:
+            log(f"{shape}: decode")
+            r["decode"] = decode_section(args, shape, False)
+            if args.compile:
+                log(f"{shape}: decode compiled")
+                r["decode_compiled"] = decode_section(args, shape, True)
+        res[shape] = r
+        if args.output:
+            Path(args.output).write_text(json.dumps(res, indent=1))
+    if args.learner:
+        with tempfile.TemporaryDirectory() as tmp:
+            res["learner"] = learner_profile(args, args.models[-1], Path(tmp))
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text)
+    return res
+
+
+if __name__ == "__main__":
+    main()
