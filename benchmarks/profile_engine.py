@@ -342,12 +342,14 @@ def learner_profile(args: argparse.Namespace, shape: str, tmp: Path) -> dict[str
         for _ in range(2):
             parts.learn(batch, inputs, 0.0, None)
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        for _ in range(2):
+        for _ in range(3):
             parts.learn(batch, inputs, 0.0, None)
         torch.cuda.synchronize()
-        step = (time.perf_counter() - t0) / 2
+        step = (time.perf_counter() - t0) / 3
         row = {"config": used, "step_s": step, "tokens_per_s": real / step,
+               "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30,
                "mfu": 6 * params * real / step / 989e12,
                "profile": profile_kernels(partial(parts.learn, batch, inputs, 0.0, None), 1),
                "host": host_profile(partial(parts.learn, batch, inputs, 0.0, None))}

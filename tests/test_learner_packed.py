@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from rlscope.batch import RolloutBatch
+from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.config import LearnerConfig, RunConfig, TrainConfig
 from rlscope.learner import (
     Denominators,
@@ -42,6 +42,7 @@ from rlscope.policy.chunked import chunked_logp_entropy
 from rlscope.policy.hf import HFPolicy, tiny_hf_model
 from rlscope.policy.value_head import ValueHead
 from rlscope.sampling import SamplingConfig
+from rlscope.sampling.draw import assemble
 from rlscope.sampling.processors import SampledDistribution
 from rlscope.tasks import TaskConfig
 from rlscope.train import train
@@ -681,3 +682,35 @@ def test_rows_without_loss_positions_are_not_packed(monkeypatch: pytest.MonkeyPa
                       True)
     assert seen[0][2] == 0 and all(n > 0 for i, n in enumerate(seen[0]) if i != 2)
     assert seen[0] == row_token_counts(batch, inputs.mask_BT).tolist()
+
+
+def test_packed_forward_reads_the_callers_host_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`update` hands each micro-batch its rows of one `host_masks` copy: the packed forward
+    then reads no mask from the device and gives the same result as when it reads them."""
+    import rlscope.learner_packed as lp
+
+    policy = HFPolicy(tiny_hf_model("qwen2", 40, seed=0)).double()
+    g = torch.Generator().manual_seed(5)
+    prompts = PromptBatch.left_padded([torch.randint(3, 40, (n,), generator=g)
+                                       for n in (2, 4, 3)])
+    tokens_BT = torch.randint(3, 40, (3, 5), generator=g)
+    mask_BT = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]],
+                           dtype=torch.float64)
+    batch = assemble(prompts, tokens_BT=tokens_BT, alive_BT=mask_BT.bool(),
+                     logp_sampler_BT=-torch.rand(3, 5, generator=g, dtype=torch.float64),
+                     logp_raw_BT=torch.zeros(3, 5, dtype=torch.float64), keep_BTV=None,
+                     entropy_BT=None, finished_by_stop_B=torch.zeros(3, dtype=torch.bool),
+                     group_id_B=None)
+    dist = SampledDistribution(temperature=1.0, replay_keep=False)
+    options = PackedLearner()
+    masks_BL = lp.host_masks(batch, mask_BT)
+    assert masks_BL.device.type == "cpu" and masks_BL.shape == (3, batch.prompt_len + 5)
+    read = lp.packed_forward(policy, options, batch, tokens_BT, mask_BT,
+                             batch.logp_sampler_BT, dist, True)
+    calls: list[int] = []
+    monkeypatch.setattr(lp, "host_masks", lambda *a: calls.append(1))
+    given = lp.packed_forward(policy, options, batch, tokens_BT, mask_BT,
+                              batch.logp_sampler_BT, dist, True, masks_BL=masks_BL)
+    assert calls == [] and read is not None and given is not None
+    assert torch.equal(read.logp_BT, given.logp_BT)
+    assert torch.equal(read.entropy_BT, given.entropy_BT)

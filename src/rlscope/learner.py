@@ -23,6 +23,7 @@ from rlscope.learner_packed import (
     PackedLearner,
     chunk_applies,
     chunkable,
+    host_masks,
     packed_forward,
     row_token_counts,
     token_budget_slices,
@@ -342,7 +343,8 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
                      beta: float | torch.Tensor, dist: SampledDistribution,
                      group_size: int = 1,
                      entropy_coef: float | torch.Tensor | None = None,
-                     packed: PackedLearner | None = None) -> MicroResult:
+                     packed: PackedLearner | None = None,
+                     masks_BL: torch.Tensor | None = None) -> MicroResult:
     """The method's loss on one micro-batch: objective + KL + entropy + value terms.
 
     ``beta`` (the KL coefficient) and ``entropy_coef`` (the entropy bonus c in force; None =
@@ -351,12 +353,14 @@ def micro_batch_loss(spec: MethodSpec, policy: Policy, value_head: ValueHead | N
     set) with the reference's, ``inputs.ref_logp_BTV``, processed the same way. ``group_size
     > 1`` promises whole contiguous groups (see `forward_completion`). ``packed`` (a Hugging
     Face policy only) runs the forward packed and/or with chunked log-probs
-    (`rlscope.learner_packed`): the same loss without padding tokens or full logits.
+    (`rlscope.learner_packed`): the same loss without padding tokens or full logits;
+    ``masks_BL`` are these rows' `host_masks` (None: read from the device).
     """
     mask_BT = inputs.mask_BT
     fast = None if packed is None else packed_forward(
         policy, packed, batch, inputs.tokens_BT, mask_BT, inputs.logp_old_BT, dist,
-        chunked=packed.logprob_chunk > 0 and chunk_applies(spec, batch, dist))
+        chunked=packed.logprob_chunk > 0 and chunk_applies(spec, batch, dist),
+        masks_BL=masks_BL)
     entropy_BT: torch.Tensor | None = None
     logp_BTV: torch.Tensor | None
     if fast is None:
@@ -554,6 +558,8 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
     mb_rows = minibatch_rows(n_rows, plan.num_minibatches, plan.group_size)
     micro = min(plan.micro_batch_size, mb_rows)
     shared_group = micro_group_size(micro, mb_rows, plan.group_size)
+    # the packed learner plans each micro-batch on the host: one copy of the masks for all
+    masks_BL = None if plan.packed is None else host_masks(batch, inputs.mask_BT)
     counts_B = None
     if plan.token_budget > 0:
         counts_B = row_token_counts(batch, inputs.mask_BT)
@@ -590,7 +596,8 @@ def update(plan: UpdatePlan, policy: Policy, value_head: ValueHead | None,
             for rows in slices:
                 res = micro_batch_loss(plan.spec, policy, value_head, batch.select(rows),
                                        step_inputs.select(rows), den, beta, plan.dist,
-                                       group, entropy_coef, plan.packed)
+                                       group, entropy_coef, plan.packed,
+                                       None if masks_BL is None else masks_BL[rows])
                 res.loss.backward()
                 last.append((rows.start, res))
             if dp is not None and dp.sharded:

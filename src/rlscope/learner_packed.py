@@ -42,7 +42,7 @@ from rlscope.policy.base import Policy, head_dtype
 from rlscope.policy.chunked import chunked_logp_entropy
 from rlscope.sampling.processors import SampledDistribution
 
-__all__ = ["PackedForward", "PackedLearner", "pack_rows", "packed_forward",
+__all__ = ["PackedForward", "PackedLearner", "host_masks", "pack_rows", "packed_forward",
            "resolve_learner", "row_token_counts", "token_budget_slices"]
 
 
@@ -135,54 +135,78 @@ def _loss_positions(mask_BT: torch.Tensor) -> torch.Tensor:
     return t_T[None, :] <= loss_len_B[:, None]
 
 
+def host_masks(batch: RolloutBatch, mask_BT: torch.Tensor) -> torch.Tensor:
+    """``[B, P + T]`` bool on the host: the prompt mask and ``mask_BT != 0``, what
+    `packed_forward` plans its layout from. One device sync; `update` takes it once per update
+    and hands each micro-batch its rows, so the micro-batches queue without waiting."""
+    prompt_BP = (torch.ones_like(batch.prompt_tokens_BP, dtype=torch.bool)
+                 if batch.prompt_mask_BP is None else batch.prompt_mask_BP.bool())
+    return torch.cat([prompt_BP, mask_BT != 0], 1).cpu()
+
+
 def packed_forward(policy: Any, options: PackedLearner, batch: RolloutBatch,
                    tokens_BT: torch.Tensor, mask_BT: torch.Tensor, logp_old_BT: torch.Tensor,
-                   dist: SampledDistribution, chunked: bool) -> PackedForward | None:
+                   dist: SampledDistribution, chunked: bool,
+                   masks_BL: torch.Tensor | None = None) -> PackedForward | None:
     """The learner's forward through ``policy`` (an `HFPolicy`) at the positions up to each
     row's last loss position (``mask_BT``), packed when ``options.packing``, with chunked
     log-probs when ``chunked`` (see `chunk_applies`). None when no row has a loss position
-    (the caller then runs the padded forward, whose loss still has a graph)."""
+    (the caller then runs the padded forward, whose loss still has a graph). ``masks_BL``:
+    these rows' `host_masks` when the caller has them (else read from the device here)."""
     P, T = batch.prompt_len, tokens_BT.shape[1]
-    valid_BT = _loss_positions(mask_BT)
-    if not bool(valid_BT.any()):
+    B, L = tokens_BT.shape[0], P + T
+    device = tokens_BT.device
+    # The layout is planned on the host from one copy of the masks (the only device sync,
+    # none when the caller has it), and reaches the device as index tensors: no boolean
+    # indexing on the device.
+    if masks_BL is None:
+        masks_BL = host_masks(batch, mask_BT)
+    prompt_cpu_BP, valid_cpu_BT = masks_BL[:, :P], _loss_positions(masks_BL[:, P:])
+    if not bool(valid_cpu_BT.any()):
         return None
-    full_BL = torch.cat([batch.prompt_tokens_BP, tokens_BT], 1)
-    prompt_BP = (torch.ones_like(batch.prompt_tokens_BP, dtype=torch.bool)
-                 if batch.prompt_mask_BP is None else batch.prompt_mask_BP.bool())
-    if bool((valid_BT.any(-1) & ~prompt_BP[:, -1]).any()):
+    if bool((valid_cpu_BT.any(-1) & ~prompt_cpu_BP[:, -1]).any()):
         raise ValueError("the packed learner needs left-padded prompts with at least one "
                          "real token per row")
+    valid_N = valid_cpu_BT.reshape(-1).nonzero().squeeze(1)  # flat [B·T] indices, row-major
+    b_N, t_N = valid_N // T, valid_N % T
+    full_BL = torch.cat([batch.prompt_tokens_BP, tokens_BT], 1)
     # The hidden state at full position P - 1 + t predicts completion token t.
     if options.packing:
         # inputs: real prompt tokens and completion tokens before the last loss position
         # (a row without a loss position contributes nothing: none of its tokens go in)
-        keep_BL = torch.cat([prompt_BP & valid_BT.any(-1, keepdim=True), valid_BT[:, 1:],
-                             torch.zeros_like(valid_BT[:, :1])], 1)
+        keep_BL = torch.cat([prompt_cpu_BP & valid_cpu_BT.any(-1, keepdim=True),
+                             valid_cpu_BT[:, 1:], torch.zeros_like(valid_cpu_BT[:, :1])], 1)
         pos_BL = keep_BL.long().cumsum(-1) - 1
         bin_B, start_B, R, C = pack_rows(keep_BL.sum(-1).tolist(), options.varlen)
-        bin_B, start_B = bin_B.to(keep_BL.device), start_B.to(keep_BL.device)
-        row_BL = bin_B[:, None].expand_as(keep_BL)
-        col_BL = start_B[:, None] + pos_BL
-        tokens_RC = full_BL.new_zeros(R, C)
-        tokens_RC[row_BL[keep_BL], col_BL[keep_BL]] = full_BL[keep_BL]
+        src_M = keep_BL.reshape(-1).nonzero().squeeze(1)  # kept tokens, flat [B·L]
+        b_M = src_M // L
+        pos_M = pos_BL.reshape(-1)[src_M]
+        dst_M = bin_B[b_M] * C + start_B[b_M] + pos_M  # their flat [R·C] places
         # a bin's unused tail is one more sequence (positions from 0), never attended to
         # by the rows: it costs its tokens but keeps every row's attention its own
-        used_R = torch.zeros(R, dtype=torch.long, device=keep_BL.device).index_add_(
-            0, bin_B[bin_B >= 0], keep_BL.sum(-1)[bin_B >= 0])
-        pos_RC = (torch.arange(C, device=keep_BL.device)[None] - used_R[:, None]).clamp_min(0)
-        pos_RC[row_BL[keep_BL], col_BL[keep_BL]] = pos_BL[keep_BL]
-        hidden_RCD = policy.final_hidden(tokens_RC, position_ids_BT=pos_RC)
-        out_BT = (slice(None), slice(P - 1, P - 1 + T))
-        hidden_ND = hidden_RCD[row_BL[out_BT][valid_BT], col_BL[out_BT][valid_BT]]
+        used_R = torch.zeros(R, dtype=torch.long).index_add_(0, bin_B[b_M],
+                                                             torch.ones_like(b_M))
+        pos_RC = (torch.arange(C)[None] - used_R[:, None]).clamp_min(0)
+        pos_RC.view(-1)[dst_M] = pos_M
+        out_N = bin_B[b_N] * C + start_B[b_N] + pos_BL[b_N, P - 1 + t_N]
+        tokens_RC = full_BL.new_zeros(R * C).index_copy_(
+            0, _to_device(dst_M, device), full_BL.reshape(-1)[_to_device(src_M, device)])
+        hidden_RCD = policy.final_hidden(tokens_RC.view(R, C),
+                                         position_ids_BT=_to_device(pos_RC, device))
+        hidden_ND = hidden_RCD.reshape(R * C, -1).index_select(0, _to_device(out_N, device))
     else:
-        mask_BL = torch.cat([prompt_BP, torch.ones_like(valid_BT)], 1)
+        prompt_BP = (torch.ones_like(batch.prompt_tokens_BP, dtype=torch.bool)
+                     if batch.prompt_mask_BP is None else batch.prompt_mask_BP.bool())
+        mask_BL = torch.cat([prompt_BP, torch.ones_like(tokens_BT, dtype=torch.bool)], 1)
         hidden_BLD = policy.final_hidden(
             full_BL, None if batch.prompt_mask_BP is None else mask_BL)
-        hidden_ND = hidden_BLD[:, P - 1:P - 1 + T][valid_BT]
+        hidden_ND = hidden_BLD.reshape(B * L, -1).index_select(
+            0, _to_device(b_N * L + P - 1 + t_N, device))
+    valid_dev_N = _to_device(valid_N, device)
     head = policy.output_head()
     assert head is not None  # resolve_learner checked it
     W_VD, bias_V = head
-    tokens_N = tokens_BT[valid_BT]
+    tokens_N = tokens_BT.reshape(-1).index_select(0, valid_dev_N)
     temperature = dist.temperature if dist.temperature > 0 else 1.0
     logp_BTV = None
     if chunked:
@@ -194,21 +218,29 @@ def packed_forward(policy: Any, options: PackedLearner, batch: RolloutBatch,
         with torch.autocast(hidden_ND.device.type, dtype=mixed or torch.bfloat16,
                             enabled=mixed is not None, cache_enabled=False):
             logits_NV = torch.nn.functional.linear(hidden_ND.to(W_VD.dtype), W_VD, bias_V)
-        keep_NV = None if batch.keep_mask_BTV is None else batch.keep_mask_BTV[valid_BT]
+        keep_NV = None if batch.keep_mask_BTV is None else \
+            batch.keep_mask_BTV.reshape(B * T, -1).index_select(0, valid_dev_N)
         logp_NV = dist.logprobs(logits_NV, keep_NV)
         logp_N = logp_NV.gather(-1, tokens_N[:, None]).squeeze(-1)
         entropy_N = entropy_from_logp(logp_NV)
         V = logp_NV.shape[-1]
-        logp_BTV = torch.full((*valid_BT.shape, V), -math.log(V), dtype=logp_NV.dtype,
-                              device=logp_NV.device).masked_scatter(
-            valid_BT[..., None].expand(-1, -1, V), logp_NV)
+        logp_BTV = torch.full((B * T, V), -math.log(V), dtype=logp_NV.dtype,
+                              device=device).index_copy(0, valid_dev_N, logp_NV).view(B, T, V)
     dtype = logp_N.dtype
-    logp_BT = logp_old_BT.detach().to(dtype).masked_scatter(valid_BT, logp_N)
-    entropy_BT = torch.zeros_like(logp_BT).masked_scatter(valid_BT, entropy_N)
-    D = hidden_ND.shape[-1]
-    hidden_BTD = hidden_ND.new_zeros(*valid_BT.shape, D).masked_scatter(
-        valid_BT[..., None].expand(-1, -1, D), hidden_ND)
+    logp_BT = logp_old_BT.detach().to(dtype).reshape(-1).index_copy(
+        0, valid_dev_N, logp_N).view(B, T)
+    entropy_BT = logp_N.new_zeros(B * T).index_copy(0, valid_dev_N, entropy_N).view(B, T)
+    hidden_BTD = hidden_ND.new_zeros(B * T, hidden_ND.shape[-1]).index_copy(
+        0, valid_dev_N, hidden_ND).view(B, T, -1)
     return PackedForward(logp_BT, entropy_BT, hidden_BTD, logp_BTV)
+
+
+def _to_device(index_N: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host index tensor on ``device``, without waiting for the device's queue (pinned
+    memory, asynchronous copy, on CUDA)."""
+    if device.type != "cuda":
+        return index_N.to(device)
+    return index_N.pin_memory().to(device, non_blocking=True)
 
 
 def pack_rows(lengths: list[int], one_row: bool) -> tuple[torch.Tensor, torch.Tensor, int, int]:
