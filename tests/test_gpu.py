@@ -420,22 +420,22 @@ def test_compiled_gumbel_offsets_equal_the_eager_ones() -> None:
                            gumbel_offsets(seeds_B, step, 151936))
 
 
-def test_flash_decode_attention_under_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bf16 on CUDA: the decode attention runs on torch's flash kernel with per-row key
-    lengths, and its log-probs are as close to the learner's teacher-forced forward as those of
-    the additive-mask form (`hf_static.FLASH_DECODE` off) on ragged left-padded prompts."""
+@pytest.mark.parametrize("compiled", [False, True])
+def test_decode_kernels_under_bf16(monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+    """bf16 on CUDA: the decode attention on the Triton kernel and on torch's flash kernel
+    (per-row key lengths) gives log-probs as close to the learner's teacher-forced forward as
+    the additive-mask form does, on ragged left-padded prompts with stops; also with the
+    decode step compiled (``compile_sampler``)."""
     from rlscope.sampling.backends import hf_static
 
     policy, prompts, seeds_B, group_B = _hf_static_case("qwen2", torch.bfloat16)
-    head_dim = hf_static.HFStaticWeights(policy.unwrap(), torch.bfloat16).head_dim
-    assert hf_static.flash_decode_supported(torch.device("cuda"), torch.bfloat16, head_dim)
-    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11))
+    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11),
+                         compile_sampler=compiled)
     gaps = {}
-    for flash in (True, False):
-        monkeypatch.setattr(hf_static, "FLASH_DECODE", flash)
+    for kind in ("triton", "flash", "mask"):
+        monkeypatch.setattr(hf_static, "DECODE_KERNEL", kind)
         out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
-        used = [b.flash for b in hf_static._DECODERS[policy][2].values()]
-        assert flash in used
+        assert kind in [b.attention for b in hf_static._DECODERS[policy][2].values()]
         seq_BT = torch.cat([prompts.tokens_BP, out.completion_tokens_BT], 1)
         assert prompts.attention_mask_BP is not None
         mask_BT = torch.cat([prompts.attention_mask_BP,
@@ -445,9 +445,31 @@ def test_flash_decode_attention_under_bf16(monkeypatch: pytest.MonkeyPatch) -> N
         P, T = prompts.tokens_BP.shape[1], out.completion_tokens_BT.shape[1]
         learner_BT = logits_BTV[:, P - 1:P - 1 + T].log_softmax(-1).gather(
             -1, out.completion_tokens_BT[..., None])[..., 0] * out.completion_mask_BT
-        gaps[flash] = (learner_BT - out.logp_raw_BT).abs()
-    assert gaps[True].max().item() < 0.1 and gaps[True].mean().item() < 0.01
-    assert gaps[True].mean().item() < 2 * gaps[False].mean().item() + 1e-3
+        gaps[kind] = (learner_BT - out.logp_raw_BT).abs()
+    for kind in ("triton", "flash"):
+        assert gaps[kind].max().item() < 0.1 and gaps[kind].mean().item() < 0.01
+        assert gaps[kind].mean().item() < 2 * gaps["mask"].mean().item() + 1e-3
+
+
+def test_triton_decode_attention_equals_flash_on_cuda() -> None:
+    """The Triton decode kernel and torch's flash kernel on the same bf16 cache spans: equal
+    to bf16 rounding (0.5B shape: 14 query heads over 2 kv heads, head dim 64)."""
+    from rlscope.sampling.backends import decode_attention, hf_static
+
+    g = torch.Generator().manual_seed(0)
+    B, H, K, D, L = 64, 14, 2, 64, 200
+    q_BHD = torch.randn(B, H, D, generator=g).cuda().bfloat16()
+    k_BLKD, v_BLKD = torch.randn(2, B, L, K, D, generator=g).cuda().bfloat16()
+    start_B = torch.randint(0, 60, (B,), generator=g).int().cuda()
+    used_B = torch.randint(1, 140, (B,), generator=g).int().cuda()
+    tri_BHD = decode_attention.decode_attention(q_BHD, k_BLKD, v_BLKD, start_B, used_B, 0.125)
+    keys = hf_static.DecodeKeys(B, K, H, L, torch.bfloat16, torch.device("cuda"), "flash")
+    keys.start_B.copy_(start_B)
+    keys.cu_k[:B].copy_(torch.arange(B, device="cuda", dtype=torch.int32) * L + start_B)
+    keys.used_B.copy_(used_B)
+    flash_BE = keys.attend(q_BHD, k_BLKD, v_BLKD, 0.125)
+    torch.testing.assert_close(tri_BHD.reshape(B, -1).float(), flash_BE.float(), atol=2e-2,
+                               rtol=2e-2)
 
 
 def test_compiled_chunk_kernels_equal_eager_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:

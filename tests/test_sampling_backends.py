@@ -5,6 +5,11 @@ optimizer step, and falls back / fails clearly on models it does not implement."
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -359,30 +364,90 @@ def _varlen_reference(q_NKD: torch.Tensor, k_MKD: torch.Tensor, v_MKD: torch.Ten
     return out_NKD
 
 
+def _use_kernel(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Make the static sampler attend with ``kind`` on CPU (torch's flash kernel replaced by
+    `_varlen_reference`; the Triton kernel runs in Triton's CPU interpreter, which has to be
+    on before Triton is imported: see `test_triton_decode_kernel_in_the_interpreter`)."""
+    monkeypatch.setattr(hf_static, "decode_attention_kind", lambda *a: kind)
+    monkeypatch.setattr(hf_static, "flash_varlen", _varlen_reference)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_flash_decode_bookkeeping_equals_the_mask_path(monkeypatch: pytest.MonkeyPatch,
-                                                       arch: str) -> None:
+def test_flash_decode_attends_to_the_mask_paths_keys(monkeypatch: pytest.MonkeyPatch,
+                                                     arch: str) -> None:
     """The flash form of the decode attention (per-row key offsets and used counts, query
     heads as rows of their kv head) attends to exactly the keys of the mask form: with the
-    kernel replaced by a plain reference, the static sampler gives the eager path's tokens
-    and log-probs on ragged left-padded prompts with stops (float32, CPU)."""
+    kernel replaced by a plain reference, the static sampler gives the eager path's tokens and
+    log-probs on ragged left-padded prompts with stops (float32, CPU)."""
     policy = _policy(arch)
     cfg = SamplingConfig(stop_token_ids=STOPS)
     prompts, seeds_B, group_B = _prompts(groups=3, group_size=3)
     eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 14,
                      group_id_B=group_B, with_entropy=True, with_sum_p2=True)
-    monkeypatch.setattr(hf_static, "flash_decode_supported", lambda *a: True)
-    monkeypatch.setattr(hf_static, "flash_varlen", _varlen_reference)
-    flash = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
-                     group_id_B=group_B, with_entropy=True, with_sum_p2=True)
-    buckets = list(hf_static._DECODERS[policy][2].values())
-    assert [b.flash for b in buckets] == [True]
+    _use_kernel(monkeypatch, "flash")
+    fast = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
+                    group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+    assert [b.attention for b in hf_static._DECODERS[policy][2].values()] == ["flash"]
     assert bool(eager.finished_by_stop_B.any())
-    _assert_same(eager, flash)
+    _assert_same(eager, fast)
 
 
-def test_flash_decode_needs_left_padding(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A prompt mask with a hole (not left padding) keeps the mask form."""
+_TRITON_CHECK = """
+import dataclasses, torch
+from rlscope.sampling import generate
+from rlscope.sampling.backends import decode_attention, hf_static
+from rlscope.sampling.draw import SamplingConfig
+import tests.test_sampling_backends as t
+
+g = torch.Generator().manual_seed(0)
+B, H, K, D, L = 4, 14, 2, 16, 150
+q_BHD = torch.randn(B, H, D, generator=g)
+k_BLKD, v_BLKD = torch.randn(2, B, L, K, D, generator=g)
+start_B = torch.tensor([0, 10, 85, 3], dtype=torch.int32)
+used_B = torch.tensor([150, 64, 1, 100], dtype=torch.int32)
+out_BHD = decode_attention.decode_attention(q_BHD, k_BLKD, v_BLKD, start_B, used_B, 0.3)
+for b in range(B):
+    span = slice(int(start_B[b]), int(start_B[b] + used_B[b]))
+    for h in range(H):
+        w = (q_BHD[b, h] @ k_BLKD[b, span, h // 7].T * 0.3).softmax(-1)
+        torch.testing.assert_close(out_BHD[b, h], w @ v_BLKD[b, span, h // 7],
+                                   atol=1e-5, rtol=0)
+for arch in ("llama", "qwen3"):
+    policy = t._policy(arch)
+    cfg = SamplingConfig(stop_token_ids=t.STOPS)
+    prompts, seeds_B, group_B = t._prompts(groups=3, group_size=3)
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 14,
+                     group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+    hf_static.decode_attention_kind = lambda *a: "triton"
+    fast = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
+                    group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+    assert [b.attention for b in hf_static._DECODERS[policy][2].values()] == ["triton"]
+    assert bool(eager.finished_by_stop_B.any())
+    t._assert_same(eager, fast)
+print("triton decode attention ok")
+"""
+
+
+def test_triton_decode_kernel_in_the_interpreter() -> None:
+    """`decode_attention` in Triton's CPU interpreter (a fresh process: the interpreter must
+    be on before Triton is imported), where Triton is installed: against plain attention over
+    each row's span (GQA groups of 7 as in the 0.5B shape; spans shorter than, equal to and
+    longer than a key block; spans starting mid-cache), and as the static sampler's decode
+    attention: the eager path's tokens and log-probs (float32, ragged prompts, stops)."""
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root),
+                                          os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _TRITON_CHECK], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "triton decode attention ok" in out.stdout
+
+
+def test_decode_kernels_need_left_padding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt mask with a hole (not left padding) keeps the mask form; CPU and float32
+    always do."""
     policy = _policy("qwen2")
     prompts, seeds_B, group_B = _prompts(groups=2, group_size=1)
     mask_BP = prompts.attention_mask_BP
@@ -391,9 +456,13 @@ def test_flash_decode_needs_left_padding(monkeypatch: pytest.MonkeyPatch) -> Non
     holed_BP[0, -2] = 0
     assert hf_static.left_padded(mask_BP.bool())
     assert not hf_static.left_padded(holed_BP.bool())
-    assert not hf_static.flash_decode_supported(torch.device("cpu"), torch.bfloat16, 64)
-    monkeypatch.setattr(hf_static, "flash_decode_supported", lambda *a: True)
-    monkeypatch.setattr(hf_static, "flash_varlen", _varlen_reference)
+    assert hf_static.decode_attention_kind(torch.device("cpu"), torch.bfloat16, 64) == "mask"
+    assert hf_static.decode_attention_kind(torch.device("cuda"), torch.float32, 64) == "mask"
+    _use_kernel(monkeypatch, "flash")
     holed = dataclasses.replace(prompts, attention_mask_BP=holed_BP)
     generate(policy, holed, SamplingConfig(backend="static"), seeds_B, 4, group_id_B=group_B)
-    assert [b.flash for b in hf_static._DECODERS[policy][2].values()] == [False]
+    assert [b.attention for b in hf_static._DECODERS[policy][2].values()] == ["mask"]
+    from rlscope.sampling.backends import decode_attention
+
+    assert decode_attention.available(64) == (importlib.util.find_spec("triton") is not None)
+    assert not decode_attention.available(48)

@@ -60,6 +60,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy, position_ids_from_mask
+from rlscope.sampling.backends import decode_attention
 from rlscope.sampling.backends.eager import generate_eager
 from rlscope.sampling.draw import SamplingConfig, assemble, draw
 from rlscope.sampling.graphs import capture, record_draw
@@ -378,7 +379,7 @@ class HFStaticWeights:
         """One position per row, graph-safe: ``token_B`` at position ``pos_B`` is written to
         cache column ``col_1`` (a ``[1]`` device tensor) of the ``[B, L, K, Dh]`` caches and
         attends over the keys ``keys`` marks (`DecodeKeys`: an additive mask over the whole
-        cache, or torch's flash kernel over each row's written columns); returns the next
+        cache, or a kernel over each row's written columns); returns the next
         ``logits_BV``."""
         keys.advance(col_1)
         x_B1D = self.embed.index_select(0, token_B)[:, None]
@@ -392,17 +393,27 @@ class HFStaticWeights:
         return self._logits(x_B1D[:, 0])
 
 
-def flash_decode_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether the decode attention can run on torch's flash kernel with per-row key
-    lengths (``aten._flash_attention_forward`` with ``seqused_k``): CUDA, fp16/bf16, a head
-    dimension the kernel takes, and a torch that has the argument. `FLASH_DECODE` turns it
-    off."""
-    if not FLASH_DECODE or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
-        return False
-    if head_dim % 8 or head_dim > 256:
-        return False
-    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
-    return op is not None and "seqused_k" in str(op.default._schema)
+DECODE_KERNEL = "auto"
+"""The decode attention of bf16/fp16 sampling on CUDA: ``auto`` (the Triton kernel where
+Triton is installed, else torch's flash kernel), ``triton``, ``flash`` or ``mask`` (the
+additive-mask SDPA of every other case). `decode_attention_kind` applies it."""
+
+
+def decode_attention_kind(device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """How the decode step attends (`DecodeKeys`): ``triton`` (`decode_attention`: one
+    kernel over each row's written keys), ``flash`` (torch's flash kernel with per-row key
+    lengths, ``aten._flash_attention_forward`` with ``seqused_k``) or ``mask`` (SDPA under an
+    additive key mask: CPU, float32, or where neither kernel applies). `DECODE_KERNEL` picks."""
+    if DECODE_KERNEL == "mask" or device.type != "cuda" \
+            or dtype not in (torch.float16, torch.bfloat16):
+        return "mask"
+    if DECODE_KERNEL in ("auto", "triton") and decode_attention.available(head_dim):
+        return "triton"
+    if DECODE_KERNEL in ("auto", "flash") and head_dim % 8 == 0 and head_dim <= 256:
+        op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+        if op is not None and "seqused_k" in str(op.default._schema):
+            return "flash"
+    return "mask"
 
 
 def flash_varlen(q_NKD: torch.Tensor, k_MKD: torch.Tensor, v_MKD: torch.Tensor,
@@ -417,62 +428,66 @@ def flash_varlen(q_NKD: torch.Tensor, k_MKD: torch.Tensor, v_MKD: torch.Tensor,
     return out
 
 
-FLASH_DECODE = True
-"""Use torch's flash kernel for the decode attention where `flash_decode_supported`."""
-
-
 class DecodeKeys:
     """Which cache columns each decode query attends to, and the attention over them.
 
     The caches are ``[B, L, K, Dh]``; a row's real prompt keys sit in columns
     ``[P - len_b, P)`` (left padding) and its generated keys from column ``P`` on, one column
-    per position for every row.
+    per position for every row. ``kind`` (`decode_attention_kind`):
 
-    - **mask** (any device and dtype): an additive key mask ``bias_BKL`` (0 where attended,
+    - ``mask`` (any device and dtype): an additive key mask ``bias_BKL`` (0 where attended,
       -inf elsewhere) over the whole cache, the ``group`` query heads of each kv head as
-      ``group`` query rows of one fused attention call (no repeated keys).
-    - **flash** (`flash_decode_supported`): torch's flash kernel in its variable-length form
-      with each row's first attended column as its key offset (``cu_seq_k``) and the count of
-      attended columns as ``seqused_k``, so only written keys are read; the query heads of a
-      kv head are again its ``group`` query rows (``cu_seq_q`` steps of ``group``).
+      ``group`` query rows of one fused attention call (no repeated keys);
+    - ``triton``: `decode_attention.decode_attention` over columns ``start_B .. start_B +
+      used_B`` of each row;
+    - ``flash``: torch's flash kernel in its variable-length form, each row's first attended
+      column as its key offset (``cu_seq_k``) and the count of attended columns as
+      ``seqused_k``; the query heads of a kv head are again its ``group`` query rows.
+
+    ``triton`` and ``flash`` read only written keys and need left-padded prompts
+    (`left_padded`).
     """
 
     def __init__(self, rows: int, n_kv: int, n_heads: int, length: int, dtype: torch.dtype,
-                 device: torch.device, flash: bool) -> None:
+                 device: torch.device, kind: str) -> None:
         self.rows, self.n_kv, self.group, self.length = rows, n_kv, n_heads // n_kv, length
-        self.flash = flash
+        self.kind = kind
         self.bias_BKL = torch.full((rows, n_kv, length), float("-inf"), dtype=dtype,
                                    device=device)
         steps = torch.arange(rows + 1, dtype=torch.int32, device=device)
         self.cu_q = steps * self.group
         self.cu_k = steps * length
+        self.start_B = torch.zeros(rows, dtype=torch.int32, device=device)
         self.used_B = torch.zeros(rows, dtype=torch.int32, device=device)
 
     def reset(self, mask_BP: torch.Tensor) -> None:
         """A new prefill of ``[B, P]`` left-padded prompts (``mask_BP`` bool): attend to the
-        real prompt columns only. The flash form needs each row's real tokens contiguous
-        (left padding; `left_padded`)."""
+        real prompt columns only."""
         B, P = mask_BP.shape
         self.bias_BKL.fill_(float("-inf"))
         self.bias_BKL[:, :, :P].masked_fill_(mask_BP[:, None, :], 0.0)
         len_B = mask_BP.sum(-1).to(torch.int32)
-        offsets_B = torch.arange(B, device=mask_BP.device, dtype=torch.int32) * self.length
-        self.cu_k[:B].copy_(offsets_B + (P - len_B))
+        self.start_B.copy_(P - len_B)
+        self.cu_k[:B].copy_(torch.arange(B, device=mask_BP.device, dtype=torch.int32)
+                            * self.length + self.start_B)
         self.used_B.copy_(len_B)
 
     def advance(self, col_1: torch.Tensor) -> None:
         """Attend to cache column ``col_1`` from now on (graph-safe)."""
-        if self.flash:
-            self.used_B += 1
-        else:
+        if self.kind == "mask":
             self.bias_BKL.index_fill_(2, col_1, 0.0)
+        else:
+            self.used_B += 1
 
     def attend(self, q_BHD: torch.Tensor, k_BLKD: torch.Tensor, v_BLKD: torch.Tensor,
                scale: float) -> torch.Tensor:
         """``[B, H·Dh]`` attention outputs of the queries ``q_BHD`` (head ``h = k·group + g``)."""
         B, H, Dh = q_BHD.shape
         K, G, L = self.n_kv, self.group, self.length
-        if self.flash:
+        if self.kind == "triton":
+            return decode_attention.decode_attention(q_BHD, k_BLKD, v_BLKD, self.start_B,
+                                                     self.used_B, scale).reshape(B, H * Dh)
+        if self.kind == "flash":
             q_NKD = q_BHD.view(B, K, G, Dh).transpose(1, 2).reshape(B * G, K, Dh)
             o_NKD = flash_varlen(q_NKD, k_BLKD.view(B * L, K, Dh), v_BLKD.view(B * L, K, Dh),
                                  self.cu_q, self.cu_k, G, L, scale, self.used_B)
@@ -501,8 +516,8 @@ class _Bucket:
     pad_token_id: int
     with_entropy: bool
     with_sum_p2: bool
-    flash: bool = False
-    """Decode attention on torch's flash kernel (`DecodeKeys`)."""
+    attention: str = "mask"
+    """The decode attention's kind (`DecodeKeys`, `decode_attention_kind`)."""
     k_cache: list[torch.Tensor] = field(default_factory=list)
     v_cache: list[torch.Tensor] = field(default_factory=list)
     out: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -516,7 +531,7 @@ class _Bucket:
             self.k_cache.append(torch.zeros(B, L, w.n_kv, w.head_dim, dtype=w.dtype,
                                             device=device))
             self.v_cache.append(torch.zeros_like(self.k_cache[-1]))
-        self.keys = DecodeKeys(B, w.n_kv, w.n_heads, L, w.dtype, device, self.flash)
+        self.keys = DecodeKeys(B, w.n_kv, w.n_heads, L, w.dtype, device, self.attention)
         """The keys each query attends to: real prompt tokens and written positions."""
         self.pos_B = torch.zeros(B, dtype=torch.long, device=device)
         self.col_1 = torch.zeros(1, dtype=torch.long, device=device)
@@ -704,18 +719,21 @@ class HFStaticBackend:
         # what the captured step depends on (not the backend's name or the stop-check period)
         step_cfg = dataclasses.replace(cfg, backend="static", stop_check_every=1,
                                        max_new_tokens=0)
-        # torch's flash kernel reads each row's keys from one offset on: left padding only
-        flash = flash_decode_supported(device, weights.dtype, weights.head_dim) and (
-            prompts.attention_mask_BP is None or left_padded(prompts.attention_mask_BP.bool()))
+        # the kernels read each row's keys from one offset on: left padding only
+        attention = decode_attention_kind(device, weights.dtype, weights.head_dim)
+        if attention != "mask" and prompts.attention_mask_BP is not None \
+                and not left_padded(prompts.attention_mask_BP.bool()):
+            attention = "mask"
         key = (Bb, Pb, max_new_tokens, step_cfg, pad_token_id, with_entropy, with_sum_p2,
-               flash)
+               attention)
         buckets = _DECODERS[policy][2]
         bucket = buckets.get(key)
         if bucket is None:
             while len(buckets) >= MAX_BUCKETS:
                 del buckets[next(iter(buckets))]
             bucket = buckets[key] = _Bucket(weights, Bb, Pb, max_new_tokens, step_cfg,
-                                            pad_token_id, with_entropy, with_sum_p2, flash)
+                                            pad_token_id, with_entropy, with_sum_p2,
+                                            attention)
         with torch.autocast(device.type, enabled=False):
             self._prefill(bucket, prompts, row_seeds_B, group_id_B)
         if bucket.graph is None and cfg.decode_graphs and max_new_tokens > 1 \

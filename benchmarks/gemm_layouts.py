@@ -1,0 +1,75 @@
+"""Decode-step matmuls at a small row count: which weight layout cuBLAS runs fastest.
+
+The static sampler's decode step multiplies ``[B, D_in]`` activations (B = the batch, 256 in
+issue 17's table) by each projection's weight. At such a small B, cuBLAS's kernel choice
+depends on the operands' layout, and the fastest one reads the weight at a fraction of the
+card's bandwidth (``benchmarks/profile_engine.py``). This times, from CUDA graphs, each
+projection shape of ``--models`` in four forms: ``F.linear(x, W)`` (W ``[out, in]``),
+``x @ W.T``, ``x @ Wt`` with ``Wt = W.T.contiguous()`` (``[in, out]``), and
+``torch.mm`` into a preallocated output; prints JSON (µs per call and the weight's GB/s).
+
+    python benchmarks/gemm_layouts.py --models qwen0.5b 104m --rows 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_engine import SHAPES
+from profile_engine import graph_time_us
+
+
+def shapes(model: str) -> dict[str, tuple[int, int]]:
+    """``name -> (in, out)`` of the decode step's projections."""
+    s = SHAPES[model]
+    D, mlp, H, K = s["hidden_size"], s["intermediate_size"], s["num_attention_heads"], \
+        s["num_key_value_heads"]
+    Dh = D // H
+    return {"qkv": (D, (H + 2 * K) * Dh), "o": (H * Dh, D), "gate_up": (D, 2 * mlp),
+            "down": (mlp, D), "head": (D, s["vocab_size"])}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["qwen0.5b", "104m"], choices=list(SHAPES))
+    p.add_argument("--rows", type=int, nargs="+", default=[256], help="activation rows")
+    p.add_argument("--output", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    for model in args.models:
+        for rows in args.rows:
+            for name, (n_in, n_out) in shapes(model).items():
+                x = torch.randn(rows, n_in, device=dev, dtype=dt)
+                W = torch.randn(n_out, n_in, device=dev, dtype=dt) * 0.02
+                Wt = W.T.contiguous()
+                out = torch.empty(rows, n_out, device=dev, dtype=dt)
+                forms = {"linear": lambda x=x, W=W: F.linear(x, W),
+                         "x@W.T": lambda x=x, W=W: x @ W.T,
+                         "x@Wt": lambda x=x, Wt=Wt: x @ Wt,
+                         "mm_out": lambda x=x, Wt=Wt, out=out: torch.mm(x, Wt, out=out)}
+                cell: dict[str, Any] = {}
+                for form, fn in forms.items():
+                    us = graph_time_us(fn, iters=200)
+                    cell[form] = {"us": round(us, 2),
+                                  "weight_GBps": round(W.numel() * 2 / us / 1e3, 1)}
+                res[f"{model}/{rows}/{name}"] = cell
+                print(f"{model} {rows} {name}: " + ", ".join(
+                    f"{f} {c['us']}us" for f, c in cell.items()), file=sys.stderr)
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text)
+    return res
+
+
+if __name__ == "__main__":
+    main()
