@@ -9,11 +9,12 @@ that saves kernels (q/k/v in one matrix, gate/up in one), and runs
   values are then copied to every row of the group), eagerly, with SDPA under a causal +
   left-padding mask;
 - **decode** one position at a time against a preallocated static KV cache
-  ``[B, kv_heads, max_len, head_dim]`` per layer and an additive key mask
-  ``[B, kv_heads, max_len]`` (left padding masked; each generated position unmasked as it is
-  written), GQA as one fused attention call with the ``group`` query heads of each kv head
-  as ``group`` query rows of one head (``q [B, kv, group, D]`` against ``k [B, kv, L, D]``; no
-  repeated keys), RoPE from the model's own
+  ``[B, max_len, kv_heads, head_dim]`` per layer, attending (`DecodeKeys`) with a Triton
+  kernel or torch's flash kernel over each row's written keys only (bf16/fp16 on CUDA,
+  left-padded prompts), else with SDPA under an additive key mask ``[B, kv_heads, max_len]``
+  (left padding masked; each generated position unmasked as it is written); either way the
+  ``group`` query heads of each kv head are ``group`` query rows of one head (no repeated
+  keys), RoPE from the model's own
   ``model.model.rotary_emb`` (so its rope-scaling variant is the model's), positions from the
   mask (the package's convention);
 - **sampling** by `rlscope.sampling.draw.draw` with the step's counter-based Gumbel noise
