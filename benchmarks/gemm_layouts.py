@@ -14,7 +14,6 @@ projection shape of ``--models`` in four forms: ``F.linear(x, W)`` (W ``[out, in
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_engine import SHAPES
-from profile_engine import graph_time_us
+from profile_engine import emit, graph_time_us
 
 
 def shapes(model: str) -> dict[str, tuple[int, int]]:
@@ -43,6 +42,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rows", type=int, nargs="+", default=[256], help="activation rows")
     p.add_argument("--output", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{Path(__file__).name} profiles GPU kernels: it needs a CUDA device")
     dev, dt = torch.device("cuda"), torch.bfloat16
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for model in args.models:
@@ -64,10 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 res[f"{model}/{rows}/{name}"] = cell
                 print(f"{model} {rows} {name}: " + ", ".join(
                     f"{f} {c['us']}us" for f, c in cell.items()), file=sys.stderr)
-    text = json.dumps(res, indent=1)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    emit(res, args.output)
     return res
 
 

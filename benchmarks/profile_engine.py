@@ -371,6 +371,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3, help="timed sampler calls")
     p.add_argument("--compile", action="store_true", help="also profile --compile_sampler")
     p.add_argument("--learner", action="store_true", help="also profile a packed learner step")
+    p.add_argument("--learner_model", default="qwen0.5b", choices=list(SHAPES),
+                   help="the shape whose learner step --learner profiles")
     p.add_argument("--learner_variant", action="append", default=[], metavar="LABEL:K=V,..",
                    help="extra learner variants (LearnerConfig overrides)")
     p.add_argument("--compile_mode", default=None,
@@ -379,6 +381,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--skip_decode", action="store_true", help="only attention and learner")
     p.add_argument("--output", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{Path(__file__).name} profiles GPU kernels: it needs a CUDA device")
     variants: list[tuple[str, dict[str, Any]]] = [("packed", {})]
     for item in args.learner_variant:
         label, _, rest = item.partition(":")
@@ -416,12 +420,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             Path(args.output).write_text(json.dumps(res, indent=1))
     if args.learner:
         with tempfile.TemporaryDirectory() as tmp:
-            res["learner"] = learner_profile(args, args.models[-1], Path(tmp))
+            res["learner"] = learner_profile(args, args.learner_model, Path(tmp))
+    emit(res, args.output)
+    return res
+
+
+def emit(res: dict[str, Any], output: str | None) -> None:
+    """Print the JSON, and write it to ``output`` when given."""
     text = json.dumps(res, indent=1)
     print(text)
-    if args.output:
-        Path(args.output).write_text(text)
-    return res
+    if output:
+        Path(output).write_text(text)
 
 
 if __name__ == "__main__":
