@@ -143,8 +143,8 @@ def test_grpo_improves_code_repair_sampled_success_over_its_sft_warm_start(
     sampled success (40 episodes × 10) 0.380 → 0.418 after 60 steps (0.345 → 0.363,
     0.643 → 0.620) and 0.448 after 120 (0.428, 0.640); greedy 1.0 → 0.9. Thresholds: half of
     seed 0's training gain; no loss of sampled success; greedy ≥ 0.8. The test reproduced these
-    seed-0 numbers exactly; it took 15 min sharing the 2 cores with 3 other CPU-bound jobs
-    (SFT ~1.5 min, ~10 s a GRPO step; about 6 s a step with one other job)."""
+    seed-0 numbers exactly; it took 9 min beside a full test suite on the 2 cores (SFT 1.4 min,
+    6.5 s a GRPO step) and 15 min beside three other CPU-bound jobs."""
     warm = sft(SftConfig(task="code_repair", task_options=CODE_REPAIR, num_steps=200,
                          batch_size=32, lr=3e-3, eval_every=0, device="cpu", threads=1,
                          progress=False, runs_dir=str(tmp_path), name="sft"))
