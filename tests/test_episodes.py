@@ -592,3 +592,35 @@ def test_held_out_sets_share_one_prompt_width_and_are_fixed_per_seed():
     values = evaluate(FixedPolicy(TARGET), task, [heldout_batch(task, 0)], 24)
     assert float(values["eval/success"]) == 1.0 and float(values["eval/turns"]) == 1.0
     assert float(values["eval/return"]) == 1.0 and float(values["eval/test_error"]) == 0.0
+
+
+def test_sampled_episodes_at_temperature_zero_match_the_greedy_evaluation():
+    """`sampled_episodes` (the sampled success of docs/recipes.md's code_repair recipe): at
+    temperature 0 each of its samples is the greedy episode that `evaluate` plays, rows are
+    seed-major, and at temperature 1 another chunking gives the same episodes (fixed sampling
+    seeds)."""
+    from rlscope.evaluation import evaluate, heldout_batch, sampled_episodes
+    from rlscope.policy import ModelConfig as Model
+    from rlscope.tasks import make_task
+    from rlscope.tasks.base import make_policy_for
+
+    task = make_task("guess_number", TaskConfig(max_turns=3, max_turn_tokens=4,
+                                                max_episode_tokens=16, eval_batches=1,
+                                                eval_batch_size=6))
+    assert isinstance(task, Interactive)
+    torch.manual_seed(0)
+    policy = make_policy_for(task, Model()).eval()
+    seeds_B = heldout_batch(task, 0).env_seeds_B
+    assert seeds_B is not None and len(seeds_B) == 6
+    greedy = evaluate(policy, task, [heldout_batch(task, 0)], 0)
+    solved_N, turns_N = sampled_episodes(policy, task, seeds_B, 2, 0.0, chunk=5)
+    assert solved_N.shape == turns_N.shape == (12,)
+    assert torch.equal(solved_N[0::2], solved_N[1::2]) and torch.equal(turns_N[0::2],
+                                                                       turns_N[1::2])
+    assert float(solved_N.mean()) == pytest.approx(float(greedy["eval/success"]))
+    assert float(turns_N.float().mean()) == pytest.approx(float(greedy["eval/turns"]))
+    hot_N, hot_turns_N = sampled_episodes(policy, task, seeds_B, 2, 1.0)
+    again_N, again_turns_N = sampled_episodes(policy, task, seeds_B, 2, 1.0, chunk=3)
+    assert torch.equal(hot_N, again_N) and torch.equal(hot_turns_N, again_turns_N)
+    with pytest.raises(ValueError, match="samples >= 1"):
+        sampled_episodes(policy, task, seeds_B, 0, 1.0)

@@ -3,6 +3,8 @@
 ``eval/test_error`` and the task's own metrics are means over prompts; ``eval/entropy`` is the
 mean per-step entropy of the raw policy along the greedy rollouts. An interactive task's
 rollouts are greedy episodes from its held-out environment seeds (``env_seeds_B``).
+`sampled_episodes` plays the held-out episodes at a temperature instead (the success RL
+maximises, where the greedy one is at its ceiling: code_repair in docs/recipes.md).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from rlscope.batch import PromptBatch
+from rlscope.envs.base import DONE_REASONS
 from rlscope.methods.opd import opd_diagnostics
 from rlscope.methods.teacher import Teacher
 from rlscope.policy.base import Policy
@@ -69,6 +72,38 @@ def evaluate(policy: Policy, task: Task, prompt_sets: list[PromptBatch],
     assert ent_sum is not None and ent_count is not None
     out["eval/entropy"] = ent_sum / ent_count.clamp_min(1.0)
     return out
+
+
+SAMPLED_EVAL_OFFSET = 1_000_003
+"""First sampling seed of `sampled_episodes` (episode i samples with seed offset + i)."""
+
+
+@torch.no_grad()
+def sampled_episodes(policy: Policy, task: Interactive, env_seeds_B: torch.Tensor,
+                     samples: int, temperature: float, chunk: int = 100
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Play each environment seed of ``env_seeds_B`` ``samples`` times at ``temperature``
+    (0: greedy) and return ``(solved_N, turns_N)``, ``N = B × samples`` rows seed-major: 1.0
+    where the episode ended 'solved', and its policy turns. Episode i samples with seed
+    ``SAMPLED_EVAL_OFFSET + i``, so two policies (a warm start and an RL run from it) are
+    compared on the same episodes and random streams; ``chunk`` episodes decode together."""
+    if samples < 1 or temperature < 0 or chunk < 1:
+        raise ValueError(f"sampled_episodes needs samples >= 1, temperature >= 0, chunk >= 1 "
+                         f"(got {samples}, {temperature}, {chunk})")
+    env_seeds_N = env_seeds_B.cpu().repeat_interleave(samples)
+    device = next(policy.parameters()).device
+    cfg = SamplingConfig(temperature=temperature, decode_graphs=False)
+    solved, turns = [], []
+    for lo in range(0, len(env_seeds_N), chunk):
+        seeds_C = env_seeds_N[lo:lo + chunk]
+        rows_C = torch.arange(lo, lo + len(seeds_C)) + SAMPLED_EVAL_OFFSET
+        rollout = generate_episodes(policy, task.environment_factory, seeds_C.to(device),
+                                    task.episode_budget, cfg, rows_C.to(device),
+                                    pool=task.episode_pool)
+        assert rollout.end_reason_B is not None and rollout.turns_B is not None
+        solved.append((rollout.end_reason_B == DONE_REASONS.index("solved")).float().cpu())
+        turns.append(rollout.turns_B.cpu())
+    return torch.cat(solved), torch.cat(turns)
 
 
 OPD_EVAL_OFFSET = 7_000_003
