@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=10, help="episodes per held-out seed")
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     args, rest = parser.parse_known_args()
+    if args.samples < 1 or args.temperature < 0:
+        parser.error("--samples must be >= 1 and --temperature >= 0")
     cfg = tyro.cli(TrainConfig, args=[*(a for a in rest if a != "--"), "--init", args.init],
                    config=(tyro.conf.OmitArgPrefixes,), use_underscores=True)
     torch.set_num_threads(cfg.run.threads)
@@ -50,10 +52,10 @@ def main() -> None:
     solved_N, turns_N = sampled_episodes(policy, task, env_seeds_B, args.samples,
                                          args.temperature)
     per_spec: dict[str, list[float]] = defaultdict(list)
-    for seed, solved in zip(env_seeds_B.repeat_interleave(args.samples).tolist(),
-                            solved_N.tolist(), strict=True):
+    for b, seed in enumerate(env_seeds_B.tolist()):  # one environment per held-out seed
         spec = getattr(task.environment_factory.make(int(seed)), "spec", None)
-        per_spec[getattr(spec, "function", "all")].append(solved)
+        rows = solved_N[b * args.samples:(b + 1) * args.samples].tolist()
+        per_spec[getattr(spec, "function", "all")].extend(rows)
     at_turn = {int(k): float(((turns_N == k) & (solved_N > 0)).float().mean())
                for k in turns_N.unique().tolist()}
     print(json.dumps({

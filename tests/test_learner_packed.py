@@ -714,3 +714,6 @@ def test_packed_forward_reads_the_callers_host_masks(monkeypatch: pytest.MonkeyP
     assert calls == [] and read is not None and given is not None
     assert torch.equal(read.logp_BT, given.logp_BT)
     assert torch.equal(read.entropy_BT, given.entropy_BT)
+    with pytest.raises(ValueError, match="host_masks"):
+        lp.packed_forward(policy, options, batch, tokens_BT, mask_BT, batch.logp_sampler_BT,
+                          dist, True, masks_BL=masks_BL[:2])

@@ -161,6 +161,9 @@ def packed_forward(policy: Any, options: PackedLearner, batch: RolloutBatch,
     # indexing on the device.
     if masks_BL is None:
         masks_BL = host_masks(batch, mask_BT)
+    elif masks_BL.shape != (B, L) or masks_BL.device.type != "cpu":
+        raise ValueError(f"masks_BL must be these rows' host_masks, [{B}, {L}] on the CPU; got "
+                         f"{tuple(masks_BL.shape)} on {masks_BL.device}")
     prompt_cpu_BP, valid_cpu_BT = masks_BL[:, :P], _loss_positions(masks_BL[:, P:])
     if not bool(valid_cpu_BT.any()):
         return None

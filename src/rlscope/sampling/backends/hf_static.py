@@ -501,8 +501,9 @@ class DecodeKeys:
 
 def left_padded(mask_BP: torch.Tensor) -> bool:
     """Whether every row's real tokens are contiguous and end at the last column."""
-    return bool((mask_BP.long().diff(dim=-1) >= 0).all()) and bool(mask_BP[:, -1].all()) \
-        if mask_BP.numel() else True
+    if not mask_BP.numel():
+        return True
+    return bool((mask_BP.long().diff(dim=-1) >= 0).all() & mask_BP[:, -1].all())  # one read
 
 
 @dataclass
