@@ -56,6 +56,26 @@ def test_recipe_runs_end_to_end(script: str, runs: list[str], tmp_path: Path) ->
         assert report.startswith(f"## {runs[1]}") and "### Findings" in report
 
 
+@pytest.mark.parametrize("env", [
+    "guess_number",  # the others run the same script (slow: ~30 s each on 2 cores)
+    *(pytest.param(env, marks=pytest.mark.slow)
+      for env in ("twenty_questions", "calculator_tool", "code_repair"))])
+def test_multiturn_recipe_runs_end_to_end(env: str, tmp_path: Path) -> None:
+    done = _run("multiturn.sh", tmp_path, ENV=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    method = "dr_grpo" if env == "twenty_questions" else "grpo"
+    rl = _metrics(tmp_path / f"{method}_{env}_tiny_s0")
+    assert [r["step"] for r in rl if "reward/mean" in r] == [0, 1]  # RL_STEPS
+    assert all("episode/turns" in r for r in rl if "reward/mean" in r)
+    config = json.loads((tmp_path / f"{method}_{env}_tiny_s0" / "config.json").read_text())
+    assert json.dumps(config["config"]).count(f'"init": "{tmp_path / f"sft_{env}_tiny_s0"}"') == 1
+
+
+def test_multiturn_recipe_rejects_an_unknown_environment(tmp_path: Path) -> None:
+    done = _run("multiturn.sh", tmp_path, ENV="chess")
+    assert done.returncode == 2 and "unknown ENV=chess" in done.stderr
+
+
 def test_recipe_rejects_an_unknown_size(tmp_path: Path) -> None:
     done = _run("arithmetic_grpo.sh", tmp_path, SIZE="gpt5")
     assert done.returncode == 2 and "unknown SIZE=gpt5: use tiny or qwen2-100m" in done.stderr
