@@ -532,36 +532,48 @@ def test_code_repair_episode_in_the_sandbox() -> None:
 
 def test_code_repair_wrong_bodies_are_plausible_mutations() -> None:
     spec = {s.function: s for s in load_specs()}
-    assert wrong_bodies(spec["add"]) == ("    return a - b\n", "    return a + b + 1\n",
-                                         "    return a\n")
-    assert wrong_bodies(spec["digit_sum"]) == (  # the loop's `for d in` is not swapped
+    assert wrong_bodies(spec["add"], typos=0) == (
+        "    return a - b\n", "    return a + b + 1\n", "    return a\n")
+    assert wrong_bodies(spec["digit_sum"], typos=0) == (  # the loop's `for d in` stays
         "    return sum(int(d) for d in str(n)) + 1\n",
         "    return len(int(d) for d in str(n))\n", "    return n\n",
         "    return sum(int(d) for\n")
     # gcd returns its first parameter already: that mutation is dropped (it is the reference)
-    assert wrong_bodies(spec["gcd"]) == (
+    assert wrong_bodies(spec["gcd"], typos=0) == (
         "    while b:\n        a, b = b, a // b\n    return a\n",
         "    while b:\n        a, b = b, a % b\n    return a + 1\n",
         "    while b:\n        a, b = b, a % b\n")
     for s in load_specs():
         bodies = wrong_bodies(s)
-        assert bodies and len(set(bodies)) == len(bodies) and s.reference not in bodies
+        structural = wrong_bodies(s, typos=0)
+        assert bodies[:len(structural)] == structural and len(bodies) == len(structural) + 20
+        assert len(set(bodies)) == len(bodies) and s.reference not in bodies
+        assert bodies == wrong_bodies(s)  # drawn from the spec: the same every time
+        for typo in bodies[len(structural):]:  # 1–3 edits, never a newline
+            assert abs(len(typo) - len(s.reference)) <= 3
+            assert typo.count("\n") == s.reference.count("\n")
+            assert typo[:4] == s.reference[:4] == "    "  # nor the indentation
 
 
 def test_code_repair_repair_demonstrations_in_the_sandbox() -> None:
-    """Each wrong body of `add` and `gcd` fails its tests in the sandbox; the repair episode is
-    the wrong body (`Unlearned`), the environment's real feedback and the reference, which
-    solves it on turn 2 (~30 sandbox runs, ~1.5 s)."""
+    """The structural wrong bodies of `add` and `gcd`, and a typo'd one, fail their tests in
+    the sandbox; the repair episode is the wrong body (`Unlearned`), the environment's real
+    feedback and the reference, which solves it on turn 2 (~30 sandbox runs, ~1.5 s)."""
     specs = tuple(s for s in load_specs() if s.function in ("add", "gcd"))
     factory = CodeRepair(dataclasses.replace(FAST_CODE, code_repair_repair_demos=1.0),
                          specs=specs)
     for index, spec in enumerate(factory.specs):
-        repairs = factory.repairs(index, max_turns=2)
-        assert len(repairs) == len(wrong_bodies(spec)) >= 3
-        for wrong, segments in zip(wrong_bodies(spec), repairs, strict=True):
+        bodies = wrong_bodies(spec)
+        checked = [*range(len(wrong_bodies(spec, typos=0))), len(bodies) - 1]
+        for j in checked:
+            wrong = bodies[j]
+            segments = factory.repair(index, j, max_turns=2)
             result = run_tests(spec.prompt + wrong, spec.function, spec.tests, factory.limits,
                                unsafe=UNSAFE)
-            assert result.passed < result.total  # the mutation really fails
+            if result.passed == result.total:  # a typo that changes nothing: no repair
+                assert segments is None and j >= 3
+                continue
+            assert segments is not None
             assert [is_policy for _, is_policy in segments] == [False, True, False, True]
             assert isinstance(segments[1][0], Unlearned)
             assert not isinstance(segments[3][0], Unlearned)
@@ -575,7 +587,7 @@ def test_code_repair_repair_demonstrations_in_the_sandbox() -> None:
             env.reset()
             assert env.step(segments[1][0]).observation == segments[2][0]
             assert env.step(segments[3][0]) == Transition((), 1.0, True, "solved")
-    assert factory.repairs(0, max_turns=2) is factory.repairs(0, max_turns=2)  # played once
+        assert factory.repair(index, 0, 2) == factory.repair(index, 0, 2)
 
 
 def _planted_sandbox(monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -36,10 +36,10 @@ per-turn budget cut off before END is run as it is). The program (prompt + body)
 Demonstrations (`rlscope sft`). The reference body, solving the spec in one turn; with
 ``code_repair_repair_demos`` FRAC, that fraction of the episodes (drawn from the seed) is a
 repair: a wrong first body (`wrong_bodies`: a mutation of the reference — a swapped operator,
-an off-by-one, a swapped builtin, a wrong return value, a truncated body — that fails the
-spec's tests in the sandbox), the environment's feedback on it, then the reference, which
+an off-by-one, a swapped builtin, a wrong return value, a truncated body, or typos — that fails
+the spec's tests in the sandbox), the environment's feedback on it, then the reference, which
 solves it on turn 2. The wrong body is marked `Unlearned`: the warm start sees it but is not
-taught to write it. Both kinds are played once (per spec, and per spec and mutation) and
+taught to write it. Both kinds are played once (per spec, and per spec and wrong body) and
 reused.
 
 Reward. 1 on the turn all tests pass, 0 on the others; with ``code_repair_partial_credit``,
@@ -144,14 +144,42 @@ def _truncate(body: str) -> str:
     return indent + " ".join(words[:(len(words) + 1) // 2]) + "\n"
 
 
-def wrong_bodies(spec: CodeSpec) -> tuple[str, ...]:
+TYPO_BODIES = 20
+"""`wrong_bodies`' typo'd references per spec (besides the 3–5 structural mutations)."""
+
+
+def _typos(body: str, rng: random.Random) -> str:
+    """``body`` with 1–3 typos (a character deleted, doubled, replaced by another of the body,
+    or swapped with the next), never in the indentation or on a newline."""
+    chars = list(body)
+    for _ in range(rng.randint(1, 3)):
+        text = "".join(chars)
+        spots = [k for k in range(len(text))  # past the indentation, not a newline
+                 if text[k] != "\n" and text[text.rfind("\n", 0, k) + 1:k + 1].strip()]
+        if not spots:
+            break
+        k = rng.choice(spots)
+        edit = rng.randrange(4)
+        if edit == 0:
+            del chars[k]
+        elif edit == 1:
+            chars.insert(k, chars[k])
+        elif edit == 2:
+            chars[k] = rng.choice([c for c in text if c != "\n"])
+        elif k + 1 < len(chars) and chars[k + 1] != "\n":
+            chars[k], chars[k + 1] = chars[k + 1], chars[k]
+    return "".join(chars)
+
+
+def wrong_bodies(spec: CodeSpec, typos: int = TYPO_BODIES) -> tuple[str, ...]:
     """Plausible wrong versions of ``spec``'s reference body, in a fixed order, each different
     from the reference and from the others: the first operator swapped (``+``/``-``,
     ``==``/``!=``, ``%``/``//``, ``in``/``not in``, ...), the returned value off by one
     (``return X + 1``), the first ``max``/``min``/``sum``/``len`` call swapped, the first
-    parameter returned instead, the body truncated to its first half. Whether each really
-    fails the tests is for the sandbox to say (`CodeRepair.demonstration` keeps those that
-    do)."""
+    parameter returned instead, the body truncated to its first half; then ``typos`` copies of
+    the reference with 1–3 typos each (drawn from the spec's name: the garbled bodies a
+    half-trained policy writes). Whether each really fails the tests is for the sandbox to say
+    (`CodeRepair.repair` skips those that pass)."""
     first = re.search(r"\((\w+)", spec.prompt)
     candidates = [_swap_operator(spec.reference), _last_return(spec.reference, "{} + 1"),
                   _swap_builtin(spec.reference),
@@ -159,6 +187,14 @@ def wrong_bodies(spec: CodeSpec) -> tuple[str, ...]:
                   _truncate(spec.reference)]
     out: list[str] = []
     for body in candidates:
+        if body != spec.reference and body not in out:
+            out.append(body)
+    rng = random.Random(spec.function)
+    structural = len(out)
+    for _ in range(50 * typos):
+        if len(out) == structural + typos:
+            break
+        body = _typos(spec.reference, rng)
         if body != spec.reference and body not in out:
             out.append(body)
     return tuple(out)
@@ -221,7 +257,8 @@ class CodeRepair:
                                     wall_seconds=cfg.code_repair_wall_seconds,
                                     per_test_seconds=cfg.code_repair_per_test_seconds)
         self._demos: dict[tuple[int, int], list[Segment]] = {}
-        self._repairs: dict[tuple[int, int], list[list[Segment]]] = {}
+        self._wrong_bodies: dict[int, tuple[str, ...]] = {}
+        self._repairs: dict[tuple[int, int, int], list[Segment] | None] = {}
 
     def validate(self) -> list[str]:
         """Problems with the code_repair options, each saying what to change."""
@@ -267,40 +304,46 @@ class CodeRepair:
 
     def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
         """The reference body and END (one turn) or, for the ``code_repair_repair_demos``
-        fraction of seeds (with ``max_turns`` >= 2), a repair: a wrong body (`wrong_bodies`,
-        marked `Unlearned`), the sandbox's feedback and the reference (module docstring).
-        The episode depends on the seed only through its spec (and its mutation), so each is
-        played once (one sandbox run; a spec's repairs, one run per mutation and one per
-        reference) and then reused: `rlscope sft` draws a fresh seed per pair, and a sandbox
-        run per pair dominated its steps."""
+        fraction of seeds (with ``max_turns`` >= 2), a repair (`repair`): a wrong body of the
+        spec drawn from the seed (the next one where it passes the tests), the sandbox's
+        feedback and the reference. The episode depends on the seed only through its spec
+        (and its wrong body), so each is played once and then reused: `rlscope sft` draws a
+        fresh seed per pair, and a sandbox run per pair dominated its steps."""
         rng = random.Random(seed)
         index = rng.randrange(len(self.specs))  # the spec `make` draws
         if max_turns >= 2 and rng.random() < self.cfg.code_repair_repair_demos:
-            repairs = self.repairs(index, max_turns)
-            if repairs:
-                return list(repairs[rng.randrange(len(repairs))])
+            n = len(self._wrong(index))
+            first = rng.randrange(n)
+            for k in range(n):
+                if (segments := self.repair(index, (first + k) % n, max_turns)) is not None:
+                    return segments
         if (index, max_turns) not in self._demos:
             env = self.make(seed)
             body = (*encode(env.spec.reference), END_ID)
             self._demos[index, max_turns] = play(env, lambda segments: body, max_turns)
         return list(self._demos[index, max_turns])
 
-    def repairs(self, index: int, max_turns: int = 64) -> list[list[Segment]]:
-        """The repair demonstrations of spec ``index`` (of ``specs``): for each of its
-        `wrong_bodies` that fails its tests in the sandbox, the wrong body (`Unlearned`), the
-        environment's feedback and the reference solving it (played once, then reused)."""
-        if (index, max_turns) not in self._repairs:
+    def _wrong(self, index: int) -> tuple[str, ...]:
+        if index not in self._wrong_bodies:
+            self._wrong_bodies[index] = wrong_bodies(self.specs[index])
+        return self._wrong_bodies[index]
+
+    def repair(self, index: int, wrong: int, max_turns: int = 64) -> list[Segment] | None:
+        """The repair demonstration of spec ``index`` (of ``specs``) from its wrong body
+        ``wrong`` (of `wrong_bodies`): that body (`Unlearned`), the environment's feedback on
+        it and the reference, which solves it; None when the wrong body passes the tests after
+        all. Played once (two sandbox runs), then reused."""
+        key = (index, wrong, max_turns)
+        if key not in self._repairs:
             spec = self.specs[index]
-            reference = (*encode(spec.reference), END_ID)
-            repairs = []
-            for wrong in wrong_bodies(spec):
-                attempt = Unlearned((*encode(wrong), END_ID))
-                env = CodeRepairEnv(spec, self.limits, self.cfg.code_repair_unsafe_sandbox,
-                                    self.cfg.code_repair_feedback_chars,
-                                    self.cfg.code_repair_partial_credit,
-                                    self.cfg.code_repair_show_expected)
-                segments = play(env, _scripted(attempt, reference), max_turns)
-                if len(segments) > 2:  # the wrong body failed: feedback, then the reference
-                    repairs.append(segments)
-            self._repairs[index, max_turns] = repairs
-        return self._repairs[index, max_turns]
+            attempt = Unlearned((*encode(self._wrong(index)[wrong]), END_ID))
+            env = CodeRepairEnv(spec, self.limits, self.cfg.code_repair_unsafe_sandbox,
+                                self.cfg.code_repair_feedback_chars,
+                                self.cfg.code_repair_partial_credit,
+                                self.cfg.code_repair_show_expected)
+            segments = play(env, _scripted(attempt, (*encode(spec.reference), END_ID)),
+                            max_turns)
+            # the wrong body failed: its feedback, then the reference
+            self._repairs[key] = segments if len(segments) > 2 else None
+        segments = self._repairs[key]
+        return None if segments is None else list(segments)
