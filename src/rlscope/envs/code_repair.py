@@ -341,9 +341,9 @@ class CodeRepair:
                                 self.cfg.code_repair_feedback_chars,
                                 self.cfg.code_repair_partial_credit,
                                 self.cfg.code_repair_show_expected)
-            segments = play(env, _scripted(attempt, (*encode(spec.reference), END_ID)),
-                            max_turns)
+            played = play(env, _scripted(attempt, (*encode(spec.reference), END_ID)),
+                          max_turns)
             # the wrong body failed: its feedback, then the reference
-            self._repairs[key] = segments if len(segments) > 2 else None
+            self._repairs[key] = played if len(played) > 2 else None
         segments = self._repairs[key]
         return None if segments is None else list(segments)
