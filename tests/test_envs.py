@@ -613,8 +613,10 @@ def test_code_repair_repair_fraction_is_drawn_from_the_seed(
         return [factory.demonstration(seed, max_turns) for seed in range(400)]
 
     one_turn = demos(0.0)
-    assert one_turn == [CodeRepair(FAST_CODE).demonstration(seed, 2) for seed in range(400)]
-    assert all(len(d) == 2 for d in one_turn)  # FRAC 0: today's one-turn demonstrations
+    plain = CodeRepair(FAST_CODE)
+    assert one_turn == [  # FRAC 0: today's one-turn demonstrations, the spec drawn as before
+        [(encode(plain.make(seed).spec.prompt), False),
+         ((*encode(plain.make(seed).spec.reference), END_ID), True)] for seed in range(400)]
     half = demos(0.5)
     repaired = [len(d) == 4 for d in half]
     assert 0.4 < sum(repaired) / 400 < 0.6 and half == demos(0.5)  # deterministic

@@ -305,15 +305,15 @@ class CodeRepair:
     def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
         """The reference body and END (one turn) or, for the ``code_repair_repair_demos``
         fraction of seeds (with ``max_turns`` >= 2), a repair (`repair`): a wrong body of the
-        spec drawn from the seed (the next one where it passes the tests), the sandbox's
-        feedback and the reference. The episode depends on the seed only through its spec
+        spec drawn from the seed (the next one where the drawn one passes the tests), the
+        sandbox's feedback and the reference. The episode depends on the seed only through its spec
         (and its wrong body), so each is played once and then reused: `rlscope sft` draws a
         fresh seed per pair, and a sandbox run per pair dominated its steps."""
         rng = random.Random(seed)
         index = rng.randrange(len(self.specs))  # the spec `make` draws
         if max_turns >= 2 and rng.random() < self.cfg.code_repair_repair_demos:
             n = len(self._wrong(index))
-            first = rng.randrange(n)
+            first = rng.randrange(n) if n else 0
             for k in range(n):
                 if (segments := self.repair(index, (first + k) % n, max_turns)) is not None:
                     return segments
