@@ -36,9 +36,10 @@ from rlscope.envs.code_repair import (
     extract_body,
     feedback,
     load_specs,
+    wrong_bodies,
 )
 from rlscope.envs.config import EnvConfig
-from rlscope.envs.demos import Demonstrator
+from rlscope.envs.demos import Demonstrator, Unlearned
 from rlscope.envs.guess_number import GuessNumber, GuessNumberEnv
 from rlscope.envs.registry import ENVIRONMENTS, RegisteredEnvironment, make_factory
 from rlscope.envs.text import NEWLINE, encode
@@ -55,7 +56,13 @@ from rlscope.envs.twenty_questions import (
     load_table,
     normalise,
 )
-from rlscope.sandbox import SandboxLimits, SandboxResult, TestOutcome, isolation_problem
+from rlscope.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    TestOutcome,
+    isolation_problem,
+    run_tests,
+)
 
 UNSAFE = bool(isolation_problem())
 """Run code_repair's sandbox in the weak mode where the isolated one is unavailable (the code
@@ -521,6 +528,124 @@ def test_code_repair_episode_in_the_sandbox() -> None:
                                         + env.spec.prompt)
     assert env.step((*encode("    return a + b\n"), END_ID, *encode("junk"))) == Transition(
         (), 1.0, True, "solved")
+
+
+def test_code_repair_wrong_bodies_are_plausible_mutations() -> None:
+    spec = {s.function: s for s in load_specs()}
+    assert wrong_bodies(spec["add"], typos=0) == (
+        "    return a - b\n", "    return a + b + 1\n", "    return a\n")
+    assert wrong_bodies(spec["digit_sum"], typos=0) == (  # the loop's `for d in` stays
+        "    return sum(int(d) for d in str(n)) + 1\n",
+        "    return len(int(d) for d in str(n))\n", "    return n\n",
+        "    return sum(int(d) for\n")
+    # gcd returns its first parameter already: that mutation is dropped (it is the reference)
+    assert wrong_bodies(spec["gcd"], typos=0) == (
+        "    while b:\n        a, b = b, a // b\n    return a\n",
+        "    while b:\n        a, b = b, a % b\n    return a + 1\n",
+        "    while b:\n        a, b = b, a % b\n")
+    for s in load_specs():
+        bodies = wrong_bodies(s)
+        structural = wrong_bodies(s, typos=0)
+        assert bodies[:len(structural)] == structural and len(bodies) == len(structural) + 20
+        assert len(set(bodies)) == len(bodies) and s.reference not in bodies
+        assert bodies == wrong_bodies(s)  # drawn from the spec: the same every time
+        for typo in bodies[len(structural):]:  # 1–3 edits, never a newline
+            assert abs(len(typo) - len(s.reference)) <= 3
+            assert typo.count("\n") == s.reference.count("\n")
+            assert typo[:4] == s.reference[:4] == "    "  # nor the indentation
+
+
+def test_code_repair_repair_demonstrations_in_the_sandbox() -> None:
+    """The structural wrong bodies of `add` and `gcd`, and a typo'd one, fail their tests in
+    the sandbox; the repair episode is the wrong body (`Unlearned`), the environment's real
+    feedback and the reference, which solves it on turn 2 (~30 sandbox runs, ~1.5 s)."""
+    specs = tuple(s for s in load_specs() if s.function in ("add", "gcd"))
+    factory = CodeRepair(dataclasses.replace(FAST_CODE, code_repair_repair_demos=1.0),
+                         specs=specs)
+    for index, spec in enumerate(factory.specs):
+        bodies = wrong_bodies(spec)
+        checked = [*range(len(wrong_bodies(spec, typos=0))), len(bodies) - 1]
+        for j in checked:
+            wrong = bodies[j]
+            segments = factory.repair(index, j, max_turns=2)
+            result = run_tests(spec.prompt + wrong, spec.function, spec.tests, factory.limits,
+                               unsafe=UNSAFE)
+            if result.passed == result.total:  # a typo that changes nothing: no repair
+                assert segments is None and j >= 3
+                continue
+            assert segments is not None
+            assert [is_policy for _, is_policy in segments] == [False, True, False, True]
+            assert isinstance(segments[1][0], Unlearned)
+            assert not isinstance(segments[3][0], Unlearned)
+            assert segments[1][0] == (*encode(wrong), END_ID)
+            assert text(segments[2][0]) == (feedback(spec, result, FAST_CODE.
+                                                     code_repair_feedback_chars)
+                                            + spec.prompt)
+            assert segments[3][0] == (*encode(spec.reference), END_ID)
+            env = factory.make(0)  # replay: the same feedback, then turn 2 solves
+            env.spec = spec
+            env.reset()
+            assert env.step(segments[1][0]).observation == segments[2][0]
+            assert env.step(segments[3][0]) == Transition((), 1.0, True, "solved")
+        assert factory.repair(index, 0, 2) == factory.repair(index, 0, 2)
+
+
+def _planted_sandbox(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Planted sandbox: a program passes every test iff it ends with its spec's reference."""
+    programs: list[str] = []
+    references = [s.reference for s in load_specs()]
+
+    def run(program: str, *args: Any, **kwargs: Any) -> SandboxResult:
+        programs.append(program)
+        return _result([True] * 4 if any(program.endswith(r) for r in references)
+                       else [False, True, True, True])
+
+    monkeypatch.setattr("rlscope.envs.code_repair.run_tests", run)
+    return programs
+
+
+def test_code_repair_repair_fraction_is_drawn_from_the_seed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    programs = _planted_sandbox(monkeypatch)
+
+    def demos(frac: float, max_turns: int = 2) -> list[list[Any]]:
+        factory = CodeRepair(dataclasses.replace(FAST_CODE, code_repair_repair_demos=frac))
+        return [factory.demonstration(seed, max_turns) for seed in range(400)]
+
+    one_turn = demos(0.0)
+    plain = CodeRepair(FAST_CODE)
+    assert one_turn == [  # FRAC 0: today's one-turn demonstrations, the spec drawn as before
+        [(encode(plain.make(seed).spec.prompt), False),
+         ((*encode(plain.make(seed).spec.reference), END_ID), True)] for seed in range(400)]
+    half = demos(0.5)
+    repaired = [len(d) == 4 for d in half]
+    assert 0.4 < sum(repaired) / 400 < 0.6 and half == demos(0.5)  # deterministic
+    assert [d for d, r in zip(half, repaired, strict=True) if not r] == [
+        d for d, r in zip(one_turn, repaired, strict=True) if not r]
+    every = demos(1.0)
+    assert all(len(d) == 4 for d in every)
+    assert len({tuple(d[1][0]) for d in every}) > 20  # the mutation varies with the seed too
+    assert all(len(d) == 2 for d in demos(1.0, max_turns=1))  # no room for a repair
+    assert programs  # the planted sandbox ran
+
+
+def test_code_repair_repair_demos_validation() -> None:
+    from rlscope.tasks import TaskConfig, make_task
+
+    def errors(frac: float, max_turns: int) -> list[str]:
+        env = dataclasses.replace(FAST_CODE, code_repair_repair_demos=frac)
+        return make_task("code_repair", TaskConfig(env=env, max_turns=max_turns,
+                                                   max_turn_tokens=64,
+                                                   max_episode_tokens=320)).validate()
+
+    assert errors(0.5, 2) == [] and errors(0.0, 1) == [] and errors(1.0, 3) == []
+    assert errors(1.5, 2) == ["--code_repair_repair_demos must lie in [0, 1] (a fraction of "
+                              "the demonstrations; got 1.5)"]
+    assert errors(-0.1, 2)[0].startswith("--code_repair_repair_demos must lie in [0, 1]")
+    assert errors(0.5, 1) == [
+        "--code_repair_repair_demos 0.5 needs --max_turns >= 2 (got 1): a repair "
+        "demonstration is a wrong body, its feedback and the reference; raise --max_turns or "
+        "set --code_repair_repair_demos 0"]
 
 
 def test_code_repair_heldout_split_and_limits() -> None:

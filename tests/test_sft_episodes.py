@@ -84,6 +84,44 @@ def test_environment_targets_change_neither_loss_nor_gradient() -> None:
     assert loss_and_grad(moved)[0] != loss
 
 
+def test_repair_demonstrations_learn_only_the_repairing_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """code_repair's repair demonstrations: the wrong first body is context (mask 0, like
+    the environment's tokens); only the reference body that repairs it is learnt."""
+    from rlscope.envs.code_repair import END_ID, wrong_bodies
+    from rlscope.sandbox import SandboxResult, TestOutcome
+    from rlscope.sandbox.specs import load_specs
+
+    references = [s.reference for s in load_specs()]
+
+    def planted(program: str, *args: object, **kwargs: object) -> SandboxResult:
+        """Planted sandbox: a program passes its 4 tests iff it ends with a reference."""
+        passed = 4 if any(program.endswith(r) for r in references) else 1
+        return SandboxResult("ok", passed, 4, tuple(TestOutcome(i < passed, "wrong answer")
+                                                    for i in range(4)), "")
+
+    monkeypatch.setattr("rlscope.envs.code_repair.run_tests", planted)
+    env = EnvConfig(code_repair_max_reference_chars=50, code_repair_feedback_chars=80,
+                    code_repair_repair_demos=1.0, code_repair_unsafe_sandbox=True)
+    task = make_task("code_repair", TaskConfig(env=env, max_turns=2, max_turn_tokens=64,
+                                               max_episode_tokens=320))
+    assert isinstance(task, EpisodeTask)
+    for prompt, completion, mask in task.sft_pairs(torch.Generator().manual_seed(0), 8):
+        spec = next(s for s in load_specs() if bytes(prompt).decode() == s.prompt)
+        learnt = [t for t, m in zip(completion, mask, strict=True) if m]
+        assert learnt == [*spec.reference.encode(), END_ID]  # the repairing body only
+        wrong_end = completion.index(END_ID) + 1
+        assert bytes(completion[:wrong_end - 1]).decode() in wrong_bodies(spec)
+        assert mask[:wrong_end] == [0] * wrong_end  # the wrong body: not learnt
+        assert bytes(completion[wrong_end:-1]).decode().startswith("# 1/4 tests passed")
+    plain = make_task("code_repair", TaskConfig(env=EnvConfig(
+        code_repair_max_reference_chars=50, code_repair_unsafe_sandbox=True), max_turns=2,
+        max_turn_tokens=64, max_episode_tokens=320))
+    assert isinstance(plain, EpisodeTask)
+    for _, completion, mask in plain.sft_pairs(torch.Generator().manual_seed(0), 8):
+        assert mask == [1] * len(completion)  # one turn: the reference and END, all learnt
+
+
 def test_a_demonstration_over_the_budget_is_a_clear_error() -> None:
     cfg = TaskConfig(env=EnvConfig(guess_high=20), max_turns=6, max_turn_tokens=2,
                      max_episode_tokens=48)

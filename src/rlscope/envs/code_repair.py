@@ -33,6 +33,15 @@ per-turn budget cut off before END is run as it is). The program (prompt + body)
   hidden test: a policy with as many turns as tests could hard-code them, so keep the turn
   budget below the test count (3–6 per spec) or turn ``code_repair_show_expected`` off.
 
+Demonstrations (`rlscope sft`). The reference body, solving the spec in one turn; with
+``code_repair_repair_demos`` FRAC, that fraction of the episodes (drawn from the seed) is a
+repair: a wrong first body (`wrong_bodies`: a mutation of the reference — a swapped operator,
+an off-by-one, a swapped builtin, a wrong return value, a truncated body, or typos — that fails
+the spec's tests in the sandbox), the environment's feedback on it, then the reference, which
+solves it on turn 2. The wrong body is marked `Unlearned`: the warm start sees it but is not
+taught to write it. Both kinds are played once (per spec, and per spec and wrong body) and
+reused.
+
 Reward. 1 on the turn all tests pass, 0 on the others; with ``code_repair_partial_credit``,
 each turn earns the increase of the best fraction of tests passed so far, so the episode's
 return is the best fraction it reached (1 when solved). The sampler's turn budget ends an
@@ -42,12 +51,14 @@ unsolved episode.
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlscope.envs.base import Transition
+from rlscope.envs.base import EpisodeBudget, Transition
 from rlscope.envs.config import EnvConfig
-from rlscope.envs.demos import Segment, play
+from rlscope.envs.demos import Segment, Unlearned, play
 from rlscope.envs.text import encode, read_line
 from rlscope.sandbox import (
     SandboxLimits,
@@ -82,6 +93,116 @@ def feedback(spec: CodeSpec, result: SandboxResult, max_chars: int,
     else:
         text = f"# {result.status}: {result.reason}"
     return " ".join(text.split())[:max_chars] + "\n"
+
+
+OPERATOR_SWAPS = ((" + ", " - "), (" - ", " + "), (" * ", " + "), (" // ", " % "),
+                  (" % ", " // "), (" == ", " != "), (" != ", " == "), (" <= ", " < "),
+                  (" >= ", " > "), (" < ", " > "), (" > ", " < "), (" not in ", " in "),
+                  (" in ", " not in "), (" and ", " or "), (" or ", " and "))
+"""`wrong_bodies`' operator mutation: the first of these (by position in the body) swapped."""
+BUILTIN_SWAPS = {"max": "min", "min": "max", "sum": "len", "len": "sum"}
+"""`wrong_bodies`' builtin mutation: the first call of one of these, renamed."""
+
+
+def _swap_operator(body: str) -> str:
+    """``body`` with its first operator of `OPERATOR_SWAPS` swapped (the loop's ``for x in``
+    is not an operator)."""
+    hits = [(m.start(), -len(old), old, new) for old, new in OPERATOR_SWAPS
+            for m in re.finditer(re.escape(old), body)
+            if not (old.strip().endswith("in") and re.search(r"\bfor \w+$", body[:m.start()]))]
+    if not hits:
+        return body
+    at, _, old, new = min(hits)
+    return body[:at] + new + body[at + len(old):]
+
+
+def _swap_builtin(body: str) -> str:
+    """``body`` with its first call of a `BUILTIN_SWAPS` builtin renamed."""
+    return re.sub(r"\b(max|min|sum|len)\(", lambda m: BUILTIN_SWAPS[m.group(1)] + "(", body,
+                  count=1)
+
+
+def _last_return(body: str, expression: str) -> str:
+    """``body`` with its last ``return X`` line returning ``expression`` (``{}`` stands for
+    X)."""
+    lines = body.splitlines(keepends=True)
+    for i in reversed(range(len(lines))):
+        head, found, tail = lines[i].partition("return ")
+        if found and not head.strip():
+            lines[i] = head + "return " + expression.format(tail.rstrip("\n")) + "\n"
+            break
+    return "".join(lines)
+
+
+def _truncate(body: str) -> str:
+    """The first half of a body's lines, or of a one-line body's words (rounded up)."""
+    lines = body.splitlines(keepends=True)
+    if len(lines) > 1:
+        return "".join(lines[:(len(lines) + 1) // 2])
+    indent = body[:len(body) - len(body.lstrip())]
+    words = body.split()
+    return indent + " ".join(words[:(len(words) + 1) // 2]) + "\n"
+
+
+TYPO_BODIES = 20
+"""`wrong_bodies`' typo'd references per spec (besides the 3–5 structural mutations)."""
+
+
+def _typos(body: str, rng: random.Random) -> str:
+    """``body`` with 1–3 typos (a character deleted, doubled, replaced by another of the body,
+    or swapped with the next), never in the indentation or on a newline."""
+    chars = list(body)
+    for _ in range(rng.randint(1, 3)):
+        text = "".join(chars)
+        spots = [k for k in range(len(text))  # past the indentation, not a newline
+                 if text[k] != "\n" and text[text.rfind("\n", 0, k) + 1:k + 1].strip()]
+        if not spots:
+            break
+        k = rng.choice(spots)
+        edit = rng.randrange(4)
+        if edit == 0:
+            del chars[k]
+        elif edit == 1:
+            chars.insert(k, chars[k])
+        elif edit == 2:
+            chars[k] = rng.choice([c for c in text if c != "\n"])
+        elif k + 1 < len(chars) and chars[k + 1] != "\n":
+            chars[k], chars[k + 1] = chars[k + 1], chars[k]
+    return "".join(chars)
+
+
+def wrong_bodies(spec: CodeSpec, typos: int = TYPO_BODIES) -> tuple[str, ...]:
+    """Plausible wrong versions of ``spec``'s reference body, in a fixed order, each different
+    from the reference and from the others: the first operator swapped (``+``/``-``,
+    ``==``/``!=``, ``%``/``//``, ``in``/``not in``, ...), the returned value off by one
+    (``return X + 1``), the first ``max``/``min``/``sum``/``len`` call swapped, the first
+    parameter returned instead, the body truncated to its first half; then ``typos`` copies of
+    the reference with 1–3 typos each (drawn from the spec's name: the garbled bodies a
+    half-trained policy writes). Whether each really fails the tests is for the sandbox to say
+    (`CodeRepair.repair` skips those that pass)."""
+    first = re.search(r"\((\w+)", spec.prompt)
+    candidates = [_swap_operator(spec.reference), _last_return(spec.reference, "{} + 1"),
+                  _swap_builtin(spec.reference),
+                  _last_return(spec.reference, first.group(1)) if first else spec.reference,
+                  _truncate(spec.reference)]
+    out: list[str] = []
+    for body in candidates:
+        if body != spec.reference and body not in out:
+            out.append(body)
+    rng = random.Random(spec.function)
+    structural = len(out)
+    for _ in range(50 * typos):
+        if len(out) == structural + typos:
+            break
+        body = _typos(spec.reference, rng)
+        if body != spec.reference and body not in out:
+            out.append(body)
+    return tuple(out)
+
+
+def _scripted(*actions: tuple[int, ...]) -> Callable[[list[Segment]], tuple[int, ...]]:
+    """A player (for `play`) writing ``actions`` in order, one a turn."""
+    return lambda segments: actions[sum(is_policy for _, is_policy in segments)]
 
 
 @dataclass
@@ -136,6 +257,8 @@ class CodeRepair:
                                     wall_seconds=cfg.code_repair_wall_seconds,
                                     per_test_seconds=cfg.code_repair_per_test_seconds)
         self._demos: dict[tuple[int, int], list[Segment]] = {}
+        self._wrong_bodies: dict[int, tuple[str, ...]] = {}
+        self._repairs: dict[tuple[int, int, int], list[Segment] | None] = {}
 
     def validate(self) -> list[str]:
         """Problems with the code_repair options, each saying what to change."""
@@ -154,10 +277,22 @@ class CodeRepair:
                             f"--code_repair_max_reference_chars="
                             f"{self.cfg.code_repair_max_reference_chars}): raise "
                             "--code_repair_max_reference_chars or set it to 0")
+        if not 0.0 <= self.cfg.code_repair_repair_demos <= 1.0:
+            problems.append(f"--code_repair_repair_demos must lie in [0, 1] (a fraction of the "
+                            f"demonstrations; got {self.cfg.code_repair_repair_demos})")
         if not self.cfg.code_repair_unsafe_sandbox and (problem := isolation_problem()):
             problems.append(f"code_repair refuses to run generated code without the isolated "
                             f"sandbox ({problem}): {INSTALL_HINT}")
         return problems
+
+    def budget_problems(self, budget: EpisodeBudget) -> list[str]:
+        """A repair demonstration takes two turns: refused with ``--max_turns`` < 2."""
+        if self.cfg.code_repair_repair_demos > 0 and budget.max_turns < 2:
+            return [f"--code_repair_repair_demos {self.cfg.code_repair_repair_demos} needs "
+                    f"--max_turns >= 2 (got {budget.max_turns}): a repair demonstration is a "
+                    "wrong body, its feedback and the reference; raise --max_turns or set "
+                    "--code_repair_repair_demos 0"]
+        return []
 
     def make(self, seed: int) -> CodeRepairEnv:
         """The episode whose spec is drawn from ``seed``."""
@@ -168,12 +303,47 @@ class CodeRepair:
                              self.cfg.code_repair_show_expected)
 
     def demonstration(self, seed: int, max_turns: int = 64) -> list[Segment]:
-        """The reference body and END (one turn). The episode depends on the seed only through
-        its spec, so each spec's is played once (one sandbox run) and then reused: `rlscope
-        sft` draws a fresh seed per pair, and a sandbox run per pair dominated its steps."""
-        index = random.Random(seed).randrange(len(self.specs))
+        """The reference body and END (one turn) or, for the ``code_repair_repair_demos``
+        fraction of seeds (with ``max_turns`` >= 2), a repair (`repair`): a wrong body of the
+        spec drawn from the seed (the next one where the drawn one passes the tests), the
+        sandbox's feedback and the reference. The episode depends on the seed only through its spec
+        (and its wrong body), so each is played once and then reused: `rlscope sft` draws a
+        fresh seed per pair, and a sandbox run per pair dominated its steps."""
+        rng = random.Random(seed)
+        index = rng.randrange(len(self.specs))  # the spec `make` draws
+        if max_turns >= 2 and rng.random() < self.cfg.code_repair_repair_demos:
+            n = len(self._wrong(index))
+            first = rng.randrange(n) if n else 0
+            for k in range(n):
+                if (segments := self.repair(index, (first + k) % n, max_turns)) is not None:
+                    return segments
         if (index, max_turns) not in self._demos:
             env = self.make(seed)
             body = (*encode(env.spec.reference), END_ID)
             self._demos[index, max_turns] = play(env, lambda segments: body, max_turns)
         return list(self._demos[index, max_turns])
+
+    def _wrong(self, index: int) -> tuple[str, ...]:
+        if index not in self._wrong_bodies:
+            self._wrong_bodies[index] = wrong_bodies(self.specs[index])
+        return self._wrong_bodies[index]
+
+    def repair(self, index: int, wrong: int, max_turns: int = 64) -> list[Segment] | None:
+        """The repair demonstration of spec ``index`` (of ``specs``) from its wrong body
+        ``wrong`` (of `wrong_bodies`): that body (`Unlearned`), the environment's feedback on
+        it and the reference, which solves it; None when the wrong body passes the tests after
+        all. Played once (two sandbox runs), then reused."""
+        key = (index, wrong, max_turns)
+        if key not in self._repairs:
+            spec = self.specs[index]
+            attempt = Unlearned((*encode(self._wrong(index)[wrong]), END_ID))
+            env = CodeRepairEnv(spec, self.limits, self.cfg.code_repair_unsafe_sandbox,
+                                self.cfg.code_repair_feedback_chars,
+                                self.cfg.code_repair_partial_credit,
+                                self.cfg.code_repair_show_expected)
+            played = play(env, _scripted(attempt, (*encode(spec.reference), END_ID)),
+                          max_turns)
+            # the wrong body failed: its feedback, then the reference
+            self._repairs[key] = played if len(played) > 2 else None
+        segments = self._repairs[key]
+        return None if segments is None else list(segments)

@@ -81,6 +81,14 @@ class EnvConfig:
     """code_repair: keep only the specs whose reference body has at most this many characters
     (an easier family; 50 keeps 10 of the 17 training specs, mostly one-line bodies such as
     ``return s[::-1]``); 0 keeps every spec."""
+    code_repair_repair_demos: float = 0.0
+    """code_repair: fraction in [0, 1] of the warm start's demonstrations (`rlscope sft`) that
+    are repairs: a wrong first body (a mutation of the reference that fails the spec's tests:
+    a swapped operator, an off-by-one, a swapped builtin, a wrong return value, a truncated
+    body or typos), the sandbox's real feedback on it, then the reference body, which solves it. The
+    wrong body is shown but left out of the loss. Which episodes are repairs, and their
+    mutation, follow from the episode's seed; needs --max_turns >= 2. 0: every demonstration
+    is the reference solving the spec in one turn."""
     code_repair_unsafe_sandbox: bool = False
     """code_repair: run the code in the weak subprocess sandbox instead of the isolated one
     (docs/sandbox.md); only for machines without bubblewrap, never with an adversarial

@@ -4,7 +4,9 @@ warm-start data of `rlscope sft` for episodes.
 An episode is a list of segments ``(tokens, is_policy)``: the initial observation (not the
 policy's), then policy and environment segments alternating (an empty observation, typically
 the last, is left out). `Demonstrator` is what a factory that can demonstrate exposes; `play`
-runs any scripted player against an environment and records the segments.
+runs any scripted player against an environment and records the segments. A policy segment
+whose tokens are an `Unlearned` tuple is shown but not learnt (a deliberately wrong attempt
+that the next turn repairs: code_repair's repair demonstrations).
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ from rlscope.envs.base import Environment
 
 Segment = tuple[tuple[int, ...], bool]
 """One segment of an episode: its tokens and whether the policy wrote them."""
+
+
+class Unlearned(tuple[int, ...]):
+    """The tokens of a demonstration's policy segment that `rlscope sft` shows in the context
+    but leaves out of the loss (mask 0): a deliberately wrong attempt, so that the warm start
+    learns to repair it without learning to write it. Equal to the plain tuple of the same
+    ids; only the warm start's loss mask (`rlscope.tasks.episodes.EpisodeTask.sft_pairs`)
+    reads the mark."""
+
+    __slots__ = ()
 
 
 @runtime_checkable

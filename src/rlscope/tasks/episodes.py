@@ -15,7 +15,8 @@ The task is `Interactive`: the loop samples its rows as episodes
   ended 'solved'), ``test_error`` = 1 − success, ``turns``, ``return``.
 - **Warm start** (``sft_pairs``, for `rlscope sft`): the factory's demonstration episodes
   (`rlscope.envs.demos.Demonstrator`) of fresh seeds, each a `MaskedPair` whose loss mask is 1
-  on the policy's segments only.
+  on the policy's segments only (not on a policy segment marked `Unlearned`: a wrong attempt
+  the demonstration repairs).
 
 Budgets are the task options ``--max_turns``, ``--max_turn_tokens``, ``--max_episode_tokens``
 (``--env_processes N``: slow environments step in N worker processes, `EpisodePool`);
@@ -36,7 +37,7 @@ import torch
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.envs.base import DONE_REASONS, EnvironmentFactory, EpisodeBudget
 from rlscope.envs.config import EnvConfig
-from rlscope.envs.demos import Demonstrator
+from rlscope.envs.demos import Demonstrator, Unlearned
 from rlscope.envs.registry import ENVIRONMENTS
 from rlscope.sampling.episodes import EpisodePool, initial_observations
 from rlscope.tasks.base import (
@@ -67,6 +68,14 @@ class ValidatedFactory(Protocol):
     """A factory that checks its own options (the registered environments do)."""
 
     def validate(self) -> list[str]: ...
+
+
+@runtime_checkable
+class BudgetValidatedFactory(Protocol):
+    """A factory whose options depend on the episode budget (code_repair's repair
+    demonstrations need two turns)."""
+
+    def budget_problems(self, budget: EpisodeBudget) -> list[str]: ...
 
 
 def episode_returns(turn_rewards_BK: torch.Tensor, discount: float) -> torch.Tensor:
@@ -158,9 +167,9 @@ class EpisodeTask:
         """``n`` demonstration episodes of fresh seeds from ``generator``, as (initial
         observation, the segments after it, 1 on the policy's tokens): the episodes the
         sampler would record for the demonstrator's turns (`rlscope sft` learns the policy's
-        segments only). A seed whose initial observation is longer than ``prompt_len`` is
-        skipped (another is drawn); a demonstration that exceeds the turn or episode token
-        budget is a ValueError naming the option to raise."""
+        segments only, less those marked `Unlearned`). A seed whose initial observation is
+        longer than ``prompt_len`` is skipped (another is drawn); a demonstration that exceeds
+        the turn or episode token budget is a ValueError naming the option to raise."""
         if not isinstance(self.factory, Demonstrator):
             raise ValueError(f"environment {self.factory.name!r} has no demonstrations "
                              "(rlscope sft needs them: give --data FILE.jsonl)")
@@ -182,7 +191,8 @@ class EpisodeTask:
                         f"{len(tokens)} tokens: raise --max_turn_tokens (now "
                         f"{b.max_turn_tokens}) to at least {len(tokens)}")
                 completion += tokens
-                mask += [int(is_policy)] * len(tokens)
+                learnt = is_policy and not isinstance(tokens, Unlearned)
+                mask += [int(learnt)] * len(tokens)
             if len(completion) > b.max_episode_tokens:
                 raise ValueError(
                     f"{self.name}: the demonstration of seed {seed} has {len(completion)} "
@@ -246,6 +256,8 @@ class EpisodeTask:
             errors.append(f"environment {self.factory.name!r} declares no turn stop token")
         if isinstance(self.factory, ValidatedFactory):  # the environment's own options
             errors += self.factory.validate()
+        if isinstance(self.factory, BudgetValidatedFactory):
+            errors += self.factory.budget_problems(self.budget)
         if c.eval_batches < 1 or c.eval_batch_size < 1:
             errors.append("task.eval_batches and task.eval_batch_size must be >= 1")
         if c.env_processes < 0:
