@@ -68,7 +68,7 @@ def test_multiturn_recipe_runs_end_to_end(env: str, tmp_path: Path) -> None:
     assert [r["step"] for r in rl if "reward/mean" in r] == [0, 1]  # RL_STEPS
     assert all("episode/turns" in r for r in rl if "reward/mean" in r)
     config = json.loads((tmp_path / f"{method}_{env}_tiny_s0" / "config.json").read_text())
-    assert json.dumps(config["config"]).count(f'"init": "{tmp_path / f"sft_{env}_tiny_s0"}"') == 1
+    assert config["config"]["run"]["init"] == str(tmp_path / f"sft_{env}_tiny_s0")
 
 
 def test_multiturn_recipe_rejects_an_unknown_environment(tmp_path: Path) -> None:

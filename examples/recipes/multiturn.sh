@@ -51,7 +51,8 @@ SFT_LR=${SFT_LR:-$(by_size 3e-3 1e-4)}
 RL_STEPS=${RL_STEPS:-$RL}
 RL_LR=${RL_LR:-$RL_LR_}
 # micro-batches of 32 rows bound the 104M learner's memory; they never change the update
-MICRO=($(by_size "" "--micro_batch_size 32"))
+MICRO=()
+[ "$SIZE" = tiny ] || MICRO=(--micro_batch_size 32)
 NAME=${ENV}_${SIZE}_s$SEED
 rlscope sft "${TASK[@]}" "${MODEL[@]}" --num_steps "$SFT_STEPS" --batch_size 32 \
     --lr "$SFT_LR" "${COMMON[@]}" --name "sft_$NAME"
