@@ -637,6 +637,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt_len", type=int, default=64, help="prompt tokens per row")
     s.add_argument("--ragged_prompts", action="store_true",
                    help="prompt lengths uniform in [prompt_len/4, prompt_len], left-padded")
+    s.add_argument("--fuse_rope", action="store_true",
+                   help="rlscope's static sampler with its rotation, cache writes and attention "
+                        "in one kernel (hf_static.FUSE_ROPE, experimental)")
     s.add_argument("--sampler_group", type=int, default=1,
                    help="rows per prompt (consecutive rows share it and a group id, which "
                         "lets rlscope's static backend prefill it once); 1 = every row its "
@@ -779,6 +782,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     errors = check_args(args)
     if errors:
         p.error("; ".join(errors))
+    if args.fuse_rope:
+        from rlscope.sampling.backends import hf_static
+        hf_static.FUSE_ROPE = True
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
         out = run(args)
     text = json.dumps(out, indent=2, default=str)

@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="extra learner variants (LearnerConfig overrides)")
     p.add_argument("--compile_mode", default=None,
                    help="torch.compile mode of the compiled decode step (hf_static.COMPILE_MODE)")
+    p.add_argument("--fuse_rope", action="store_true",
+                   help="rotation, cache writes and attention in one kernel "
+                        "(hf_static.FUSE_ROPE, experimental)")
     p.add_argument("--skip_attention", action="store_true", help="no attention microbenchmarks")
     p.add_argument("--skip_decode", action="store_true", help="only attention and learner")
     p.add_argument("--output", default=None, help="also write the JSON here")
@@ -396,6 +399,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         variants.append((label, kv))
     args.learner_variants = variants
     hf_static.COMPILE_MODE = args.compile_mode
+    hf_static.FUSE_ROPE = args.fuse_rope
     import tempfile
 
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -451,6 +451,33 @@ def test_decode_kernels_under_bf16(monkeypatch: pytest.MonkeyPatch, compiled: bo
         assert gaps[kind].mean().item() < 2 * gaps["mask"].mean().item() + 1e-3
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fused_rope_decode_kernel_under_bf16(monkeypatch: pytest.MonkeyPatch,
+                                             compiled: bool) -> None:
+    """`hf_static.FUSE_ROPE` (rotation, cache writes and attention in one Triton kernel) gives
+    the unfused Triton path's log-probs to bf16 rounding and mostly its tokens, on ragged
+    left-padded prompts with stops; also compiled."""
+    pytest.importorskip("triton")
+    from rlscope.sampling.backends import hf_static
+
+    policy, prompts, seeds_B, group_B = _hf_static_case("qwen2", torch.bfloat16)
+    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11),
+                         compile_sampler=compiled)
+    monkeypatch.setattr(hf_static, "DECODE_KERNEL", "triton")
+    outs = []
+    for fuse in (False, True):
+        monkeypatch.setattr(hf_static, "FUSE_ROPE", fuse)
+        hf_static._DECODERS.clear()
+        outs.append(generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B))
+    plain, fused = outs
+    same_BT = (plain.completion_tokens_BT[:, :4] == fused.completion_tokens_BT[:, :4])
+    assert same_BT.float().mean().item() > 0.9
+    first_B = plain.completion_tokens_BT[:, 0] == fused.completion_tokens_BT[:, 0]
+    assert bool(first_B.all())  # the prefill is shared: the first draw is identical
+    gap_B = (plain.logp_raw_BT[:, 1] - fused.logp_raw_BT[:, 1]).abs()
+    assert gap_B[plain.completion_tokens_BT[:, 1] == fused.completion_tokens_BT[:, 1]].max() < 0.05
+
+
 def test_triton_decode_attention_equals_flash_on_cuda() -> None:
     """The Triton decode kernel and torch's flash kernel on the same bf16 cache spans: equal
     to bf16 rounding (0.5B shape: 14 query heads over 2 kv heads, head dim 64)."""

@@ -424,6 +424,18 @@ for arch in ("llama", "qwen3"):
     assert [b.attention for b in hf_static._DECODERS[policy][2].values()] == ["triton"]
     assert bool(eager.finished_by_stop_B.any())
     t._assert_same(eager, fast)
+    if arch == "llama":  # the rotation and cache writes in the kernel too (no q/k norm)
+        hf_static.FUSE_ROPE = True
+        hf_static._DECODERS.clear()
+        calls = []
+        plain = decode_attention.decode_attention_rope
+        decode_attention.decode_attention_rope = \
+            lambda *a, **kw: calls.append(1) or plain(*a, **kw)
+        fused = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B,
+                         14, group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+        hf_static.FUSE_ROPE = False
+        assert len(calls) == 13 * 2  # 13 decode positions x 2 layers
+        t._assert_same(eager, fused)
 print("triton decode attention ok")
 """
 

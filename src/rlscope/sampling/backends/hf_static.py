@@ -385,6 +385,8 @@ class HFStaticWeights:
         keys.advance(col_1)
         x_B1D = self.embed.index_select(0, token_B)[:, None]
         rope = self._rope(x_B1D, pos_B[:, None])
+        if FUSE_ROPE and keys.kind == "triton" and not self.qk_norm:
+            return self._decode_fused(x_B1D, rope, col_1, keys, k_cache, v_cache)
         for i in range(len(self.w_qkv)):
             q_B1HD, k_B1KD, v_B1KD = self._qkv(i, x_B1D, rope)
             k_cache[i].index_copy_(1, col_1, k_B1KD)
@@ -393,6 +395,28 @@ class HFStaticWeights:
             x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None])
         return self._logits(x_B1D[:, 0])
 
+    def _decode_fused(self, x_B1D: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                      col_1: torch.Tensor, keys: DecodeKeys, k_cache: list[torch.Tensor],
+                      v_cache: list[torch.Tensor]) -> torch.Tensor:
+        """`decode` with each layer's rotation, cache writes and attention in one kernel
+        (`decode_attention.decode_attention_rope`; `FUSE_ROPE`)."""
+        B = x_B1D.shape[0]
+        cos_BD, sin_signed_BD = (r.reshape(B, self.head_dim) for r in rope)
+        for i in range(len(self.w_qkv)):
+            h_B1D = self._norm(x_B1D, self.ln1[i]).to(self.dtype)
+            qkv_BX = F.linear(h_B1D[:, 0], self.w_qkv[i], self.b_qkv[i])
+            o_BHD = decode_attention.decode_attention_rope(
+                qkv_BX, cos_BD, sin_signed_BD, k_cache[i], v_cache[i], col_1, keys.start_B,
+                keys.used_B, self.n_heads, self.scale)
+            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1))
+        return self._logits(x_B1D[:, 0])
+
+
+FUSE_ROPE = False
+"""Experimental, off until measured on a GPU: with the ``triton`` decode attention (and no
+q/k norm), rotate, write the cache and attend in one kernel per layer
+(`decode_attention.decode_attention_rope`) instead of three more launches per layer. Checked
+against the eager path in Triton's interpreter (tests/test_sampling_backends.py)."""
 
 DECODE_KERNEL = "auto"
 """The decode attention of bf16/fp16 sampling on CUDA: ``auto`` (the Triton kernel where
