@@ -6,7 +6,11 @@ depends on the operands' layout, and the fastest one reads the weight at a fract
 card's bandwidth (``benchmarks/profile_engine.py``). This times, from CUDA graphs, each
 projection shape of ``--models`` in four forms: ``F.linear(x, W)`` (W ``[out, in]``),
 ``x @ W.T``, ``x @ Wt`` with ``Wt = W.T.contiguous()`` (``[in, out]``), and
-``torch.mm`` into a preallocated output; prints JSON (µs per call and the weight's GB/s).
+``torch.mm`` into a preallocated output; and split-K forms ``splitS`` (S = 2, 4, 8): the
+input dimension cut into S slices multiplied as one strided batched matmul with float32
+outputs (``torch.bmm(..., out_dtype=torch.float32)``, no copies of either operand), then
+summed over S (``splitS+sum``; in the sampler the sum would fuse into the next elementwise
+kernel). Prints JSON (µs per call and the weight's GB/s).
 
     python benchmarks/gemm_layouts.py --models qwen0.5b 104m --rows 256
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,17 @@ def shapes(model: str) -> dict[str, tuple[int, int]]:
     Dh = D // H
     return {"qkv": (D, (H + 2 * K) * Dh), "o": (H * Dh, D), "gate_up": (D, 2 * mlp),
             "down": (mlp, D), "head": (D, s["vocab_size"])}
+
+
+def split_k(x_MK: torch.Tensor, W_NK: torch.Tensor, S: int, reduce: bool) -> torch.Tensor:
+    """``x @ W.T`` as ``S`` float32 partial products over slices of the input dimension (one
+    strided batched matmul), summed over the slices when ``reduce``."""
+    M, K = x_MK.shape
+    N = W_NK.shape[0]
+    x_SMk = x_MK.view(M, S, K // S).transpose(0, 1)
+    w_SkN = W_NK.view(N, S, K // S).permute(1, 2, 0)
+    parts_SMN = torch.bmm(x_SMk, w_SkN, out_dtype=torch.float32)
+    return parts_SMN.sum(0) if reduce else parts_SMN
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -57,6 +73,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "x@W.T": lambda x=x, W=W: x @ W.T,
                          "x@Wt": lambda x=x, Wt=Wt: x @ Wt,
                          "mm_out": lambda x=x, Wt=Wt, out=out: torch.mm(x, Wt, out=out)}
+                for S in (2, 4, 8):
+                    if n_in % S == 0 and n_out < 100_000:
+                        forms[f"split{S}"] = partial(split_k, x, W, S, False)
+                        forms[f"split{S}+sum"] = partial(split_k, x, W, S, True)
                 cell: dict[str, Any] = {}
                 for form, fn in forms.items():
                     us = graph_time_us(fn, iters=200)

@@ -640,6 +640,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fuse_rope", action="store_true",
                    help="rlscope's static sampler with its rotation, cache writes and attention "
                         "in one kernel (hf_static.FUSE_ROPE, experimental)")
+    s.add_argument("--no_graph_prefill", action="store_true",
+                   help="rlscope's static sampler with an eager prefill "
+                        "(hf_static.GRAPH_PREFILL off)")
+    s.add_argument("--no_share_prompt", action="store_true",
+                   help="rlscope's static sampler with every row reading its own copy of its "
+                        "prompt's keys (hf_static.SHARE_PROMPT_KEYS off)")
     s.add_argument("--sampler_group", type=int, default=1,
                    help="rows per prompt (consecutive rows share it and a group id, which "
                         "lets rlscope's static backend prefill it once); 1 = every row its "
@@ -782,9 +788,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     errors = check_args(args)
     if errors:
         p.error("; ".join(errors))
-    if args.fuse_rope:
-        from rlscope.sampling.backends import hf_static
-        hf_static.FUSE_ROPE = True
+    from rlscope.sampling.backends import hf_static
+    hf_static.FUSE_ROPE = args.fuse_rope
+    hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
+    hf_static.GRAPH_PREFILL = not args.no_graph_prefill
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
         out = run(args)
     text = json.dumps(out, indent=2, default=str)

@@ -108,6 +108,42 @@ def graph_time_us(fn: Callable[[], Any], iters: int = 50) -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
+def call_phases(call: Callable[[], None], repeats: int) -> dict[str, Any]:
+    """Where a whole sampler call's wall time goes: milliseconds per call in the prefill
+    (with its draw; synchronised before and after) and in the rest (decode loop, output),
+    and the host operators with the most CPU time in one call (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    plain = hf_static.HFStaticBackend._prefill
+    spent = [0.0]
+
+    def timed_prefill(*a: Any) -> None:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        plain(*a)
+        torch.cuda.synchronize()
+        spent[0] += time.perf_counter() - t0
+
+    hf_static.HFStaticBackend._prefill = staticmethod(timed_prefill)  # type: ignore[method-assign]
+    try:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / repeats
+    finally:
+        hf_static.HFStaticBackend._prefill = staticmethod(plain)  # type: ignore[method-assign]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+        torch.cuda.synchronize()
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+    return {"call_ms": wall * 1e3, "prefill_ms": spent[0] / repeats * 1e3,
+            "rest_ms": (wall - spent[0] / repeats) * 1e3,
+            "top_host_ops": [{"name": e.key[:80], "self_cpu_us": round(e.self_cpu_time_total),
+                              "count": e.count} for e in ops]}
+
+
 def decode_section(args: argparse.Namespace, shape: str, compiled: bool) -> dict[str, Any]:
     device = torch.device("cuda")
     model = build_model(shape).to(device)
@@ -134,6 +170,7 @@ def decode_section(args: argparse.Namespace, shape: str, compiled: bool) -> dict
     wall = (time.perf_counter() - t0) / args.repeats
     out: dict[str, Any] = {"graphed_tokens_per_s": args.batch * args.new_tokens / wall,
                            "graphed_ms_per_position": wall / args.new_tokens * 1e3}
+    out["call"] = call_phases(call, args.repeats)
     bucket = next(iter(hf_static._DECODERS[policy][2].values()))
     backend = hf_static.HFStaticBackend()
     with torch.no_grad(), torch.autocast("cuda", enabled=False):
@@ -380,6 +417,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--fuse_rope", action="store_true",
                    help="rotation, cache writes and attention in one kernel "
                         "(hf_static.FUSE_ROPE, experimental)")
+    p.add_argument("--no_graph_prefill", action="store_true",
+                   help="rlscope's static sampler with an eager prefill "
+                        "(hf_static.GRAPH_PREFILL off)")
+    p.add_argument("--no_share_prompt", action="store_true",
+                   help="every row reads its own copy of its prompt's keys "
+                        "(hf_static.SHARE_PROMPT_KEYS off)")
     p.add_argument("--skip_attention", action="store_true", help="no attention microbenchmarks")
     p.add_argument("--skip_decode", action="store_true", help="only attention and learner")
     p.add_argument("--output", default=None, help="also write the JSON here")
@@ -400,6 +443,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.learner_variants = variants
     hf_static.COMPILE_MODE = args.compile_mode
     hf_static.FUSE_ROPE = args.fuse_rope
+    hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
+    hf_static.GRAPH_PREFILL = not args.no_graph_prefill
     import tempfile
 
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

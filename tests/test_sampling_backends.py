@@ -300,8 +300,9 @@ class _ReplayedCall:
 
 
 def test_capture_flow_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The graphed flow (prefill, capture with its warm-up step, prefill again, replays) gives
-    the eager path's rollout: the warm-up's state changes are all reset."""
+    """The graphed flow (the prefill captured and replayed, the decode step captured with its
+    warm-up step, the prefill replayed again, decode replays) gives the eager path's rollout:
+    the warm-ups' state changes are all reset."""
     graphs: list[_ReplayedCall] = []
 
     def fake_capture(fn: object) -> _ReplayedCall:
@@ -314,10 +315,11 @@ def test_capture_flow_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     policy = _policy("qwen2")
     cfg = SamplingConfig(temperature=0.8, top_k=12, stop_token_ids=STOPS)
     eager, static = _both(policy, cfg, new_tokens=14)
-    assert len(graphs) == 1 and graphs[0].replays > 0
+    assert len(graphs) == 2  # the prefill's, then the decode step's
+    assert graphs[0].replays == 2 and graphs[1].replays > 0
     _assert_same(eager, static)
     again = _both(policy, cfg, new_tokens=14)[1]  # the same bucket: replayed, not recaptured
-    assert len(graphs) == 1
+    assert len(graphs) == 2 and graphs[0].replays == 3
     _assert_same(static, again, atol=0)
 
 
@@ -412,6 +414,19 @@ for b in range(B):
         w = (q_BHD[b, h] @ k_BLKD[b, span, h // 7].T * 0.3).softmax(-1)
         torch.testing.assert_close(out_BHD[b, h], w @ v_BLKD[b, span, h // 7],
                                    atol=1e-5, rtol=0)
+# shared prompts: columns below 20 come from row src_B[b]
+src_B = torch.tensor([0, 0, 2, 2], dtype=torch.int32)
+shared_BHD = decode_attention.decode_attention(q_BHD, k_BLKD, v_BLKD, start_B, used_B, 0.3,
+                                               src_B, 20)
+for b in range(B):
+    cols = range(int(start_B[b]), int(start_B[b] + used_B[b]))
+    rows = [int(src_B[b]) if c < 20 else b for c in cols]
+    k_ND, v_ND = k_BLKD[rows, list(cols)], v_BLKD[rows, list(cols)]
+    for h in range(H):
+        w = (q_BHD[b, h] @ k_ND[:, h // 7].T * 0.3).softmax(-1)
+        torch.testing.assert_close(shared_BHD[b, h], w @ v_ND[:, h // 7], atol=1e-5, rtol=0)
+assert not torch.allclose(shared_BHD[1], out_BHD[1])  # row 1 did read row 0's prompt
+assert torch.equal(shared_BHD[2], out_BHD[2])  # its span starts past the prompt
 for arch in ("llama", "qwen3"):
     policy = t._policy(arch)
     cfg = SamplingConfig(stop_token_ids=t.STOPS)
@@ -421,7 +436,10 @@ for arch in ("llama", "qwen3"):
     hf_static.decode_attention_kind = lambda *a: "triton"
     fast = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
                     group_id_B=group_B, with_entropy=True, with_sum_p2=True)
-    assert [b.attention for b in hf_static._DECODERS[policy][2].values()] == ["triton"]
+    buckets = list(hf_static._DECODERS[policy][2].values())
+    assert [b.attention for b in buckets] == ["triton"]
+    src_B = buckets[0].keys.src_B
+    assert src_B[:9].tolist() == [0, 0, 0, 3, 3, 3, 6, 6, 6]  # groups read one prompt copy
     assert bool(eager.finished_by_stop_B.any())
     t._assert_same(eager, fast)
     if arch == "llama":  # the rotation and cache writes in the kernel too (no q/k norm)
@@ -436,6 +454,31 @@ for arch in ("llama", "qwen3"):
         hf_static.FUSE_ROPE = False
         assert len(calls) == 13 * 2  # 13 decode positions x 2 layers
         t._assert_same(eager, fused)
+        # the graphed flow (CUDA graphs stood in for by re-running the captured function):
+        # the prefill's 3 groups padded to 8, the padding rewriting group 0's shared prompt
+        replays = []
+
+        class Replayed:
+            def __init__(self, fn):
+                self.fn = fn
+
+            def replay(self):
+                replays.append(1)
+                self.fn()
+
+        def fake_capture(fn):
+            fn()
+            return Replayed(fn)
+
+        hf_static.can_capture, hf_static.capture = (lambda device: True), fake_capture
+        hf_static._DECODERS.clear()
+        graphed = generate(policy, prompts, dataclasses.replace(cfg, backend="static"),
+                           seeds_B, 14, group_id_B=group_B, with_entropy=True,
+                           with_sum_p2=True)
+        bucket = next(iter(hf_static._DECODERS[policy][2].values()))
+        assert list(bucket.prefills) == [8] and len(replays) > 2
+        assert bucket.prefills[8][1]["rows"].tolist() == [0, 3, 6] + [0] * 5
+        t._assert_same(eager, graphed)
 print("triton decode attention ok")
 """
 

@@ -61,12 +61,27 @@ def reset() -> None:
     sys.modules.pop("rlscope.sampling.backends.decode_kernels", None)
 
 
+def _own_rows(src_B: torch.Tensor | None, B: int, device: torch.device) -> torch.Tensor:
+    """``src_B``, or every row reading its own prompt (int32 ``[B]``)."""
+    if src_B is None:
+        return torch.arange(B, dtype=torch.int32, device=device)
+    if src_B.dtype != torch.int32 or src_B.shape != (B,):
+        raise ValueError(f"src_B must be int32 [{B}], got {src_B.dtype} {tuple(src_B.shape)}")
+    return src_B
+
+
 def decode_attention(q_BHD: torch.Tensor, k_BLKD: torch.Tensor, v_BLKD: torch.Tensor,
-                     start_B: torch.Tensor, used_B: torch.Tensor, scale: float
+                     start_B: torch.Tensor, used_B: torch.Tensor, scale: float,
+                     src_B: torch.Tensor | None = None, prompt_cols: int = 0
                      ) -> torch.Tensor:
     """``[B, H, Dh]`` outputs of one query position per row over cache columns
     ``start_B[b] .. start_B[b] + used_B[b]`` (int32 ``[B]``) of ``[B, L, K, Dh]`` caches; query
-    head ``h`` reads kv head ``h // (H / K)``. Graph-safe (no host reads)."""
+    head ``h`` reads kv head ``h // (H / K)``. Graph-safe (no host reads).
+
+    Shared prompts: columns below ``prompt_cols`` are read from cache row ``src_B[b]`` (int32;
+    default: row ``b`` itself). The static sampler points every row of a group at the group's
+    first row, so the rows of a group read one copy of their prompt's keys (from L2 after the
+    first) instead of one copy each."""
     B, H, D = q_BHD.shape
     K = k_BLKD.shape[2]
     group = H // K
@@ -75,23 +90,27 @@ def decode_attention(q_BHD: torch.Tensor, k_BLKD: torch.Tensor, v_BLKD: torch.Te
                          "one layout")
     out_BHD = torch.empty_like(q_BHD)
     block_g = max(16, 1 << (group - 1).bit_length())
-    _kernels()["plain"][(B, K)](q_BHD, k_BLKD, v_BLKD, out_BHD, start_B, used_B,
-                      q_BHD.stride(0), q_BHD.stride(1), k_BLKD.stride(0), k_BLKD.stride(1),
-                      k_BLKD.stride(2), out_BHD.stride(0), out_BHD.stride(1), scale,
-                      GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D)
+    src_B = _own_rows(src_B, B, q_BHD.device)
+    _kernels()["plain"][(B, K)](q_BHD, k_BLKD, v_BLKD, out_BHD, src_B, start_B, used_B,
+                                prompt_cols, q_BHD.stride(0), q_BHD.stride(1),
+                                k_BLKD.stride(0), k_BLKD.stride(1), k_BLKD.stride(2),
+                                out_BHD.stride(0), out_BHD.stride(1), scale,
+                                GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D)
     return out_BHD
 
 
 def decode_attention_rope(qkv_BX: torch.Tensor, cos_BD: torch.Tensor, sin_signed_BD: torch.Tensor,
                           k_BLKD: torch.Tensor, v_BLKD: torch.Tensor, col_1: torch.Tensor,
                           start_B: torch.Tensor, used_B: torch.Tensor, n_heads: int,
-                          scale: float) -> torch.Tensor:
+                          scale: float, src_B: torch.Tensor | None = None,
+                          prompt_cols: int = 0) -> torch.Tensor:
     """`decode_attention` with the steps before it in the same kernel: ``qkv_BX`` is the fused
     query/key/value projection of one position per row (``[B, (H + 2K)·Dh]``, unrotated); the
     kernel rotates the queries and the new key (``x·cos + x.roll(Dh/2)·sin'``, ``sin'`` with its
     first half negated, as `HFStaticWeights._qkv`, in float32 then cast to the cache dtype),
     writes the key and value to cache column ``col_1`` (a ``[1]`` device tensor), and attends
-    over columns ``start_B[b] .. start_B[b] + used_B[b]``, which must include ``col_1``.
+    over columns ``start_B[b] .. start_B[b] + used_B[b]``, which must include ``col_1``
+    (``col_1 >= prompt_cols``; shared prompts through ``src_B`` as in `decode_attention`).
     Returns ``[B, H, Dh]``. Saves the rotation and the two cache writes as separate kernels
     (three launches per layer). Graph-safe."""
     B = qkv_BX.shape[0]
@@ -105,8 +124,9 @@ def decode_attention_rope(qkv_BX: torch.Tensor, cos_BD: torch.Tensor, sin_signed
                          "dimension")
     out_BHD = torch.empty(B, n_heads, D, dtype=k_BLKD.dtype, device=qkv_BX.device)
     block_g = max(16, 1 << (group - 1).bit_length())
+    src_B = _own_rows(src_B, B, qkv_BX.device)
     _kernels()["rope"][(B, K)](qkv_BX, cos_BD, sin_signed_BD, k_BLKD, v_BLKD, out_BHD, col_1,
-                           start_B, used_B, qkv_BX.stride(0), cos_BD.stride(0),
+                           src_B, start_B, used_B, prompt_cols, qkv_BX.stride(0), cos_BD.stride(0),
                            k_BLKD.stride(0), k_BLKD.stride(1), k_BLKD.stride(2),
                            out_BHD.stride(0), out_BHD.stride(1), scale, H=n_heads, KV=K,
                            GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D)

@@ -9,14 +9,12 @@ import triton.language as tl
 
 
 @triton.jit
-def attend_span(q, k_base, v_base, start, n, stride_cl, BLOCK_G: tl.constexpr,
+def attend_span(q, k_base, v_base, start, n, stride_cl, m, s_sum, acc,
                 BLOCK: tl.constexpr, D: tl.constexpr, scale):
-    """``[BLOCK_G, D]`` float32 outputs of the queries ``q`` over cache columns
-    ``start .. start + n``: an online softmax over blocks of ``BLOCK`` keys."""
+    """The online-softmax state ``(m, s_sum, acc)`` (running max, sum of exponentials and
+    unnormalised ``[BLOCK_G, D]`` output, float32) of the queries ``q`` advanced over cache
+    columns ``start .. start + n``, in blocks of ``BLOCK`` keys."""
     d = tl.arange(0, D)
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    s_sum = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, D], tl.float32)
     for off in range(0, n, BLOCK):
         cols = off + tl.arange(0, BLOCK)
         valid = cols < n
@@ -31,11 +29,36 @@ def attend_span(q, k_base, v_base, start, n, stride_cl, BLOCK_G: tl.constexpr,
         v = tl.load(v_base + place, mask=valid[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m = m_new
-    return acc / s_sum[:, None]
+    return m, s_sum, acc
+
 
 @triton.jit
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, start_ptr, used_ptr,
-                            stride_qb, stride_qh, stride_cb, stride_cl, stride_ck,
+def attend_row(q, k_ptr, v_ptr, b, kv, src_ptr, start_ptr, used_ptr, prompt_cols,
+               stride_cb, stride_cl, stride_ck, BLOCK_G: tl.constexpr, BLOCK: tl.constexpr,
+               D: tl.constexpr, scale):
+    """``[BLOCK_G, D]`` float32 outputs of row ``b``'s queries ``q`` of kv head ``kv``: its
+    prompt columns ``start .. prompt_cols`` read from row ``src[b]`` (the group's first row,
+    whose prompt keys the other rows of the group share: one copy in L2 for the group), then
+    its own columns ``prompt_cols .. start + used``."""
+    start = tl.load(start_ptr + b)
+    end = start + tl.load(used_ptr + b)
+    src = tl.load(src_ptr + b)
+    head = kv * stride_ck
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    s_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    split = tl.minimum(tl.maximum(prompt_cols, start), end)
+    m, s_sum, acc = attend_span(q, k_ptr + src * stride_cb + head,
+                                v_ptr + src * stride_cb + head, start, split - start,
+                                stride_cl, m, s_sum, acc, BLOCK, D, scale)
+    m, s_sum, acc = attend_span(q, k_ptr + b * stride_cb + head, v_ptr + b * stride_cb + head,
+                                split, end - split, stride_cl, m, s_sum, acc, BLOCK, D, scale)
+    return acc / s_sum[:, None]
+
+
+@triton.jit
+def decode_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, src_ptr, start_ptr, used_ptr,
+                            prompt_cols, stride_qb, stride_qh, stride_cb, stride_cl, stride_ck,
                             stride_ob, stride_oh, scale,
                             GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                             BLOCK: tl.constexpr, D: tl.constexpr):
@@ -47,15 +70,14 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, start_ptr, used_ptr,
     live = (g < GROUP)[:, None]
     q = tl.load(q_ptr + b * stride_qb + rows[:, None] * stride_qh + d[None, :],
                 mask=live, other=0.0)
-    out = attend_span(q, k_ptr + b * stride_cb + kv * stride_ck,
-                      v_ptr + b * stride_cb + kv * stride_ck, tl.load(start_ptr + b),
-                      tl.load(used_ptr + b), stride_cl, BLOCK_G, BLOCK, D, scale)
+    out = attend_row(q, k_ptr, v_ptr, b, kv, src_ptr, start_ptr, used_ptr, prompt_cols,
+                     stride_cb, stride_cl, stride_ck, BLOCK_G, BLOCK, D, scale)
     tl.store(o_ptr + b * stride_ob + rows[:, None] * stride_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=live)
 
 @triton.jit
 def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, o_ptr, col_ptr,
-                                 start_ptr, used_ptr, stride_xb, stride_rb,
+                                 src_ptr, start_ptr, used_ptr, prompt_cols, stride_xb, stride_rb,
                                  stride_cb, stride_cl, stride_ck, stride_ob, stride_oh,
                                  scale, H: tl.constexpr, KV: tl.constexpr,
                                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -83,7 +105,7 @@ def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, o_ptr,
     tl.store(k_base + col * stride_cl + d, k_new)
     tl.store(v_base + col * stride_cl + d, v_new.to(v_ptr.dtype.element_ty))
     tl.debug_barrier()  # the span below includes the column just written
-    out = attend_span(q, k_base, v_base, tl.load(start_ptr + b), tl.load(used_ptr + b),
-                      stride_cl, BLOCK_G, BLOCK, D, scale)
+    out = attend_row(q, k_ptr, v_ptr, b, kv, src_ptr, start_ptr, used_ptr, prompt_cols,
+                     stride_cb, stride_cl, stride_ck, BLOCK_G, BLOCK, D, scale)
     tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=live)

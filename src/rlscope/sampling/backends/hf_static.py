@@ -349,11 +349,12 @@ class HFStaticWeights:
         h_ND = self._norm(x_ND, self.norm).to(self.dtype)
         return F.linear(h_ND, self.head, self.head_bias).float()
 
-    def prefill(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor, row_group_B: torch.Tensor,
-                k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]) -> torch.Tensor:
+    def prefill(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor, rows_N: torch.Tensor,
+                groups_N: torch.Tensor, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]
+                ) -> torch.Tensor:
         """Run ``G`` left-padded prompts (``mask_GP`` bool, True on real tokens); write each
-        layer's keys and values to the cache rows of their group (``row_group_B``: the prompt
-        of every cache row) in columns ``[0, P)``; return the next-token ``logits_GV``."""
+        layer's keys and values of prompt ``groups_N[j]`` to cache row ``rows_N[j]``, columns
+        ``[0, P)``; return the next-token ``logits_GV``."""
         G, P = tokens_GP.shape
         pos_GP = position_ids_from_mask(mask_GP)
         causal_PP = torch.ones(P, P, dtype=torch.bool, device=tokens_GP.device).tril()
@@ -365,8 +366,8 @@ class HFStaticWeights:
         rope = self._rope(x_GPD, pos_GP)
         for i in range(len(self.w_qkv)):
             q_GPHD, k_GPKD, v_GPKD = self._qkv(i, x_GPD, rope)
-            k_cache[i][:, :P].copy_(k_GPKD.index_select(0, row_group_B))
-            v_cache[i][:, :P].copy_(v_GPKD.index_select(0, row_group_B))
+            k_cache[i][rows_N, :P] = k_GPKD.index_select(0, groups_N)
+            v_cache[i][rows_N, :P] = v_GPKD.index_select(0, groups_N)
             k_GKPD, v_GKPD = k_GPKD.transpose(1, 2), v_GPKD.transpose(1, 2)
             o_GHPD = F.scaled_dot_product_attention(q_GPHD.transpose(1, 2), k_GKPD, v_GKPD,
                                                     attn_mask=allowed_G1PP, scale=self.scale,
@@ -407,7 +408,7 @@ class HFStaticWeights:
             qkv_BX = F.linear(h_B1D[:, 0], self.w_qkv[i], self.b_qkv[i])
             o_BHD = decode_attention.decode_attention_rope(
                 qkv_BX, cos_BD, sin_signed_BD, k_cache[i], v_cache[i], col_1, keys.start_B,
-                keys.used_B, self.n_heads, self.scale)
+                keys.used_B, self.n_heads, self.scale, keys.src_B, keys.prompt_cols)
             x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1))
         return self._logits(x_B1D[:, 0])
 
@@ -417,6 +418,17 @@ FUSE_ROPE = False
 q/k norm), rotate, write the cache and attend in one kernel per layer
 (`decode_attention.decode_attention_rope`) instead of three more launches per layer. Checked
 against the eager path in Triton's interpreter (tests/test_sampling_backends.py)."""
+
+GRAPH_PREFILL = True
+"""Where the decode step is graphed, the prefill (with token 0's draw) is too, one graph per
+bucket and group count (`_Bucket.run_prefill`). False: eager, as before."""
+
+SHARE_PROMPT_KEYS = True
+"""With the ``triton`` decode attention, the rows of a group read their shared prompt's keys
+from the group's first row (`DecodeKeys.src_B`), so the group's rows, whose programs run
+side by side, find them in L2: after 64-token prompts, half of the keys an average position
+of a 128-token completion reads are its prompt's, read once per group instead of once per
+row. False: every row reads its own copy (the same values)."""
 
 DECODE_KERNEL = "auto"
 """The decode attention of bf16/fp16 sampling on CUDA: ``auto`` (the Triton kernel where
@@ -484,11 +496,21 @@ class DecodeKeys:
         self.cu_k = steps * length
         self.start_B = torch.zeros(rows, dtype=torch.int32, device=device)
         self.used_B = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.src_B = torch.arange(rows, dtype=torch.int32, device=device)
+        """``triton``: the cache row each row reads its prompt's keys from (`SHARE_PROMPT_KEYS`)."""
+        self.prompt_cols = 0
+        """Columns ``[0, prompt_cols)`` hold prompts (the bucket's prompt length)."""
 
-    def reset(self, mask_BP: torch.Tensor) -> None:
+    def reset(self, mask_BP: torch.Tensor, src_B: torch.Tensor | None = None) -> None:
         """A new prefill of ``[B, P]`` left-padded prompts (``mask_BP`` bool): attend to the
-        real prompt columns only."""
+        real prompt columns only; ``src_B`` (``[B]``, ``triton`` only): the row of the same
+        prompt whose cache holds its keys (default: the row itself)."""
         B, P = mask_BP.shape
+        self.prompt_cols = P
+        if src_B is None:
+            self.src_B.copy_(torch.arange(B, dtype=torch.int32, device=mask_BP.device))
+        else:
+            self.src_B.copy_(src_B)
         self.bias_BKL.fill_(float("-inf"))
         self.bias_BKL[:, :, :P].masked_fill_(mask_BP[:, None, :], 0.0)
         len_B = mask_BP.sum(-1).to(torch.int32)
@@ -510,8 +532,9 @@ class DecodeKeys:
         B, H, Dh = q_BHD.shape
         K, G, L = self.n_kv, self.group, self.length
         if self.kind == "triton":
-            return decode_attention.decode_attention(q_BHD, k_BLKD, v_BLKD, self.start_B,
-                                                     self.used_B, scale).reshape(B, H * Dh)
+            return decode_attention.decode_attention(
+                q_BHD, k_BLKD, v_BLKD, self.start_B, self.used_B, scale, self.src_B,
+                self.prompt_cols).reshape(B, H * Dh)
         if self.kind == "flash":
             q_NKD = q_BHD.view(B, K, G, Dh).transpose(1, 2).reshape(B * G, K, Dh)
             o_NKD = flash_varlen(q_NKD, k_BLKD.view(B * L, K, Dh), v_BLKD.view(B * L, K, Dh),
@@ -548,6 +571,8 @@ class _Bucket:
     v_cache: list[torch.Tensor] = field(default_factory=list)
     out: dict[str, torch.Tensor] = field(default_factory=dict)
     graph: Any = None
+    prefills: dict[int, tuple[Any, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    """Graphed prefills by group bucket: ``(graph, its static inputs)`` (`run_prefill`)."""
 
     def __post_init__(self) -> None:
         w, B, device = self.weights, self.rows, self.weights.device
@@ -572,6 +597,48 @@ class _Bucket:
         self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
             if self.cfg.compile_sampler and compiles(device) else self.decode_step
         """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""
+
+    def prefill_step(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor,
+                     rows_N: torch.Tensor, groups_N: torch.Tensor,
+                     row_group_B: torch.Tensor) -> None:
+        """Prefill the prompts (`HFStaticWeights.prefill`) and draw every row's token 0 from
+        its group's logits (graph-safe)."""
+        logits_GV = self.weights.prefill(tokens_GP, mask_GP, rows_N, groups_N, self.k_cache,
+                                         self.v_cache)
+        self.draw_step(logits_GV.index_select(0, row_group_B))
+
+    def run_prefill(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor,
+                    rows_N: torch.Tensor, groups_N: torch.Tensor, row_group_B: torch.Tensor,
+                    graphed: bool, reset: Callable[[], None]) -> None:
+        """`prefill_step` after ``reset()`` (which sets the decode state). ``graphed``: replay
+        a CUDA graph of it, captured on first use for this many groups rounded up to a power
+        of two (extra groups repeat group 0, so they rewrite its keys with the same values): the
+        eager prefill is bound by launching ~25 kernels a layer from the host (17–19 ms per
+        call on an H100 at both of issue 17's shapes)."""
+        if not graphed:
+            reset()
+            self.prefill_step(tokens_GP, mask_GP, rows_N, groups_N, row_group_B)
+            return
+        G = tokens_GP.shape[0]
+        Gb = bucket_rows(G)
+        fill_G = F.pad(torch.arange(G, device=tokens_GP.device), (0, Gb - G))
+        # per-group index lists (one entry per group: the shared-prompt writes) grow with them
+        rows_N, groups_N = (x[fill_G] if x.shape[0] == G else x for x in (rows_N, groups_N))
+        inputs = {"tokens": tokens_GP[fill_G], "mask": mask_GP[fill_G], "rows": rows_N,
+                  "groups": groups_N, "row_group": row_group_B}
+        entry = self.prefills.get(Gb)
+        if entry is None or any(entry[1][k].shape != v.shape for k, v in inputs.items()):
+            static = {k: v.clone() for k, v in inputs.items()}
+            reset()
+            with torch.autocast(self.weights.device.type, enabled=False):
+                graph = capture(lambda: self.prefill_step(
+                    static["tokens"], static["mask"], static["rows"], static["groups"],
+                    static["row_group"]))
+            entry = self.prefills[Gb] = (graph, static)
+        for name, value in inputs.items():
+            entry[1][name].copy_(value)
+        reset()
+        entry[0].replay()
 
     def gumbel(self, V: int) -> torch.Tensor:
         """This step's `gumbel_offsets` ``[B, V]``, on CUDA from one compiled kernel (the
@@ -760,13 +827,14 @@ class HFStaticBackend:
             bucket = buckets[key] = _Bucket(weights, Bb, Pb, max_new_tokens, step_cfg,
                                             pad_token_id, with_entropy, with_sum_p2,
                                             attention)
+        graphed = cfg.decode_graphs and max_new_tokens > 1 and can_capture(device)
         with torch.autocast(device.type, enabled=False):
-            self._prefill(bucket, prompts, row_seeds_B, group_id_B)
-        if bucket.graph is None and cfg.decode_graphs and max_new_tokens > 1 \
-                and can_capture(device):
+            self._prefill(bucket, prompts, row_seeds_B, group_id_B, graphed and GRAPH_PREFILL)
+        if bucket.graph is None and graphed:
             bucket.capture()
             with torch.autocast(device.type, enabled=False):  # the warm-up moved the state
-                self._prefill(bucket, prompts, row_seeds_B, group_id_B)
+                self._prefill(bucket, prompts, row_seeds_B, group_id_B,
+                              GRAPH_PREFILL)
         stops = bool(bucket.stops.numel())
         n = 1
         with torch.autocast(device.type, enabled=False):
@@ -797,8 +865,9 @@ class HFStaticBackend:
 
     @staticmethod
     def _prefill(bucket: _Bucket, prompts: PromptBatch, row_seeds_B: torch.Tensor,
-                 group_id_B: torch.Tensor | None) -> None:
-        """Reset the bucket's state, prefill the prompts (once per group) and draw token 0."""
+                 group_id_B: torch.Tensor | None, graphed: bool = False) -> None:
+        """Reset the bucket's state, prefill the prompts (once per group) and draw token 0
+        (``graphed``: from a CUDA graph, `_Bucket.run_prefill`)."""
         tokens_BP = prompts.tokens_BP
         B, P = tokens_BP.shape
         Bb, Pb = bucket.rows, bucket.prompt_len
@@ -811,14 +880,22 @@ class HFStaticBackend:
         mask_GP = F.pad(mask_BP[first_G], (Pb - P, 0))
         row_group_Bb = torch.cat([row_group_B, row_group_B[:1].expand(Bb - B)])
         mask_BbPb = mask_GP[row_group_Bb]
-        bucket.keys.reset(mask_BbPb)
-        bucket.pos_B.copy_(mask_BbPb.sum(-1))
-        bucket.col_1.fill_(Pb)
-        bucket.step.zero_()
-        bucket.alive_B.zero_()
-        bucket.alive_B[:B] = True
-        bucket.seeds_B.zero_()
-        bucket.seeds_B[:B].copy_(row_seeds_B)
-        logits_GV = bucket.weights.prefill(tokens_GP, mask_GP, row_group_Bb, bucket.k_cache,
-                                           bucket.v_cache)
-        bucket.draw_step(logits_GV[row_group_Bb])
+        share = bucket.attention == "triton" and SHARE_PROMPT_KEYS
+        if share:  # the prompt's keys in the group's first row only, where every row reads them
+            rows_N, groups_N = first_G, torch.arange(len(first_G), device=device)
+        else:
+            rows_N, groups_N = torch.arange(Bb, device=device), row_group_Bb
+        src_Bb = first_G[row_group_Bb] if share else None
+        pos_Bb = mask_BbPb.sum(-1)
+
+        def reset() -> None:
+            bucket.keys.reset(mask_BbPb, src_Bb)
+            bucket.pos_B.copy_(pos_Bb)
+            bucket.col_1.fill_(Pb)
+            bucket.step.zero_()
+            bucket.alive_B.zero_()
+            bucket.alive_B[:B] = True
+            bucket.seeds_B.zero_()
+            bucket.seeds_B[:B].copy_(row_seeds_B)
+
+        bucket.run_prefill(tokens_GP, mask_GP, rows_N, groups_N, row_group_Bb, graphed, reset)
