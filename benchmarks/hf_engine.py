@@ -640,6 +640,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fuse_rope", action="store_true",
                    help="rlscope's static sampler with its rotation, cache writes and attention "
                         "in one kernel (hf_static.FUSE_ROPE, experimental)")
+    s.add_argument("--split_down", type=int, default=0,
+                   help="rlscope's static sampler with the decode step's down projection as "
+                        "this many split-K partial products (hf_static.SPLIT_K_DOWN; 0 = off)")
     s.add_argument("--no_graph_prefill", action="store_true",
                    help="rlscope's static sampler with an eager prefill "
                         "(hf_static.GRAPH_PREFILL off)")
@@ -792,6 +795,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hf_static.FUSE_ROPE = args.fuse_rope
     hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
     hf_static.GRAPH_PREFILL = not args.no_graph_prefill
+    hf_static.SPLIT_K_DOWN = args.split_down
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
         out = run(args)
     text = json.dumps(out, indent=2, default=str)

@@ -246,7 +246,37 @@ def attention_section(args: argparse.Namespace, shape: str) -> dict[str, Any]:
         out["flash_dense_full_us"] = graph_time_us(flash_dense)
     except Exception as exc:
         out["flash_dense_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    out["triton"] = triton_sweep(args, q_BHD, k_BLKD, v_BLKD, used)
     return out
+
+
+def triton_sweep(args: argparse.Namespace, q_BHD: torch.Tensor, k_BLKD: torch.Tensor,
+                 v_BLKD: torch.Tensor, used: int) -> dict[str, float]:
+    """µs of the Triton decode kernel (`decode_attention`) by keys per block, warps per
+    program, and whether the rows of a group of ``--group`` read one copy of the prompt."""
+    from rlscope.sampling.backends import decode_attention
+
+    if not decode_attention.available(q_BHD.shape[-1]):
+        return {}
+    B, dev = q_BHD.shape[0], q_BHD.device
+    start_B = torch.zeros(B, dtype=torch.int32, device=dev)
+    used_B = torch.full((B,), used, dtype=torch.int32, device=dev)
+    own_B = torch.arange(B, dtype=torch.int32, device=dev)
+    group_B = torch.div(own_B, args.group, rounding_mode="floor") * args.group
+    res: dict[str, float] = {}
+    plain = (decode_attention.BLOCK_N, decode_attention.NUM_WARPS)
+    try:
+        for block in (32, 64, 128):
+            for warps in (2, 4, 8):
+                decode_attention.BLOCK_N, decode_attention.NUM_WARPS = block, warps
+                for label, src_B in (("own", own_B), ("shared", group_B)):
+                    res[f"block{block}/warps{warps}/{label}"] = round(graph_time_us(
+                        lambda src_B=src_B: decode_attention.decode_attention(
+                            q_BHD, k_BLKD, v_BLKD, start_B, used_B, 0.125, src_B,
+                            args.prompt_len)), 2)
+    finally:
+        decode_attention.BLOCK_N, decode_attention.NUM_WARPS = plain
+    return res
 
 
 def eager_time_us(fn: Callable[[], Any], iters: int = 20) -> float:
@@ -417,6 +447,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--fuse_rope", action="store_true",
                    help="rotation, cache writes and attention in one kernel "
                         "(hf_static.FUSE_ROPE, experimental)")
+    p.add_argument("--split_down", type=int, default=0,
+                   help="rlscope's static sampler with the decode step's down projection as "
+                        "this many split-K partial products (hf_static.SPLIT_K_DOWN; 0 = off)")
     p.add_argument("--no_graph_prefill", action="store_true",
                    help="rlscope's static sampler with an eager prefill "
                         "(hf_static.GRAPH_PREFILL off)")
@@ -445,6 +478,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hf_static.FUSE_ROPE = args.fuse_rope
     hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
     hf_static.GRAPH_PREFILL = not args.no_graph_prefill
+    hf_static.SPLIT_K_DOWN = args.split_down
     import tempfile
 
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

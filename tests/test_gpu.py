@@ -405,6 +405,95 @@ def test_compiled_graphed_hf_sampler_equals_eager() -> None:
     torch.testing.assert_close(compiled.logp_raw_BT, eager.logp_raw_BT, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_draw_equals_draw_on_cuda(temperature: float) -> None:
+    """`fused_draw` on bf16 logits at Qwen2.5-0.5B's vocabulary: `draw`'s tokens (same
+    noise), its log-probs, entropy and Σp² to float32 rounding; dead rows emit the pad token."""
+    pytest.importorskip("triton")
+    from rlscope.sampling.backends import fused_draw
+    from rlscope.sampling.draw import draw
+    from rlscope.sampling.processors import gumbel_offsets
+
+    g = torch.Generator().manual_seed(0)
+    logits_BV = (torch.randn(64, 151936, generator=g) * 4).cuda().bfloat16()
+    seeds_B = torch.randint(0, 2**62, (64,), generator=g).cuda()
+    alive_B = torch.rand(64, generator=g).cuda() > 0.1
+    cfg = SamplingConfig(temperature=temperature)
+    assert fused_draw.applies(cfg, 151936, logits_BV.device)
+    for step in (0, 1, 200):
+        step_t = torch.tensor(step, device="cuda")
+        want = draw(logits_BV, alive_B, gumbel_offsets(seeds_B, step, 151936), cfg, 0, True,
+                    True)
+        got = fused_draw.fused_draw(logits_BV, alive_B, seeds_B, step_t, cfg, 0, True, True)
+        assert torch.equal(got.token_B, want.token_B)
+        for name in ("logp_sampler_B", "logp_raw_B", "entropy_B", "sum_p2_B"):
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-4,
+                                       rtol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_static_sampler_with_the_fused_draw_equals_eager(monkeypatch: pytest.MonkeyPatch,
+                                                         compiled: bool) -> None:
+    """The static sampler drawing through `fused_draw` (forced on at a 40-token vocabulary),
+    graphed and compiled: the eager path's tokens and log-probs in float32."""
+    pytest.importorskip("triton")
+    from rlscope.sampling.backends import fused_draw, hf_static
+
+    monkeypatch.setattr(fused_draw, "MIN_VOCAB", 0)
+    monkeypatch.setattr(fused_draw, "CHUNK", 16)
+    monkeypatch.setattr(fused_draw, "BLOCK", 16)
+    calls: list[int] = []
+    plain = fused_draw.fused_draw
+    monkeypatch.setattr(fused_draw, "fused_draw",
+                        lambda *a, **kw: calls.append(1) or plain(*a, **kw))
+    policy, prompts, seeds_B, group_B = _hf_static_case("qwen2")
+    cfg = SamplingConfig(stop_token_ids=(3, 5, 7, 11), temperature=0.9)
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 20,
+                     group_id_B=group_B, with_entropy=True)
+    hf_static._DECODERS.clear()
+    static = generate(policy, prompts, dataclasses.replace(cfg, backend="static",
+                                                           compile_sampler=compiled),
+                      seeds_B, 20, group_id_B=group_B, with_entropy=True)
+    assert calls  # traced (compiled) or captured (graphed) through the fused draw
+    assert torch.equal(static.completion_tokens_BT, eager.completion_tokens_BT)
+    for name in ("logp_sampler_BT", "logp_raw_BT", "entropy_BT"):
+        torch.testing.assert_close(getattr(static, name), getattr(eager, name), atol=1e-4,
+                                   rtol=0)
+
+
+def test_split_k_down_projection_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hf_static.split_k_linear` equals the float32 product of the bf16 operands, and the
+    sampler with `hf_static.SPLIT_K_DOWN` keeps its log-probs as close to the learner's
+    teacher-forced forward as without it (bf16, compiled)."""
+    from rlscope.sampling.backends import hf_static
+
+    g = torch.Generator().manual_seed(0)
+    x_NI = torch.randn(256, 1, 3072, generator=g).cuda().bfloat16()
+    w_OI = (torch.randn(768, 3072, generator=g) * 0.02).cuda().bfloat16()
+    got = hf_static.split_k_linear(x_NI, w_OI, 4)
+    assert got.dtype == torch.float32 and got.shape == (256, 1, 768)
+    torch.testing.assert_close(got, x_NI.float() @ w_OI.float().T, atol=1e-3, rtol=1e-3)
+    policy, prompts, seeds_B, group_B = _hf_static_case("qwen2", torch.bfloat16)
+    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11), compile_sampler=True)
+    gaps = {}
+    for split in (0, 4):
+        monkeypatch.setattr(hf_static, "SPLIT_K_DOWN", split)
+        hf_static._DECODERS.clear()
+        out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
+        seq_BT = torch.cat([prompts.tokens_BP, out.completion_tokens_BT], 1)
+        assert prompts.attention_mask_BP is not None
+        mask_BT = torch.cat([prompts.attention_mask_BP,
+                             torch.ones_like(out.completion_tokens_BT)], 1)
+        with torch.no_grad():
+            logits_BTV, _ = policy(seq_BT, mask_BT)
+        P, T = prompts.tokens_BP.shape[1], out.completion_tokens_BT.shape[1]
+        learner_BT = logits_BTV[:, P - 1:P - 1 + T].log_softmax(-1).gather(
+            -1, out.completion_tokens_BT[..., None])[..., 0] * out.completion_mask_BT
+        gaps[split] = (learner_BT - out.logp_raw_BT).abs()
+    assert gaps[4].max().item() < 0.1
+    assert gaps[4].mean().item() < 2 * gaps[0].mean().item() + 1e-3
+
+
 def test_compiled_gumbel_offsets_equal_the_eager_ones() -> None:
     """The static sampler's compiled noise (`hf_static.COMPILE_NOISE`) is bit for bit the
     eager `gumbel_offsets`, so it draws the eager path's tokens."""

@@ -479,6 +479,47 @@ for arch in ("llama", "qwen3"):
         assert list(bucket.prefills) == [8] and len(replays) > 2
         assert bucket.prefills[8][1]["rows"].tolist() == [0, 3, 6] + [0] * 5
         t._assert_same(eager, graphed)
+
+# the fused draw: the eager draw's tokens and log-probs (chunks of 512 and 16 columns)
+from rlscope.sampling.backends import fused_draw
+from rlscope.sampling.draw import draw
+from rlscope.sampling.processors import gumbel_offsets
+
+fused_draw.ON_CPU, fused_draw.MIN_VOCAB = True, 0
+fused_draw.CHUNK, fused_draw.BLOCK = 512, 128
+logits_BV = torch.randn(6, 1500, generator=g) * 3
+logits_BV[1, 700] = 40.0  # a near-certain token in the second chunk
+seeds_B = torch.arange(6) * 977 + 5
+alive_B = torch.tensor([True, True, False, True, True, True])
+step = torch.tensor(3)
+for T in (1.0, 0.7):
+    cfg = SamplingConfig(temperature=T)
+    assert fused_draw.applies(cfg, 1500, logits_BV.device)
+    want = draw(logits_BV, alive_B, gumbel_offsets(seeds_B, step, 1500), cfg, 0, True, True)
+    got = fused_draw.fused_draw(logits_BV, alive_B, seeds_B, step, cfg, 0, True, True)
+    assert torch.equal(got.token_B, want.token_B), (T, got.token_B, want.token_B)
+    assert got.token_B[1] == 700 and got.token_B[2] == 0
+    for name in ("logp_sampler_B", "logp_raw_B", "entropy_B", "sum_p2_B"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-5, rtol=1e-5)
+    assert (got.logp_raw_B is got.logp_sampler_B) == (T == 1.0)
+assert not fused_draw.applies(SamplingConfig(top_k=20), 1500, logits_BV.device)
+assert not fused_draw.applies(SamplingConfig(top_p=0.9), 1500, logits_BV.device)
+assert not fused_draw.applies(SamplingConfig(temperature=0.0), 1500, logits_BV.device)
+# in the static sampler (vocabulary 40: chunks of 16 columns, 3 per row)
+fused_draw.CHUNK, fused_draw.BLOCK = 16, 8
+calls = []
+plain_fd = fused_draw.fused_draw
+fused_draw.fused_draw = lambda *a, **kw: calls.append(1) or plain_fd(*a, **kw)
+policy = t._policy("qwen2")
+for cfg in (SamplingConfig(stop_token_ids=t.STOPS), SamplingConfig(temperature=0.8)):
+    prompts, seeds_B, group_B = t._prompts(groups=3, group_size=3)
+    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 14,
+                     group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+    hf_static._DECODERS.clear()
+    fast = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
+                    group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+    t._assert_same(eager, fast)
+assert len(calls) >= 2 * 14
 print("triton decode attention ok")
 """
 

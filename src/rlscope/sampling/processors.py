@@ -111,15 +111,21 @@ def column_keys(width: int, device: torch.device) -> torch.Tensor:
     return torch.arange(width, device=device, dtype=torch.long) * _GOLDEN
 
 
+def row_hash(row_seeds: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """The int64 hash of (seed, step) that `uniform_noise_at` adds each column's key to before
+    the final mix (shape of ``row_seeds`` broadcast with ``step``)."""
+    # a Python-int step is wrapped to int64 here as a tensor step wraps in torch (past step
+    # ~187, (step + 1) * _M1 no longer fits int64 and torch would refuse the int)
+    offset = _wrap64((step + 1) * _M1) if isinstance(step, int) else (step + 1) * _M1
+    return _fmix64(row_seeds * _GOLDEN + offset)
+
+
 def uniform_noise_at(row_seeds: torch.Tensor, step: int | torch.Tensor,
                      column_keys_V: torch.Tensor) -> torch.Tensor:
     """`uniform_noise` with the column keys given (`column_keys`): the same numbers. A
     compiled kernel then reads the keys rather than multiplying its column index by a 64-bit
     constant (which ``torch.compile``'s Triton code cannot do: the index is 32-bit)."""
-    # a Python-int step is wrapped to int64 here as a tensor step wraps in torch (past step
-    # ~187, (step + 1) * _M1 no longer fits int64 and torch would refuse the int)
-    offset = _wrap64((step + 1) * _M1) if isinstance(step, int) else (step + 1) * _M1
-    x = _fmix64(row_seeds * _GOLDEN + offset)[..., None] + column_keys_V
+    x = row_hash(row_seeds, step)[..., None] + column_keys_V
     bits = (_fmix64(x) >> 40) & ((1 << 24) - 1)
     return (bits.float() + 0.5) / float(1 << 24)
 

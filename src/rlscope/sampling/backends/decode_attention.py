@@ -32,6 +32,8 @@ import torch
 
 BLOCK_N = 64
 """Keys per block of the kernel's loop."""
+NUM_WARPS = 4
+"""Warps per program."""
 _KERNELS: dict[str, Any] = {}
 
 
@@ -95,7 +97,8 @@ def decode_attention(q_BHD: torch.Tensor, k_BLKD: torch.Tensor, v_BLKD: torch.Te
                                 prompt_cols, q_BHD.stride(0), q_BHD.stride(1),
                                 k_BLKD.stride(0), k_BLKD.stride(1), k_BLKD.stride(2),
                                 out_BHD.stride(0), out_BHD.stride(1), scale,
-                                GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D)
+                                GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D,
+                                num_warps=NUM_WARPS)
     return out_BHD
 
 
@@ -129,5 +132,6 @@ def decode_attention_rope(qkv_BX: torch.Tensor, cos_BD: torch.Tensor, sin_signed
                            src_B, start_B, used_B, prompt_cols, qkv_BX.stride(0), cos_BD.stride(0),
                            k_BLKD.stride(0), k_BLKD.stride(1), k_BLKD.stride(2),
                            out_BHD.stride(0), out_BHD.stride(1), scale, H=n_heads, KV=K,
-                           GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D)
+                           GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D,
+                           num_warps=NUM_WARPS)
     return out_BHD

@@ -20,13 +20,13 @@ def attend_span(q, k_base, v_base, start, n, stride_cl, m, s_sum, acc,
         valid = cols < n
         place = (start + cols)[:, None] * stride_cl + d[None, :]
         k = tl.load(k_base + place, mask=valid[:, None], other=0.0)
+        v = tl.load(v_base + place, mask=valid[:, None], other=0.0)  # both loads in flight
         s = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)  # scale may arrive as fp64
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         s_sum = s_sum * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + place, mask=valid[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m = m_new
     return m, s_sum, acc

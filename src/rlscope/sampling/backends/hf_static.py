@@ -61,7 +61,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy, position_ids_from_mask
-from rlscope.sampling.backends import decode_attention
+from rlscope.sampling.backends import decode_attention, fused_draw
 from rlscope.sampling.backends.eager import generate_eager
 from rlscope.sampling.draw import SamplingConfig, assemble, draw
 from rlscope.sampling.graphs import capture, record_draw
@@ -337,17 +337,29 @@ class HFStaticWeights:
             .to(self.dtype)
         return qk_NTJD[:, :, :H], qk_NTJD[:, :, H:], v_NTKD
 
-    def _finish_layer(self, i: int, x_NTD: torch.Tensor, attn_NTE: torch.Tensor
-                      ) -> torch.Tensor:
-        """Residual + output projection, then the gated MLP block."""
+    def _finish_layer(self, i: int, x_NTD: torch.Tensor, attn_NTE: torch.Tensor,
+                      split: int = 0) -> torch.Tensor:
+        """Residual + output projection, then the gated MLP block (``split``: the down
+        projection as `split_k_linear` over that many slices)."""
         x_NTD = x_NTD + F.linear(attn_NTE, self.w_o[i], self.b_o[i])
         h_NTD = self._norm(x_NTD, self.ln2[i]).to(self.dtype)
         gate_NTI, up_NTI = F.linear(h_NTD, self.w_gu[i]).split(self.intermediate, -1)
-        return x_NTD + F.linear(F.silu(gate_NTI).mul_(up_NTI), self.w_down[i])
+        act_NTI = F.silu(gate_NTI).mul_(up_NTI)
+        if split > 1:
+            return x_NTD + split_k_linear(act_NTI, self.w_down[i], split)
+        return x_NTD + F.linear(act_NTI, self.w_down[i])
+
+    def _split_down(self, x: torch.Tensor) -> int:
+        """`SPLIT_K_DOWN` where it applies to a decode step (CUDA, half-precision matmuls, an
+        intermediate size it divides), else 0."""
+        fits = x.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16) \
+            and SPLIT_K_DOWN > 1 and self.intermediate % SPLIT_K_DOWN == 0
+        return SPLIT_K_DOWN if fits else 0
 
     def _logits(self, x_ND: torch.Tensor) -> torch.Tensor:
+        """Next-token logits in the sampling dtype (the draw reads them in float32)."""
         h_ND = self._norm(x_ND, self.norm).to(self.dtype)
-        return F.linear(h_ND, self.head, self.head_bias).float()
+        return F.linear(h_ND, self.head, self.head_bias)
 
     def prefill(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor, rows_N: torch.Tensor,
                 groups_N: torch.Tensor, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]
@@ -393,7 +405,7 @@ class HFStaticWeights:
             k_cache[i].index_copy_(1, col_1, k_B1KD)
             v_cache[i].index_copy_(1, col_1, v_B1KD)
             o_BE = keys.attend(q_B1HD[:, 0], k_cache[i], v_cache[i], self.scale)
-            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None])
+            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None], self._split_down(x_B1D))
         return self._logits(x_B1D[:, 0])
 
     def _decode_fused(self, x_B1D: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -409,7 +421,8 @@ class HFStaticWeights:
             o_BHD = decode_attention.decode_attention_rope(
                 qkv_BX, cos_BD, sin_signed_BD, k_cache[i], v_cache[i], col_1, keys.start_B,
                 keys.used_B, self.n_heads, self.scale, keys.src_B, keys.prompt_cols)
-            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1))
+            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1),
+                                       self._split_down(x_B1D))
         return self._logits(x_B1D[:, 0])
 
 
@@ -418,6 +431,29 @@ FUSE_ROPE = False
 q/k norm), rotate, write the cache and attend in one kernel per layer
 (`decode_attention.decode_attention_rope`) instead of three more launches per layer. Checked
 against the eager path in Triton's interpreter (tests/test_sampling_backends.py)."""
+
+SPLIT_K_DOWN = 0
+"""Experimental (0: off): the decode step's down projection (CUDA, bf16/fp16) as this many
+float32 partial products over slices of its input (`split_k_linear`), summed into the
+residual stream: at 256 rows cuBLAS runs the single product on too few blocks
+(``benchmarks/gemm_layouts.py``)."""
+
+
+def split_k_linear(x_NI: torch.Tensor, w_OI: torch.Tensor, split: int) -> torch.Tensor:
+    """``F.linear(x, w)`` in float32 as ``split`` partial products over equal slices of the
+    input dimension (one strided batched matmul, no copies) summed over the slices: more
+    blocks for cuBLAS at few rows, and no rounding of the product to the input dtype."""
+    *lead, n_in = x_NI.shape
+    x_MSk = x_NI.reshape(-1, split, n_in // split)
+    w_OSk = w_OI.view(w_OI.shape[0], split, n_in // split)
+    parts_SMO = torch.bmm(x_MSk.transpose(0, 1), w_OSk.permute(1, 2, 0),
+                          out_dtype=torch.float32)
+    return parts_SMO.sum(0).view(*lead, w_OI.shape[0])
+
+
+FUSED_DRAW = True
+"""Draw over a large vocabulary at a plain temperature with `fused_draw` (two Triton passes)
+where it `applies`; False: always `rlscope.sampling.draw.draw`."""
 
 GRAPH_PREFILL = True
 """Where the decode step is graphed, the prefill (with token 0's draw) is too, one graph per
@@ -660,9 +696,14 @@ class _Bucket:
     def draw_step(self, logits_BV: torch.Tensor) -> None:
         """Draw this step's token from ``logits_BV`` and record it (graph-safe)."""
         stops = bool(self.stops.numel())
-        gumbel_BV = None if self.cfg.temperature == 0 else self.gumbel(logits_BV.shape[-1])
-        d = draw(logits_BV, self.alive_B if stops else None, gumbel_BV, self.cfg,
-                 self.pad_token_id, self.with_entropy, self.with_sum_p2)
+        alive_B = self.alive_B if stops else None
+        if FUSED_DRAW and fused_draw.applies(self.cfg, logits_BV.shape[-1], logits_BV.device):
+            d = fused_draw.fused_draw(logits_BV, alive_B, self.seeds_B, self.step, self.cfg,
+                                      self.pad_token_id, self.with_entropy, self.with_sum_p2)
+        else:
+            gumbel_BV = None if self.cfg.temperature == 0 else self.gumbel(logits_BV.shape[-1])
+            d = draw(logits_BV, alive_B, gumbel_BV, self.cfg, self.pad_token_id,
+                     self.with_entropy, self.with_sum_p2)
         record_draw(self.out, self.new_tokens, self.step.view(1), d,
                     self.alive_B if stops else None)
         if stops:
