@@ -637,12 +637,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt_len", type=int, default=64, help="prompt tokens per row")
     s.add_argument("--ragged_prompts", action="store_true",
                    help="prompt lengths uniform in [prompt_len/4, prompt_len], left-padded")
-    s.add_argument("--fuse_rope", action="store_true",
-                   help="rlscope's static sampler with its rotation, cache writes and attention "
-                        "in one kernel (hf_static.FUSE_ROPE, experimental)")
+    s.add_argument("--no_fuse_rope", action="store_true",
+                   help="rlscope's static sampler with rotation and cache writes as their own "
+                        "kernels (hf_static.FUSE_ROPE off)")
     s.add_argument("--split_down", type=int, default=0,
                    help="rlscope's static sampler with the decode step's down projection as "
                         "this many split-K partial products (hf_static.SPLIT_K_DOWN; 0 = off)")
+    s.add_argument("--no_fused_draw", action="store_true",
+                   help="rlscope's static sampler drawing with the plain draw "
+                        "(hf_static.FUSED_DRAW off)")
+    s.add_argument("--decode_block", type=int, default=None,
+                   help="keys per block of the Triton decode attention "
+                        "(decode_attention.BLOCK_N; default: the module's)")
+    s.add_argument("--decode_warps", type=int, default=None,
+                   help="warps per program of the Triton decode attention "
+                        "(decode_attention.NUM_WARPS; default: the module's)")
     s.add_argument("--no_graph_prefill", action="store_true",
                    help="rlscope's static sampler with an eager prefill "
                         "(hf_static.GRAPH_PREFILL off)")
@@ -792,10 +801,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if errors:
         p.error("; ".join(errors))
     from rlscope.sampling.backends import hf_static
-    hf_static.FUSE_ROPE = args.fuse_rope
+    hf_static.FUSE_ROPE = not args.no_fuse_rope
     hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
     hf_static.GRAPH_PREFILL = not args.no_graph_prefill
     hf_static.SPLIT_K_DOWN = args.split_down
+    hf_static.FUSED_DRAW = not args.no_fused_draw
+    from rlscope.sampling.backends import decode_attention
+    if args.decode_block is not None:
+        decode_attention.BLOCK_N = args.decode_block
+    if args.decode_warps is not None:
+        decode_attention.NUM_WARPS = args.decode_warps
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
         out = run(args)
     text = json.dumps(out, indent=2, default=str)

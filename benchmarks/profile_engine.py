@@ -444,12 +444,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="extra learner variants (LearnerConfig overrides)")
     p.add_argument("--compile_mode", default=None,
                    help="torch.compile mode of the compiled decode step (hf_static.COMPILE_MODE)")
-    p.add_argument("--fuse_rope", action="store_true",
-                   help="rotation, cache writes and attention in one kernel "
-                        "(hf_static.FUSE_ROPE, experimental)")
+    p.add_argument("--no_fuse_rope", action="store_true",
+                   help="rlscope's static sampler with rotation and cache writes as their own "
+                        "kernels (hf_static.FUSE_ROPE off)")
     p.add_argument("--split_down", type=int, default=0,
                    help="rlscope's static sampler with the decode step's down projection as "
                         "this many split-K partial products (hf_static.SPLIT_K_DOWN; 0 = off)")
+    p.add_argument("--no_fused_draw", action="store_true",
+                   help="rlscope's static sampler drawing with the plain draw "
+                        "(hf_static.FUSED_DRAW off)")
+    p.add_argument("--decode_block", type=int, default=None,
+                   help="keys per block of the Triton decode attention "
+                        "(decode_attention.BLOCK_N; default: the module's)")
+    p.add_argument("--decode_warps", type=int, default=None,
+                   help="warps per program of the Triton decode attention "
+                        "(decode_attention.NUM_WARPS; default: the module's)")
     p.add_argument("--no_graph_prefill", action="store_true",
                    help="rlscope's static sampler with an eager prefill "
                         "(hf_static.GRAPH_PREFILL off)")
@@ -475,10 +484,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         variants.append((label, kv))
     args.learner_variants = variants
     hf_static.COMPILE_MODE = args.compile_mode
-    hf_static.FUSE_ROPE = args.fuse_rope
+    hf_static.FUSE_ROPE = not args.no_fuse_rope
     hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
     hf_static.GRAPH_PREFILL = not args.no_graph_prefill
     hf_static.SPLIT_K_DOWN = args.split_down
+    hf_static.FUSED_DRAW = not args.no_fused_draw
+    from rlscope.sampling.backends import decode_attention
+    if args.decode_block is not None:
+        decode_attention.BLOCK_N = args.decode_block
+    if args.decode_warps is not None:
+        decode_attention.NUM_WARPS = args.decode_warps
     import tempfile
 
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -427,6 +427,7 @@ for b in range(B):
         torch.testing.assert_close(shared_BHD[b, h], w @ v_ND[:, h // 7], atol=1e-5, rtol=0)
 assert not torch.allclose(shared_BHD[1], out_BHD[1])  # row 1 did read row 0's prompt
 assert torch.equal(shared_BHD[2], out_BHD[2])  # its span starts past the prompt
+hf_static.FUSE_ROPE = False  # the plain kernel first; the fused one below
 for arch in ("llama", "qwen3"):
     policy = t._policy(arch)
     cfg = SamplingConfig(stop_token_ids=t.STOPS)

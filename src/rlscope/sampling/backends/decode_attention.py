@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-BLOCK_N = 64
+BLOCK_N = 32
 """Keys per block of the kernel's loop."""
-NUM_WARPS = 4
+NUM_WARPS = 2
 """Warps per program."""
 _KERNELS: dict[str, Any] = {}
 

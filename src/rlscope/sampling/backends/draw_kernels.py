@@ -23,13 +23,14 @@ def fmix64(x):
 
 
 @triton.jit
-def chunk_stats_kernel(logits_ptr, stats_ptr, V, stride_b, temperature, CHUNK: tl.constexpr,
+def chunk_stats_kernel(logits_ptr, stats_ptr, V, stride_b, temperature_ptr, CHUNK: tl.constexpr,
                        BLOCK: tl.constexpr, RAW: tl.constexpr):
     """Per (row, chunk of ``CHUNK`` columns): the max and the sum of exponentials (shifted by
     that max) of ``logits / temperature``, and with ``RAW`` of the logits themselves;
     ``stats[b, c] = (m, s, m_raw, s_raw)``."""
     b = tl.program_id(0)
     c = tl.program_id(1)
+    temperature = tl.load(temperature_ptr)  # a float32 tensor: compiled callers pass floats as fp64
     row = logits_ptr + b * stride_b
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
@@ -63,7 +64,7 @@ def chunk_stats_kernel(logits_ptr, stats_ptr, V, stride_b, temperature, CHUNK: t
 
 @triton.jit
 def chunk_draw_kernel(logits_ptr, norm_ptr, hash_ptr, best_ptr, index_ptr, ent_ptr, p2_ptr,
-                      V, stride_b, temperature, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                      V, stride_b, temperature_ptr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                       RAW: tl.constexpr, ENTROPY: tl.constexpr, SUM_P2: tl.constexpr):
     """Per (row, chunk): the largest ``logp - log(-log u)`` over the chunk and its first
     column (the Gumbel-max draw's candidate), ``logp = (x/T - max) - log(sum)`` with the row's
@@ -72,6 +73,7 @@ def chunk_draw_kernel(logits_ptr, norm_ptr, hash_ptr, best_ptr, index_ptr, ent_p
     ``Σ p_raw · logp_raw``, with ``SUM_P2`` its ``Σ p²``."""
     b = tl.program_id(0)
     c = tl.program_id(1)
+    temperature = tl.load(temperature_ptr)  # a float32 tensor: compiled callers pass floats as fp64
     row = logits_ptr + b * stride_b
     mx = tl.load(norm_ptr + b * 4)
     lse = tl.load(norm_ptr + b * 4 + 1)

@@ -87,9 +87,10 @@ def fused_draw(logits_BV: torch.Tensor, alive_B: torch.Tensor | None, seeds_B: t
     S = -(-V // CHUNK)
     device = logits_BV.device
     k = _kernels()
+    temperature_1 = torch.full((1,), T, dtype=torch.float32, device=device)
     stats_BS4 = torch.empty(B, S, 4, dtype=torch.float32, device=device)
-    k["stats"][(B, S)](logits_BV, stats_BS4, V, logits_BV.stride(0), T, CHUNK=CHUNK,
-                       BLOCK=BLOCK, RAW=raw)
+    k["stats"][(B, S)](logits_BV, stats_BS4, V, logits_BV.stride(0), temperature_1,
+                       CHUNK=CHUNK, BLOCK=BLOCK, RAW=raw)
     m_B, lse_B = _log_sum_exp(stats_BS4[..., 0], stats_BS4[..., 1])
     m1_B, lse1_B = _log_sum_exp(stats_BS4[..., 2], stats_BS4[..., 3]) if raw else (m_B, lse_B)
     norm_B4 = torch.stack([m_B, lse_B, m1_B, lse1_B], 1)
@@ -98,8 +99,8 @@ def fused_draw(logits_BV: torch.Tensor, alive_B: torch.Tensor | None, seeds_B: t
     ent_BS = torch.empty(B, S, dtype=torch.float32, device=device)
     p2_BS = torch.empty(B, S, dtype=torch.float32, device=device)
     k["draw"][(B, S)](logits_BV, norm_B4, row_hash(seeds_B, step), best_BS, index_BS, ent_BS,
-                      p2_BS, V, logits_BV.stride(0), T, CHUNK=CHUNK, BLOCK=BLOCK, RAW=raw,
-                      ENTROPY=with_entropy, SUM_P2=with_sum_p2)
+                      p2_BS, V, logits_BV.stride(0), temperature_1, CHUNK=CHUNK, BLOCK=BLOCK,
+                      RAW=raw, ENTROPY=with_entropy, SUM_P2=with_sum_p2)
     token_B = index_BS.gather(1, best_BS.argmax(1, keepdim=True))[:, 0].long()
     if alive_B is not None:
         token_B = torch.where(alive_B, token_B, pad_token_id)
