@@ -612,6 +612,45 @@ def versions() -> dict[str, str | None]:
             "trl": trl_version}
 
 
+def add_sampler_switches(group: Any) -> None:
+    """Arguments that turn each of rlscope's static-sampler changes off (or an experimental one
+    on), so each is measured against the sampler without it (shared with profile_engine)."""
+    a = group.add_argument
+    a("--no_fuse_rope", action="store_true",
+      help="rotation and cache writes as their own kernels (hf_static.FUSE_ROPE off)")
+    a("--split_down", type=int, default=0,
+      help="the decode step's down projection as this many split-K partial products "
+           "(hf_static.SPLIT_K_DOWN, experimental; 0 = off)")
+    a("--no_fused_draw", action="store_true",
+      help="draw with the plain draw (hf_static.FUSED_DRAW off)")
+    a("--decode_block", type=int, default=None,
+      help="keys per block of the Triton decode attention (decode_attention.BLOCK_N; "
+           "default: the module's)")
+    a("--decode_warps", type=int, default=None,
+      help="warps per program of the Triton decode attention (decode_attention.NUM_WARPS; "
+           "default: the module's)")
+    a("--no_graph_prefill", action="store_true",
+      help="an eager prefill (hf_static.GRAPH_PREFILL off)")
+    a("--no_share_prompt", action="store_true",
+      help="every row reads its own copy of its prompt's keys "
+           "(hf_static.SHARE_PROMPT_KEYS off)")
+
+
+def apply_sampler_switches(args: argparse.Namespace) -> None:
+    """Set the static sampler's module switches from `add_sampler_switches`' arguments."""
+    from rlscope.sampling.backends import decode_attention, hf_static
+
+    hf_static.FUSE_ROPE = not args.no_fuse_rope
+    hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
+    hf_static.GRAPH_PREFILL = not args.no_graph_prefill
+    hf_static.SPLIT_K_DOWN = args.split_down
+    hf_static.FUSED_DRAW = not args.no_fused_draw
+    if args.decode_block is not None:
+        decode_attention.BLOCK_N = args.decode_block
+    if args.decode_warps is not None:
+        decode_attention.NUM_WARPS = args.decode_warps
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -637,27 +676,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt_len", type=int, default=64, help="prompt tokens per row")
     s.add_argument("--ragged_prompts", action="store_true",
                    help="prompt lengths uniform in [prompt_len/4, prompt_len], left-padded")
-    s.add_argument("--no_fuse_rope", action="store_true",
-                   help="rlscope's static sampler with rotation and cache writes as their own "
-                        "kernels (hf_static.FUSE_ROPE off)")
-    s.add_argument("--split_down", type=int, default=0,
-                   help="rlscope's static sampler with the decode step's down projection as "
-                        "this many split-K partial products (hf_static.SPLIT_K_DOWN; 0 = off)")
-    s.add_argument("--no_fused_draw", action="store_true",
-                   help="rlscope's static sampler drawing with the plain draw "
-                        "(hf_static.FUSED_DRAW off)")
-    s.add_argument("--decode_block", type=int, default=None,
-                   help="keys per block of the Triton decode attention "
-                        "(decode_attention.BLOCK_N; default: the module's)")
-    s.add_argument("--decode_warps", type=int, default=None,
-                   help="warps per program of the Triton decode attention "
-                        "(decode_attention.NUM_WARPS; default: the module's)")
-    s.add_argument("--no_graph_prefill", action="store_true",
-                   help="rlscope's static sampler with an eager prefill "
-                        "(hf_static.GRAPH_PREFILL off)")
-    s.add_argument("--no_share_prompt", action="store_true",
-                   help="rlscope's static sampler with every row reading its own copy of its "
-                        "prompt's keys (hf_static.SHARE_PROMPT_KEYS off)")
+    add_sampler_switches(s)
     s.add_argument("--sampler_group", type=int, default=1,
                    help="rows per prompt (consecutive rows share it and a group id, which "
                         "lets rlscope's static backend prefill it once); 1 = every row its "
@@ -800,17 +819,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     errors = check_args(args)
     if errors:
         p.error("; ".join(errors))
-    from rlscope.sampling.backends import hf_static
-    hf_static.FUSE_ROPE = not args.no_fuse_rope
-    hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
-    hf_static.GRAPH_PREFILL = not args.no_graph_prefill
-    hf_static.SPLIT_K_DOWN = args.split_down
-    hf_static.FUSED_DRAW = not args.no_fused_draw
-    from rlscope.sampling.backends import decode_attention
-    if args.decode_block is not None:
-        decode_attention.BLOCK_N = args.decode_block
-    if args.decode_warps is not None:
-        decode_attention.NUM_WARPS = args.decode_warps
+    apply_sampler_switches(args)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON alone
         out = run(args)
     text = json.dumps(out, indent=2, default=str)

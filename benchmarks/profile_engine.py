@@ -36,7 +36,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_engine import SHAPES, build_model, random_prompts
+from hf_engine import (
+    SHAPES,
+    add_sampler_switches,
+    apply_sampler_switches,
+    build_model,
+    random_prompts,
+)
 
 from rlscope.policy.hf import HFPolicy
 from rlscope.sampling import generate
@@ -270,10 +276,9 @@ def triton_sweep(args: argparse.Namespace, q_BHD: torch.Tensor, k_BLKD: torch.Te
             for warps in (2, 4, 8):
                 decode_attention.BLOCK_N, decode_attention.NUM_WARPS = block, warps
                 for label, src_B in (("own", own_B), ("shared", group_B)):
-                    res[f"block{block}/warps{warps}/{label}"] = round(graph_time_us(
-                        lambda src_B=src_B: decode_attention.decode_attention(
-                            q_BHD, k_BLKD, v_BLKD, start_B, used_B, 0.125, src_B,
-                            args.prompt_len)), 2)
+                    res[f"block{block}/warps{warps}/{label}"] = round(graph_time_us(partial(
+                        decode_attention.decode_attention, q_BHD, k_BLKD, v_BLKD, start_B,
+                        used_B, 0.125, src_B, args.prompt_len)), 2)
     finally:
         decode_attention.BLOCK_N, decode_attention.NUM_WARPS = plain
     return res
@@ -444,27 +449,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="extra learner variants (LearnerConfig overrides)")
     p.add_argument("--compile_mode", default=None,
                    help="torch.compile mode of the compiled decode step (hf_static.COMPILE_MODE)")
-    p.add_argument("--no_fuse_rope", action="store_true",
-                   help="rlscope's static sampler with rotation and cache writes as their own "
-                        "kernels (hf_static.FUSE_ROPE off)")
-    p.add_argument("--split_down", type=int, default=0,
-                   help="rlscope's static sampler with the decode step's down projection as "
-                        "this many split-K partial products (hf_static.SPLIT_K_DOWN; 0 = off)")
-    p.add_argument("--no_fused_draw", action="store_true",
-                   help="rlscope's static sampler drawing with the plain draw "
-                        "(hf_static.FUSED_DRAW off)")
-    p.add_argument("--decode_block", type=int, default=None,
-                   help="keys per block of the Triton decode attention "
-                        "(decode_attention.BLOCK_N; default: the module's)")
-    p.add_argument("--decode_warps", type=int, default=None,
-                   help="warps per program of the Triton decode attention "
-                        "(decode_attention.NUM_WARPS; default: the module's)")
-    p.add_argument("--no_graph_prefill", action="store_true",
-                   help="rlscope's static sampler with an eager prefill "
-                        "(hf_static.GRAPH_PREFILL off)")
-    p.add_argument("--no_share_prompt", action="store_true",
-                   help="every row reads its own copy of its prompt's keys "
-                        "(hf_static.SHARE_PROMPT_KEYS off)")
+    add_sampler_switches(p)
     p.add_argument("--skip_attention", action="store_true", help="no attention microbenchmarks")
     p.add_argument("--skip_decode", action="store_true", help="only attention and learner")
     p.add_argument("--output", default=None, help="also write the JSON here")
@@ -484,16 +469,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         variants.append((label, kv))
     args.learner_variants = variants
     hf_static.COMPILE_MODE = args.compile_mode
-    hf_static.FUSE_ROPE = not args.no_fuse_rope
-    hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
-    hf_static.GRAPH_PREFILL = not args.no_graph_prefill
-    hf_static.SPLIT_K_DOWN = args.split_down
-    hf_static.FUSED_DRAW = not args.no_fused_draw
-    from rlscope.sampling.backends import decode_attention
-    if args.decode_block is not None:
-        decode_attention.BLOCK_N = args.decode_block
-    if args.decode_warps is not None:
-        decode_attention.NUM_WARPS = args.decode_warps
+    apply_sampler_switches(args)
     import tempfile
 
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

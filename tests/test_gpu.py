@@ -485,16 +485,7 @@ def test_split_k_down_projection_on_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setattr(hf_static, "SPLIT_K_DOWN", split)
         hf_static._DECODERS.clear()
         out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
-        seq_BT = torch.cat([prompts.tokens_BP, out.completion_tokens_BT], 1)
-        assert prompts.attention_mask_BP is not None
-        mask_BT = torch.cat([prompts.attention_mask_BP,
-                             torch.ones_like(out.completion_tokens_BT)], 1)
-        with torch.no_grad():
-            logits_BTV, _ = policy(seq_BT, mask_BT)
-        P, T = prompts.tokens_BP.shape[1], out.completion_tokens_BT.shape[1]
-        learner_BT = logits_BTV[:, P - 1:P - 1 + T].log_softmax(-1).gather(
-            -1, out.completion_tokens_BT[..., None])[..., 0] * out.completion_mask_BT
-        gaps[split] = (learner_BT - out.logp_raw_BT).abs()
+        gaps[split] = _learner_gap(policy, prompts, out)
     assert gaps[4].max().item() < 0.1
     assert gaps[4].mean().item() < 2 * gaps[0].mean().item() + 1e-3
 
@@ -514,6 +505,21 @@ def test_compiled_gumbel_offsets_equal_the_eager_ones() -> None:
                            gumbel_offsets(seeds_B, step, 151936))
 
 
+def _learner_gap(policy: Any, prompts: PromptBatch, out: Any) -> torch.Tensor:
+    """``|learner - sampler|`` raw log-probs ``[B, T]`` of ``out``'s completions: the
+    learner's teacher-forced forward of prompt + completion against the sampler's record."""
+    seq_BT = torch.cat([prompts.tokens_BP, out.completion_tokens_BT], 1)
+    assert prompts.attention_mask_BP is not None
+    mask_BT = torch.cat([prompts.attention_mask_BP,
+                         torch.ones_like(out.completion_tokens_BT)], 1)
+    with torch.no_grad():
+        logits_BTV, _ = policy(seq_BT, mask_BT)
+    P, T = prompts.tokens_BP.shape[1], out.completion_tokens_BT.shape[1]
+    learner_BT = logits_BTV[:, P - 1:P - 1 + T].log_softmax(-1).gather(
+        -1, out.completion_tokens_BT[..., None])[..., 0] * out.completion_mask_BT
+    return (learner_BT - out.logp_raw_BT).abs()
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_decode_kernels_under_bf16(monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
     """bf16 on CUDA: the decode attention on the Triton kernel and on torch's flash kernel
@@ -530,16 +536,7 @@ def test_decode_kernels_under_bf16(monkeypatch: pytest.MonkeyPatch, compiled: bo
         monkeypatch.setattr(hf_static, "DECODE_KERNEL", kind)
         out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
         assert kind in [b.attention for b in hf_static._DECODERS[policy][2].values()]
-        seq_BT = torch.cat([prompts.tokens_BP, out.completion_tokens_BT], 1)
-        assert prompts.attention_mask_BP is not None
-        mask_BT = torch.cat([prompts.attention_mask_BP,
-                             torch.ones_like(out.completion_tokens_BT)], 1)
-        with torch.no_grad():
-            logits_BTV, _ = policy(seq_BT, mask_BT)
-        P, T = prompts.tokens_BP.shape[1], out.completion_tokens_BT.shape[1]
-        learner_BT = logits_BTV[:, P - 1:P - 1 + T].log_softmax(-1).gather(
-            -1, out.completion_tokens_BT[..., None])[..., 0] * out.completion_mask_BT
-        gaps[kind] = (learner_BT - out.logp_raw_BT).abs()
+        gaps[kind] = _learner_gap(policy, prompts, out)
     for kind in ("triton", "flash"):
         assert gaps[kind].max().item() < 0.1 and gaps[kind].mean().item() < 0.01
         assert gaps[kind].mean().item() < 2 * gaps["mask"].mean().item() + 1e-3
