@@ -394,7 +394,7 @@ def test_flash_decode_attends_to_the_mask_paths_keys(monkeypatch: pytest.MonkeyP
     _assert_same(eager, fast)
 
 
-_TRITON_CHECK = """
+_TRITON_KERNELS = """
 import dataclasses, torch
 from rlscope.sampling import generate
 from rlscope.sampling.backends import decode_attention, hf_static
@@ -427,6 +427,43 @@ for b in range(B):
         torch.testing.assert_close(shared_BHD[b, h], w @ v_ND[:, h // 7], atol=1e-5, rtol=0)
 assert not torch.allclose(shared_BHD[1], out_BHD[1])  # row 1 did read row 0's prompt
 assert torch.equal(shared_BHD[2], out_BHD[2])  # its span starts past the prompt
+# the fused draw: the eager draw's tokens and log-probs (chunks of 512 and 16 columns)
+from rlscope.sampling.backends import fused_draw
+from rlscope.sampling.draw import draw
+from rlscope.sampling.processors import gumbel_offsets
+
+fused_draw.ON_CPU, fused_draw.MIN_VOCAB = True, 0
+fused_draw.CHUNK, fused_draw.BLOCK = 512, 128
+logits_BV = torch.randn(6, 1500, generator=g) * 3
+logits_BV[1, 700] = 40.0  # a near-certain token in the second chunk
+seeds_B = torch.arange(6) * 977 + 5
+alive_B = torch.tensor([True, True, False, True, True, True])
+step = torch.tensor(3)
+for T in (1.0, 0.7):
+    cfg = SamplingConfig(temperature=T)
+    assert fused_draw.applies(cfg, 1500, logits_BV.device)
+    want = draw(logits_BV, alive_B, gumbel_offsets(seeds_B, step, 1500), cfg, 0, True, True)
+    got = fused_draw.fused_draw(logits_BV, alive_B, seeds_B, step, cfg, 0, True, True)
+    assert torch.equal(got.token_B, want.token_B), (T, got.token_B, want.token_B)
+    assert got.token_B[1] == 700 and got.token_B[2] == 0
+    for name in ("logp_sampler_B", "logp_raw_B", "entropy_B", "sum_p2_B"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-5, rtol=1e-5)
+    assert (got.logp_raw_B is got.logp_sampler_B) == (T == 1.0)
+assert not fused_draw.applies(SamplingConfig(top_k=20), 1500, logits_BV.device)
+assert not fused_draw.applies(SamplingConfig(top_p=0.9), 1500, logits_BV.device)
+assert not fused_draw.applies(SamplingConfig(temperature=0.0), 1500, logits_BV.device)
+print("triton kernels ok")
+"""
+
+_TRITON_SAMPLER = """
+import dataclasses, torch
+from rlscope.sampling import generate
+from rlscope.sampling.backends import decode_attention, hf_static
+from rlscope.sampling.draw import SamplingConfig
+import tests.test_sampling_backends as t
+
+from rlscope.sampling.backends import fused_draw
+
 hf_static.FUSE_ROPE = False  # the plain kernel first; the fused one below
 for arch in ("llama", "qwen3"):
     policy = t._policy(arch)
@@ -481,31 +518,7 @@ for arch in ("llama", "qwen3"):
         assert bucket.prefills[8][1]["rows"].tolist() == [0, 3, 6] + [0] * 5
         t._assert_same(eager, graphed)
 
-# the fused draw: the eager draw's tokens and log-probs (chunks of 512 and 16 columns)
-from rlscope.sampling.backends import fused_draw
-from rlscope.sampling.draw import draw
-from rlscope.sampling.processors import gumbel_offsets
-
 fused_draw.ON_CPU, fused_draw.MIN_VOCAB = True, 0
-fused_draw.CHUNK, fused_draw.BLOCK = 512, 128
-logits_BV = torch.randn(6, 1500, generator=g) * 3
-logits_BV[1, 700] = 40.0  # a near-certain token in the second chunk
-seeds_B = torch.arange(6) * 977 + 5
-alive_B = torch.tensor([True, True, False, True, True, True])
-step = torch.tensor(3)
-for T in (1.0, 0.7):
-    cfg = SamplingConfig(temperature=T)
-    assert fused_draw.applies(cfg, 1500, logits_BV.device)
-    want = draw(logits_BV, alive_B, gumbel_offsets(seeds_B, step, 1500), cfg, 0, True, True)
-    got = fused_draw.fused_draw(logits_BV, alive_B, seeds_B, step, cfg, 0, True, True)
-    assert torch.equal(got.token_B, want.token_B), (T, got.token_B, want.token_B)
-    assert got.token_B[1] == 700 and got.token_B[2] == 0
-    for name in ("logp_sampler_B", "logp_raw_B", "entropy_B", "sum_p2_B"):
-        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-5, rtol=1e-5)
-    assert (got.logp_raw_B is got.logp_sampler_B) == (T == 1.0)
-assert not fused_draw.applies(SamplingConfig(top_k=20), 1500, logits_BV.device)
-assert not fused_draw.applies(SamplingConfig(top_p=0.9), 1500, logits_BV.device)
-assert not fused_draw.applies(SamplingConfig(temperature=0.0), 1500, logits_BV.device)
 # in the static sampler (vocabulary 40: chunks of 16 columns, 3 per row)
 fused_draw.CHUNK, fused_draw.BLOCK = 16, 8
 calls = []
@@ -521,25 +534,40 @@ for cfg in (SamplingConfig(stop_token_ids=t.STOPS), SamplingConfig(temperature=0
                     group_id_B=group_B, with_entropy=True, with_sum_p2=True)
     t._assert_same(eager, fast)
 assert len(calls) >= 2 * 14
-print("triton decode attention ok")
+print("triton sampler ok")
 """
 
 
-def test_triton_decode_kernel_in_the_interpreter() -> None:
-    """`decode_attention` in Triton's CPU interpreter (a fresh process: the interpreter must
-    be on before Triton is imported), where Triton is installed: against plain attention over
-    each row's span (GQA groups of 7 as in the 0.5B shape; spans shorter than, equal to and
-    longer than a key block; spans starting mid-cache), and as the static sampler's decode
-    attention: the eager path's tokens and log-probs (float32, ragged prompts, stops)."""
+def _interpreted(script: str) -> str:
+    """Run ``script`` in a fresh process with Triton's CPU interpreter on (it must be on
+    before Triton is imported); its stdout."""
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root),
                                           os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", _TRITON_CHECK], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "triton decode attention ok" in out.stdout
+    return out.stdout
+
+
+def test_triton_kernels_in_the_interpreter() -> None:
+    """The Triton kernels in Triton's CPU interpreter, where Triton is installed:
+    `decode_attention` against plain attention over each row's span (GQA groups of 7 as in the
+    0.5B shape; spans shorter than, equal to and longer than a key block; spans starting
+    mid-cache; prompts read from another row), and `fused_draw` against `draw` (temperatures 1
+    and 0.7, a finished row, chunk boundaries)."""
+    assert "triton kernels ok" in _interpreted(_TRITON_KERNELS)
+
+
+@pytest.mark.slow
+def test_triton_kernels_in_the_static_sampler_in_the_interpreter() -> None:
+    """The static sampler on the Triton kernels in the interpreter (slow: every kernel call is
+    interpreted): the eager path's tokens and log-probs (float32, ragged prompts, stops) with
+    the decode attention, with the rotation fused into it, through the graphed flow (prompt
+    groups padded to a power of two) and with `fused_draw`."""
+    assert "triton sampler ok" in _interpreted(_TRITON_SAMPLER)
 
 
 def test_decode_kernels_need_left_padding(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,7 @@ def chunk_stats_kernel(logits_ptr, stats_ptr, V, stride_b, temperature_ptr, CHUN
     b = tl.program_id(0)
     c = tl.program_id(1)
     temperature = tl.load(temperature_ptr)  # a float32 tensor: compiled callers pass floats as fp64
-    row = logits_ptr + b * stride_b
+    row = logits_ptr + b.to(tl.int64) * stride_b  # B·V may pass 2**31
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
     m1 = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -74,7 +74,7 @@ def chunk_draw_kernel(logits_ptr, norm_ptr, hash_ptr, best_ptr, index_ptr, ent_p
     b = tl.program_id(0)
     c = tl.program_id(1)
     temperature = tl.load(temperature_ptr)  # a float32 tensor: compiled callers pass floats as fp64
-    row = logits_ptr + b * stride_b
+    row = logits_ptr + b.to(tl.int64) * stride_b  # B·V may pass 2**31
     mx = tl.load(norm_ptr + b * 4)
     lse = tl.load(norm_ptr + b * 4 + 1)
     mx1 = tl.load(norm_ptr + b * 4 + 2)
