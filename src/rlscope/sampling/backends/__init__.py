@@ -8,7 +8,9 @@ tokens for the same row seeds, processed and raw log-probs, the kept top-k/top-p
   loop; every policy (on CUDA the tiny transformer replays it from CUDA graphs).
 - ``static`` (`hf_static.HFStaticBackend`): rlscope's own decode step over the weights of a Hugging
   Face Llama / Qwen2 / Qwen3 / Mistral model, with a preallocated static KV cache, the prompt
-  prefilled once per group, and on CUDA the decode step replayed from CUDA graphs.
+  prefilled once per group, and on CUDA the prefill and the decode step replayed from CUDA
+  graphs; its Triton kernels are `decode_attention` (kernels in `decode_kernels`) and
+  `fused_draw` (kernels in `draw_kernels`).
 - ``auto``: ``static`` where it supports the policy on a CUDA device, else ``eager``.
 
 An external engine (vLLM, SGLang, colocated on the same GPU) plugs in as one more entry: an
