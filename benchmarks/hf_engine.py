@@ -636,6 +636,20 @@ def add_sampler_switches(group: Any) -> None:
            "(hf_static.SHARE_PROMPT_KEYS off)")
 
 
+def sampler_switch_errors(args: argparse.Namespace) -> list[str]:
+    """Problems with `add_sampler_switches`' arguments, each saying what to change."""
+    errors = []
+    if args.split_down < 0:
+        errors.append(f"--split_down must be >= 0 (got {args.split_down})")
+    if args.decode_block is not None and args.decode_block not in (16, 32, 64, 128, 256):
+        errors.append(f"--decode_block must be 16, 32, 64, 128 or 256 (a tl.dot side; got "
+                      f"{args.decode_block})")
+    if args.decode_warps is not None and args.decode_warps not in (1, 2, 4, 8, 16):
+        errors.append(f"--decode_warps must be a power of two from 1 to 16 (got "
+                      f"{args.decode_warps})")
+    return errors
+
+
 def apply_sampler_switches(args: argparse.Namespace) -> None:
     """Set the static sampler's module switches from `add_sampler_switches`' arguments."""
     from rlscope.sampling.backends import decode_attention, hf_static
@@ -731,7 +745,7 @@ def parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> list[str]:
     """Problems with the options, each saying what to change (none: an empty list)."""
-    errors = []
+    errors = sampler_switch_errors(args)
     counts = {"--batch_sizes": min(args.batch_sizes), "--new_tokens": min(args.new_tokens),
               "--prompt_len": args.prompt_len, "--repeats": args.repeats,
               "--sampler_group": args.sampler_group,

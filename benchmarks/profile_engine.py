@@ -42,6 +42,7 @@ from hf_engine import (
     apply_sampler_switches,
     build_model,
     random_prompts,
+    sampler_switch_errors,
 )
 
 from rlscope.policy.hf import HFPolicy
@@ -454,6 +455,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--skip_decode", action="store_true", help="only attention and learner")
     p.add_argument("--output", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
+    errors = sampler_switch_errors(args)
+    if errors:
+        p.error("; ".join(errors))
     if not torch.cuda.is_available():
         raise SystemExit(f"{Path(__file__).name} profiles GPU kernels: it needs a CUDA device")
     variants: list[tuple[str, dict[str, Any]]] = [("packed", {})]

@@ -131,6 +131,30 @@ def test_inconsistent_options_are_rejected_before_any_work() -> None:
         hf_engine.main(["--learner_rows", "10"])  # not a multiple of --learner_group 8
 
 
+def test_sampler_switches_are_checked_then_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The static sampler's switches: a block or warp count Triton cannot compile is refused
+    with the allowed values; valid ones set the module switches they name."""
+    from rlscope.sampling.backends import decode_attention, hf_static
+
+    bad = hf_engine.parser().parse_args(["--decode_block", "8", "--decode_warps", "3",
+                                         "--split_down", "-1"])
+    errors = hf_engine.check_args(bad)
+    assert any("--decode_block must be 16, 32" in e for e in errors)
+    assert any("--decode_warps must be a power of two" in e for e in errors)
+    assert any("--split_down must be >= 0" in e for e in errors)
+    for module, names in ((hf_static, ("FUSE_ROPE", "SHARE_PROMPT_KEYS", "GRAPH_PREFILL",
+                                       "SPLIT_K_DOWN", "FUSED_DRAW")),
+                          (decode_attention, ("BLOCK_N", "NUM_WARPS"))):
+        for name in names:  # restored after the test
+            monkeypatch.setattr(module, name, getattr(module, name))
+    hf_engine.apply_sampler_switches(hf_engine.parser().parse_args(
+        ["--no_fuse_rope", "--no_share_prompt", "--no_graph_prefill", "--no_fused_draw",
+         "--split_down", "4", "--decode_block", "128", "--decode_warps", "8"]))
+    assert (hf_static.FUSE_ROPE, hf_static.SHARE_PROMPT_KEYS, hf_static.GRAPH_PREFILL,
+            hf_static.FUSED_DRAW, hf_static.SPLIT_K_DOWN) == (False, False, False, False, 4)
+    assert (decode_attention.BLOCK_N, decode_attention.NUM_WARPS) == (128, 8)
+
+
 def test_grouped_ragged_prompts_repeat_within_a_group() -> None:
     import torch
 

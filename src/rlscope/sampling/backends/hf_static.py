@@ -400,12 +400,13 @@ class HFStaticWeights:
         rope = self._rope(x_B1D, pos_B[:, None])
         if FUSE_ROPE and keys.kind == "triton" and not self.qk_norm:
             return self._decode_fused(x_B1D, rope, col_1, keys, k_cache, v_cache)
+        split = self._split_down(x_B1D)
         for i in range(len(self.w_qkv)):
             q_B1HD, k_B1KD, v_B1KD = self._qkv(i, x_B1D, rope)
             k_cache[i].index_copy_(1, col_1, k_B1KD)
             v_cache[i].index_copy_(1, col_1, v_B1KD)
             o_BE = keys.attend(q_B1HD[:, 0], k_cache[i], v_cache[i], self.scale)
-            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None], self._split_down(x_B1D))
+            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None], split)
         return self._logits(x_B1D[:, 0])
 
     def _decode_fused(self, x_B1D: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -415,14 +416,14 @@ class HFStaticWeights:
         (`decode_attention.decode_attention_rope`; `FUSE_ROPE`)."""
         B = x_B1D.shape[0]
         cos_BD, sin_signed_BD = (r.reshape(B, self.head_dim) for r in rope)
+        split = self._split_down(x_B1D)
         for i in range(len(self.w_qkv)):
             h_B1D = self._norm(x_B1D, self.ln1[i]).to(self.dtype)
             qkv_BX = F.linear(h_B1D[:, 0], self.w_qkv[i], self.b_qkv[i])
             o_BHD = decode_attention.decode_attention_rope(
                 qkv_BX, cos_BD, sin_signed_BD, k_cache[i], v_cache[i], col_1, keys.start_B,
                 keys.used_B, self.n_heads, self.scale, keys.src_B, keys.prompt_cols)
-            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1),
-                                       self._split_down(x_B1D))
+            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1), split)
         return self._logits(x_B1D[:, 0])
 
 
@@ -645,34 +646,36 @@ class _Bucket:
                                          self.v_cache)
         self.draw_step(logits_GV.index_select(0, row_group_B))
 
-    def run_prefill(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor,
-                    rows_N: torch.Tensor, groups_N: torch.Tensor, row_group_B: torch.Tensor,
-                    graphed: bool, reset: Callable[[], None]) -> None:
-        """`prefill_step` after ``reset()`` (which sets the decode state). ``graphed``: replay
-        a CUDA graph of it, captured on first use for this many groups rounded up to a power
-        of two (extra groups repeat group 0, so they rewrite its keys with the same values): the
+    def run_prefill(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor, first_G: torch.Tensor,
+                    row_group_B: torch.Tensor, shared: bool, graphed: bool,
+                    reset: Callable[[], None]) -> None:
+        """`prefill_step` after ``reset()`` (which sets the decode state). The keys of prompt
+        ``g`` go to cache row ``first_G[g]`` only (``shared``: every row of the group reads
+        them there) or to every row ``b`` of group ``row_group_B[b]``. ``graphed``: replay a
+        CUDA graph of it, captured on first use for this many groups rounded up to a power of
+        two (extra groups repeat group 0, so they rewrite its keys with the same values): the
         eager prefill is bound by launching ~25 kernels a layer from the host (17–19 ms per
         call on an H100 at both of issue 17's shapes)."""
-        if not graphed:
-            reset()
-            self.prefill_step(tokens_GP, mask_GP, rows_N, groups_N, row_group_B)
-            return
-        G = tokens_GP.shape[0]
-        Gb = bucket_rows(G)
-        fill_G = F.pad(torch.arange(G, device=tokens_GP.device), (0, Gb - G))
-        # per-group index lists (one entry per group: the shared-prompt writes) grow with them
-        rows_N, groups_N = (x[fill_G] if x.shape[0] == G else x for x in (rows_N, groups_N))
+        G, device = tokens_GP.shape[0], tokens_GP.device
+        fill_G = F.pad(torch.arange(G, device=device), (0, bucket_rows(G) - G)) if graphed \
+            else torch.arange(G, device=device)
+        if shared:
+            rows_N, groups_N = first_G[fill_G], fill_G
+        else:
+            rows_N, groups_N = torch.arange(self.rows, device=device), row_group_B
         inputs = {"tokens": tokens_GP[fill_G], "mask": mask_GP[fill_G], "rows": rows_N,
                   "groups": groups_N, "row_group": row_group_B}
-        entry = self.prefills.get(Gb)
+        if not graphed:
+            reset()
+            self.prefill_step(*inputs.values())
+            return
+        entry = self.prefills.get(len(fill_G))
         if entry is None or any(entry[1][k].shape != v.shape for k, v in inputs.items()):
             static = {k: v.clone() for k, v in inputs.items()}
             reset()
             with torch.autocast(self.weights.device.type, enabled=False):
-                graph = capture(lambda: self.prefill_step(
-                    static["tokens"], static["mask"], static["rows"], static["groups"],
-                    static["row_group"]))
-            entry = self.prefills[Gb] = (graph, static)
+                graph = capture(lambda: self.prefill_step(*static.values()))
+            entry = self.prefills[len(fill_G)] = (graph, static)
         for name, value in inputs.items():
             entry[1][name].copy_(value)
         reset()
@@ -706,8 +709,7 @@ class _Bucket:
             gumbel_BV = None if self.cfg.temperature == 0 else self.gumbel(logits_BV.shape[-1])
             d = draw(logits_BV, alive_B, gumbel_BV, self.cfg, self.pad_token_id,
                      self.with_entropy, self.with_sum_p2)
-        record_draw(self.out, self.new_tokens, self.step.view(1), d,
-                    self.alive_B if stops else None)
+        record_draw(self.out, self.new_tokens, self.step.view(1), d, alive_B)
         if stops:
             # = torch.isin, whose sorting path (long stop lists) cannot be captured
             self.alive_B &= ~(d.token_B[:, None] == self.stops).any(-1)
@@ -923,11 +925,8 @@ class HFStaticBackend:
         mask_GP = F.pad(mask_BP[first_G], (Pb - P, 0))
         row_group_Bb = torch.cat([row_group_B, row_group_B[:1].expand(Bb - B)])
         mask_BbPb = mask_GP[row_group_Bb]
+        # the prompt's keys in the group's first row only, where every row reads them
         share = bucket.attention == "triton" and SHARE_PROMPT_KEYS
-        if share:  # the prompt's keys in the group's first row only, where every row reads them
-            rows_N, groups_N = first_G, torch.arange(len(first_G), device=device)
-        else:
-            rows_N, groups_N = torch.arange(Bb, device=device), row_group_Bb
         src_Bb = first_G[row_group_Bb] if share else None
         pos_Bb = mask_BbPb.sum(-1)
 
@@ -941,4 +940,4 @@ class HFStaticBackend:
             bucket.seeds_B.zero_()
             bucket.seeds_B[:B].copy_(row_seeds_B)
 
-        bucket.run_prefill(tokens_GP, mask_GP, rows_N, groups_N, row_group_Bb, graphed, reset)
+        bucket.run_prefill(tokens_GP, mask_GP, first_G, row_group_Bb, share, graphed, reset)
