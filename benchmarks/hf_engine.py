@@ -618,9 +618,9 @@ def add_sampler_switches(group: Any) -> None:
     a = group.add_argument
     a("--no_fuse_rope", action="store_true",
       help="rotation and cache writes as their own kernels (hf_static.FUSE_ROPE off)")
-    a("--split_down", type=int, default=0,
+    a("--split_down", type=int, default=None,
       help="the decode step's down projection as this many split-K partial products "
-           "(hf_static.SPLIT_K_DOWN, experimental; 0 = off)")
+           "(hf_static.SPLIT_K_DOWN; 0 = one product; default: the module's)")
     a("--no_fused_draw", action="store_true",
       help="draw with the plain draw (hf_static.FUSED_DRAW off)")
     a("--decode_block", type=int, default=None,
@@ -639,7 +639,7 @@ def add_sampler_switches(group: Any) -> None:
 def sampler_switch_errors(args: argparse.Namespace) -> list[str]:
     """Problems with `add_sampler_switches`' arguments, each saying what to change."""
     errors = []
-    if args.split_down < 0:
+    if args.split_down is not None and args.split_down < 0:
         errors.append(f"--split_down must be >= 0 (got {args.split_down})")
     if args.decode_block is not None and args.decode_block not in (16, 32, 64, 128, 256):
         errors.append(f"--decode_block must be 16, 32, 64, 128 or 256 (a tl.dot side; got "
@@ -657,7 +657,8 @@ def apply_sampler_switches(args: argparse.Namespace) -> None:
     hf_static.FUSE_ROPE = not args.no_fuse_rope
     hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
     hf_static.GRAPH_PREFILL = not args.no_graph_prefill
-    hf_static.SPLIT_K_DOWN = args.split_down
+    if args.split_down is not None:
+        hf_static.SPLIT_K_DOWN = args.split_down
     hf_static.FUSED_DRAW = not args.no_fused_draw
     if args.decode_block is not None:
         decode_attention.BLOCK_N = args.decode_block

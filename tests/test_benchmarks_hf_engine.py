@@ -149,10 +149,13 @@ def test_sampler_switches_are_checked_then_set(monkeypatch: pytest.MonkeyPatch) 
             monkeypatch.setattr(module, name, getattr(module, name))
     hf_engine.apply_sampler_switches(hf_engine.parser().parse_args(
         ["--no_fuse_rope", "--no_share_prompt", "--no_graph_prefill", "--no_fused_draw",
-         "--split_down", "4", "--decode_block", "128", "--decode_warps", "8"]))
+         "--split_down", "0", "--decode_block", "128", "--decode_warps", "8"]))
     assert (hf_static.FUSE_ROPE, hf_static.SHARE_PROMPT_KEYS, hf_static.GRAPH_PREFILL,
-            hf_static.FUSED_DRAW, hf_static.SPLIT_K_DOWN) == (False, False, False, False, 4)
+            hf_static.FUSED_DRAW, hf_static.SPLIT_K_DOWN) == (False, False, False, False, 0)
     assert (decode_attention.BLOCK_N, decode_attention.NUM_WARPS) == (128, 8)
+    hf_static.SPLIT_K_DOWN = 4
+    hf_engine.apply_sampler_switches(hf_engine.parser().parse_args([]))
+    assert hf_static.SPLIT_K_DOWN == 4  # no flag: the module's default stays
 
 
 def test_grouped_ragged_prompts_repeat_within_a_group() -> None:

@@ -467,9 +467,10 @@ def test_static_sampler_with_the_fused_draw_equals_eager(monkeypatch: pytest.Mon
 
 def test_split_k_down_projection_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """`hf_static.split_k_linear` equals the float32 product of the bf16 operands, and the
-    graphed sampler with `hf_static.SPLIT_K_DOWN` keeps its log-probs as close to the
-    learner's teacher-forced forward as without it (bf16). Not checked compiled: at this tiny
-    shape, compiling the step inside the graph capture failed (docs/performance.md)."""
+    compiled, graphed sampler with `hf_static.SPLIT_K_DOWN` (the only step it applies to)
+    keeps its log-probs as close to the learner's teacher-forced forward as without it
+    (bf16), starting from a fresh process state (the Triton kernels loaded by the bucket, not
+    lazily inside the compiled step, which recompiled it inside the graph capture)."""
     from rlscope.sampling.backends import hf_static
 
     g = torch.Generator().manual_seed(0)
@@ -479,15 +480,33 @@ def test_split_k_down_projection_on_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
     assert got.dtype == torch.float32 and got.shape == (256, 1, 768)
     torch.testing.assert_close(got, x_NI.float() @ w_OI.float().T, atol=1e-3, rtol=1e-3)
     policy, prompts, seeds_B, group_B = _hf_static_case("qwen2", torch.bfloat16)
-    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11))
+    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11), compile_sampler=True)
+    weights = hf_static.HFStaticWeights(policy.unwrap(), torch.bfloat16)
+    x_B1D = torch.zeros(4, 1, 8, device="cuda")
+
+    def probe(x: torch.Tensor) -> torch.Tensor:
+        return x + weights._split_down(x)
+
+    assert probe(x_B1D).max().item() == 0  # eager (graphed without compile_sampler): no split
+    assert torch.compile(probe)(x_B1D).min().item() == 4  # traced by torch.compile: split
     gaps = {}
-    for split in (0, 4):
+    for split in (4, 0):
+        _forget_kernels(monkeypatch)
         monkeypatch.setattr(hf_static, "SPLIT_K_DOWN", split)
         hf_static._DECODERS.clear()
         out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
         gaps[split] = _learner_gap(policy, prompts, out)
     assert gaps[4].max().item() < 0.1
     assert gaps[4].mean().item() < 2 * gaps[0].mean().item() + 1e-3
+
+
+def _forget_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a fresh process: no Triton kernel module imported yet, no compiled step."""
+    from rlscope.sampling.backends import decode_attention, fused_draw
+
+    monkeypatch.setattr(decode_attention, "_KERNELS", {})
+    monkeypatch.setattr(fused_draw, "_KERNELS", {})
+    torch._dynamo.reset()
 
 
 def test_compiled_gumbel_offsets_equal_the_eager_ones() -> None:

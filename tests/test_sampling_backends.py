@@ -323,6 +323,30 @@ def test_capture_flow_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     _assert_same(static, again, atol=0)
 
 
+@pytest.mark.parametrize("attention", ["triton", "mask"])
+def test_buckets_load_their_triton_kernels_before_compiling(monkeypatch: pytest.MonkeyPatch,
+                                                            attention: str) -> None:
+    """A bucket imports the Triton kernels it will run when it is made, before its step is
+    compiled: imported lazily inside the compiled step they changed its guards, and the step
+    recompiled on its next call, inside the CUDA graph capture, which failed
+    (docs/performance.md)."""
+    from rlscope.sampling.backends import decode_attention, fused_draw
+
+    events: list[str] = []
+    monkeypatch.setattr(decode_attention, "load", lambda: events.append("attention"))
+    monkeypatch.setattr(fused_draw, "load", lambda: events.append("draw"))
+    monkeypatch.setattr(fused_draw, "applies", lambda cfg, vocab, device: cfg.top_k == 0)
+    monkeypatch.setattr(hf_static, "compiles", lambda device: True)
+    monkeypatch.setattr(hf_static, "compile_step",
+                        lambda step: events.append("compile") or step)
+    weights = hf_static.HFStaticWeights(_policy("qwen2").unwrap(), torch.float32)
+    for cfg, want in ((SamplingConfig(compile_sampler=True), ["draw", "compile"]),
+                      (SamplingConfig(top_k=5, compile_sampler=True), ["compile"])):
+        events.clear()
+        hf_static._Bucket(weights, 8, 16, 4, cfg, 0, False, False, attention)
+        assert events == (["attention"] if attention == "triton" else []) + want
+
+
 def test_static_refuses_sequences_past_the_model_length_as_eager_does() -> None:
     policy = _policy("llama")  # max_position_embeddings=128
     prompts, seeds_B, _ = _prompts()

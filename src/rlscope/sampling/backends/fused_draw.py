@@ -62,6 +62,13 @@ def _kernels() -> dict[str, Any]:
     return _KERNELS
 
 
+def load() -> None:
+    """Import the kernels now, before ``torch.compile`` traces a caller: imported lazily
+    inside a compiled step, they change the step's guards (``_KERNELS`` no longer empty),
+    and the step recompiles on its next call, which inside a CUDA graph capture fails."""
+    _kernels()
+
+
 def reset() -> None:
     """Forget the kernels (tests switching ``TRITON_INTERPRET``)."""
     _KERNELS.clear()

@@ -350,11 +350,11 @@ class HFStaticWeights:
         return x_NTD + F.linear(act_NTI, self.w_down[i])
 
     def _split_down(self, x: torch.Tensor) -> int:
-        """`SPLIT_K_DOWN` where it applies to a decode step (CUDA, half-precision matmuls, an
-        intermediate size it divides), else 0."""
+        """`SPLIT_K_DOWN` where it applies to a decode step (being compiled, on CUDA,
+        half-precision matmuls, an intermediate size it divides), else 0."""
         fits = x.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16) \
             and SPLIT_K_DOWN > 1 and self.intermediate % SPLIT_K_DOWN == 0
-        return SPLIT_K_DOWN if fits else 0
+        return SPLIT_K_DOWN if fits and torch.compiler.is_compiling() else 0
 
     def _logits(self, x_ND: torch.Tensor) -> torch.Tensor:
         """Next-token logits in the sampling dtype (the draw reads them in float32)."""
@@ -435,11 +435,14 @@ compiled). Checked against the eager path in Triton's interpreter
 (tests/test_sampling_backends.py) and under bf16 on CUDA (tests/test_gpu.py). False: separate
 kernels."""
 
-SPLIT_K_DOWN = 0
-"""Experimental (0: off): the decode step's down projection (CUDA, bf16/fp16) as this many
-float32 partial products over slices of its input (`split_k_linear`), summed into the
-residual stream: at 256 rows cuBLAS runs the single product on too few blocks
-(``benchmarks/gemm_layouts.py``)."""
+SPLIT_K_DOWN = 4
+"""In the compiled decode step (``compile_sampler``; CUDA, bf16/fp16), the down projection as
+this many float32 partial products over slices of its input (`split_k_linear`), summed into
+the residual stream: at 256 rows cuBLAS runs the single product on too few blocks
+(``benchmarks/gemm_layouts.py``). Measured on one H100, batch 256 × 128 (docs/performance.md):
+compiled, 104M 406.5k → 426.7k tokens/s and 0.5B 152.8k → 159.7k; uncompiled, where the sum
+over the slices is a kernel of its own, it lost 1–2%, so it applies only while
+``torch.compile`` traces the step. 0: one product."""
 
 
 def split_k_linear(x_NI: torch.Tensor, w_OI: torch.Tensor, split: int) -> torch.Tensor:
@@ -633,6 +636,11 @@ class _Bucket:
         self.column_keys_V = column_keys(w.vocab_size, device)
         self.noise: Callable[..., torch.Tensor] = _compiled_noise() \
             if device.type == "cuda" and COMPILE_NOISE else gumbel_offsets_at
+        # before any compile traces them (`decode_attention.load`)
+        if self.attention == "triton":
+            decode_attention.load()
+        if FUSED_DRAW and fused_draw.applies(self.cfg, w.vocab_size, device):
+            fused_draw.load()
         self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
             if self.cfg.compile_sampler and compiles(device) else self.decode_step
         """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""
