@@ -42,7 +42,8 @@ def attend_row(q, k_ptr, v_ptr, b, kv, src_ptr, start_ptr, used_ptr, prompt_cols
     its own columns ``prompt_cols .. start + used``."""
     start = tl.load(start_ptr + b)
     end = start + tl.load(used_ptr + b)
-    src = tl.load(src_ptr + b)
+    src = tl.load(src_ptr + b).to(tl.int64)  # int64 offsets: caches past 2**31 elements
+    own = b.to(tl.int64)
     head = kv * stride_ck
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     s_sum = tl.zeros([BLOCK_G], tl.float32)
@@ -51,7 +52,7 @@ def attend_row(q, k_ptr, v_ptr, b, kv, src_ptr, start_ptr, used_ptr, prompt_cols
     m, s_sum, acc = attend_span(q, k_ptr + src * stride_cb + head,
                                 v_ptr + src * stride_cb + head, start, split - start,
                                 stride_cl, m, s_sum, acc, BLOCK, D, scale)
-    m, s_sum, acc = attend_span(q, k_ptr + b * stride_cb + head, v_ptr + b * stride_cb + head,
+    m, s_sum, acc = attend_span(q, k_ptr + own * stride_cb + head, v_ptr + own * stride_cb + head,
                                 split, end - split, stride_cl, m, s_sum, acc, BLOCK, D, scale)
     return acc / s_sum[:, None]
 
@@ -100,8 +101,8 @@ def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, o_ptr,
     k_new = (k_new * cos + k_r * sin).to(k_ptr.dtype.element_ty)
     v_new = tl.load(row + (H + KV + kv) * D + d)
     col = tl.load(col_ptr)
-    k_base = k_ptr + b * stride_cb + kv * stride_ck
-    v_base = v_ptr + b * stride_cb + kv * stride_ck
+    k_base = k_ptr + b.to(tl.int64) * stride_cb + kv * stride_ck
+    v_base = v_ptr + b.to(tl.int64) * stride_cb + kv * stride_ck
     tl.store(k_base + col * stride_cl + d, k_new)
     tl.store(v_base + col * stride_cl + d, v_new.to(v_ptr.dtype.element_ty))
     tl.debug_barrier()  # the span below includes the column just written
