@@ -258,30 +258,52 @@ def attention_section(args: argparse.Namespace, shape: str) -> dict[str, Any]:
 
 
 def triton_sweep(args: argparse.Namespace, q_BHD: torch.Tensor, k_BLKD: torch.Tensor,
-                 v_BLKD: torch.Tensor, used: int) -> dict[str, float]:
-    """µs of the Triton decode kernel (`decode_attention`) by keys per block, warps per
-    program, and whether the rows of a group of ``--group`` read one copy of the prompt."""
+                 v_BLKD: torch.Tensor, used: int, layers: int = 12) -> dict[str, float]:
+    """µs per call of the Triton decode kernels by keys per block and warps per program:
+    `decode_attention` with every row reading its own prompt copy or the rows of a group of
+    ``--group`` reading one, and `decode_attention_rope` (what the sampler runs: rotation,
+    cache writes, shared prompt). Each graph calls the kernel on ``layers`` caches in turn, as
+    a decode position does, so that the caches come from memory rather than from L2 (a
+    kernel timed on one cache reads it from L2 and looks ~20% faster than it runs)."""
     from rlscope.sampling.backends import decode_attention
 
     if not decode_attention.available(q_BHD.shape[-1]):
         return {}
-    B, dev = q_BHD.shape[0], q_BHD.device
+    B, H, D = q_BHD.shape
+    K, dev = k_BLKD.shape[2], q_BHD.device
     start_B = torch.zeros(B, dtype=torch.int32, device=dev)
     used_B = torch.full((B,), used, dtype=torch.int32, device=dev)
     own_B = torch.arange(B, dtype=torch.int32, device=dev)
     group_B = torch.div(own_B, args.group, rounding_mode="floor") * args.group
+    qkv_BX = torch.randn(B, (H + 2 * K) * D, device=dev, dtype=q_BHD.dtype)
+    angle_BD = torch.rand(B, D, device=dev)
+    cos_BD, sin_BD = angle_BD.cos(), angle_BD.sin()
+    col_1 = torch.full((1,), used - 1, dtype=torch.long, device=dev)
+    caches = [(k_BLKD.clone(), v_BLKD.clone()) for _ in range(layers)]
+
+    def plain(src_B: torch.Tensor) -> None:
+        for k, v in caches:
+            decode_attention.decode_attention(q_BHD, k, v, start_B, used_B, 0.125, src_B,
+                                              args.prompt_len)
+
+    def rope() -> None:
+        for k, v in caches:
+            decode_attention.decode_attention_rope(qkv_BX, cos_BD, sin_BD, k, v, col_1,
+                                                   start_B, used_B, H, 0.125, group_B,
+                                                   args.prompt_len)
+
     res: dict[str, float] = {}
-    plain = (decode_attention.BLOCK_N, decode_attention.NUM_WARPS)
+    saved = (decode_attention.BLOCK_N, decode_attention.NUM_WARPS)
     try:
-        for block in (32, 64, 128):
-            for warps in (2, 4, 8):
+        for block in (16, 32, 64):
+            for warps in (1, 2, 4):
                 decode_attention.BLOCK_N, decode_attention.NUM_WARPS = block, warps
-                for label, src_B in (("own", own_B), ("shared", group_B)):
-                    res[f"block{block}/warps{warps}/{label}"] = round(graph_time_us(partial(
-                        decode_attention.decode_attention, q_BHD, k_BLKD, v_BLKD, start_B,
-                        used_B, 0.125, src_B, args.prompt_len)), 2)
+                for label, fn in (("own", partial(plain, own_B)),
+                                  ("shared", partial(plain, group_B)), ("rope", rope)):
+                    res[f"block{block}/warps{warps}/{label}"] = round(
+                        graph_time_us(fn, iters=20) / layers, 2)
     finally:
-        decode_attention.BLOCK_N, decode_attention.NUM_WARPS = plain
+        decode_attention.BLOCK_N, decode_attention.NUM_WARPS = saved
     return res
 
 
