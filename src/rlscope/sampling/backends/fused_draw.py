@@ -63,9 +63,8 @@ def _kernels() -> dict[str, Any]:
 
 
 def load() -> None:
-    """Import the kernels now, before ``torch.compile`` traces a caller: imported lazily
-    inside a compiled step, they change the step's guards (``_KERNELS`` no longer empty),
-    and the step recompiles on its next call, which inside a CUDA graph capture fails."""
+    """Import the kernels now, before ``torch.compile`` traces a caller (why:
+    `rlscope.sampling.backends.decode_attention.load`)."""
     _kernels()
 
 

@@ -636,10 +636,13 @@ class _Bucket:
         self.column_keys_V = column_keys(w.vocab_size, device)
         self.noise: Callable[..., torch.Tensor] = _compiled_noise() \
             if device.type == "cuda" and COMPILE_NOISE else gumbel_offsets_at
-        # before any compile traces them (`decode_attention.load`)
+        self.fused_draw = FUSED_DRAW and fused_draw.applies(self.cfg, w.vocab_size, device)
+        """Whether `draw_step` draws with `fused_draw.fused_draw` (`FUSED_DRAW`)."""
+        # the kernels this bucket runs, imported before any compile traces them
+        # (`decode_attention.load`)
         if self.attention == "triton":
             decode_attention.load()
-        if FUSED_DRAW and fused_draw.applies(self.cfg, w.vocab_size, device):
+        if self.fused_draw:
             fused_draw.load()
         self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
             if self.cfg.compile_sampler and compiles(device) else self.decode_step
@@ -710,7 +713,7 @@ class _Bucket:
         """Draw this step's token from ``logits_BV`` and record it (graph-safe)."""
         stops = bool(self.stops.numel())
         alive_B = self.alive_B if stops else None
-        if FUSED_DRAW and fused_draw.applies(self.cfg, logits_BV.shape[-1], logits_BV.device):
+        if self.fused_draw:
             d = fused_draw.fused_draw(logits_BV, alive_B, self.seeds_B, self.step, self.cfg,
                                       self.pad_token_id, self.with_entropy, self.with_sum_p2)
         else:
