@@ -39,7 +39,9 @@ Sections (``--sections``), each measured for every model in the same process:
    ``TrainConfig.learner`` when the installed rlscope has it; without it both rows measure the
    one learner there is (the JSON's ``learner_config`` says what ran). Tokens/s counts real
    tokens (prompt + completion, padding excluded); MFU = 6·N·tokens/s over the card's dense
-   bf16 peak (``lm_throughput.PEAK_BF16_FLOPS``; attention FLOPs left out).
+   bf16 peak (``lm_throughput.PEAK_BF16_FLOPS``; attention FLOPs left out). Reported: the
+   median of ``--learner_steps`` timed steps after ``--learner_warmup`` untimed ones, and
+   every timed step (``step_times_s``), so that a step still compiling shows.
 3. ``grpo``: the full GRPO step, `rlscope train` against TRL's `GRPOTrainer` (its default
    generation path, ``model.generate``) on the same saved model, prompts, batch
    (``--grpo_prompts`` × ``--grpo_group``), ``--grpo_new_tokens``, lr, clip ε 0.2, no KL, bf16,
@@ -521,7 +523,7 @@ def learner_section(args: argparse.Namespace, shape: str, model_dir: Path, param
                 times.append(time.perf_counter() - t0)
             step = statistics.median(times)
             tps = real_tokens / step
-            cell.update(status="ok", step_s=step, tokens_per_s=tps,
+            cell.update(status="ok", step_s=step, step_times_s=times, tokens_per_s=tps,
                         mfu=6 * params * tps / peak if peak else None,
                         peak_memory_mb=peak_mb(device))
             log(f"  {tps:,.0f} tokens/s, step {step:.3f} s")
@@ -722,7 +724,10 @@ def parser() -> argparse.ArgumentParser:
                    help="extra TrainConfig.learner fields for the padded mode")
     g.add_argument("--learner_packed", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra TrainConfig.learner fields for the packed mode")
-    g.add_argument("--learner_warmup", type=int, default=1, help="untimed steps first")
+    g.add_argument("--learner_warmup", type=int, default=3,
+                   help="untimed steps first: with compile_blocks=true the first steps still "
+                        "compile (one H100, 0.5B: 0.84 s median over steps 2-4, 0.50 s after "
+                        "3 warm-up steps)")
     g.add_argument("--learner_steps", type=int, default=3, help="timed steps (median)")
     r = p.add_argument_group("grpo")
     r.add_argument("--grpo_prompts", type=int, default=32, help="prompts per step")

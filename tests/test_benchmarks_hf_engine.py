@@ -55,6 +55,7 @@ def test_tiny_cpu_run_writes_json_with_positive_rates(tmp_path: Path,
     for row in learner:
         assert row["status"] == "ok", row
         assert row["step_s"] > 0 and row["tokens_per_s"] > 0
+        assert row["step_times_s"] == [row["step_s"]]  # one timed step: it is the median
         assert 8 * 8 <= row["real_tokens"] < row["padded_tokens"] == 8 * 20
         assert row["plan"]["micro_batch_size"] == 4 and row["plan"]["group_size"] == 2
     assert "grpo" not in tiny
