@@ -178,23 +178,33 @@ def decode_section(args: argparse.Namespace, shape: str, compiled: bool) -> dict
     out: dict[str, Any] = {"graphed_tokens_per_s": args.batch * args.new_tokens / wall,
                            "graphed_ms_per_position": wall / args.new_tokens * 1e3}
     out["call"] = call_phases(call, args.repeats)
+    out["graph_replay_us"] = replay_after_prefill_us(policy, prompts, seeds_B, group_B,
+                                                     args.new_tokens)
     bucket = next(iter(hf_static._DECODERS[policy][2].values()))
-    backend = hf_static.HFStaticBackend()
     with torch.no_grad(), torch.autocast("cuda", enabled=False):
-        backend._prefill(bucket, prompts, seeds_B, group_B)
-        out["graph_replay_us"] = None
-        if bucket.graph is not None:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            n = min(32, args.new_tokens - 2)
-            for _ in range(n):
-                bucket.graph.replay()
-            torch.cuda.synchronize()
-            out["graph_replay_us"] = (time.perf_counter() - t0) / n * 1e6
-            backend._prefill(bucket, prompts, seeds_B, group_B)
+        hf_static.HFStaticBackend._prefill(bucket, prompts, seeds_B, group_B)
         out["profile"] = profile_kernels(bucket.step_fn, min(16, args.new_tokens - 2))
     torch.cuda.empty_cache()
     return out
+
+
+def replay_after_prefill_us(policy: Any, prompts: Any, seeds_B: torch.Tensor,
+                            group_B: torch.Tensor, new_tokens: int) -> float | None:
+    """Mean µs of one graphed decode position of ``policy``'s (only) static-sampler bucket
+    right after a prefill: ``min(32, new_tokens - 2)`` replays, so they stay inside the
+    bucket's cache columns. None when the step is not graphed or no replay fits."""
+    bucket = next(iter(hf_static._DECODERS[policy][2].values()))
+    n = min(32, new_tokens - 2)
+    if bucket.graph is None or n < 1:
+        return None
+    with torch.no_grad(), torch.autocast("cuda", enabled=False):
+        hf_static.HFStaticBackend._prefill(bucket, prompts, seeds_B, group_B)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            bucket.graph.replay()
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def attention_section(args: argparse.Namespace, shape: str) -> dict[str, Any]:

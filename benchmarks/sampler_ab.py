@@ -17,10 +17,11 @@ compiles afresh.
 
 Per variant, after ``--warmup`` untimed calls: the median, min and max wall time of
 ``--repeats`` calls and the completion tokens/s of the median. On CUDA, also the replay time
-of one decode position right after a prefill (the mean of 32 replays of the graphed step),
-the peak memory, and, with ``--profile NAME``, that variant's busiest kernels per position
-(``torch.profiler`` over one call). Name the default setting twice (``base:`` and
-``base2:``) to see the drift within a call. Prints JSON; progress goes to stderr.
+of one decode position right after a prefill (`profile_engine.replay_after_prefill_us`),
+the peak memory, and, with ``--profile NAME``, that variant's kernels over one whole call
+(`profile_engine.profile_kernels`; divide by ``--new_tokens`` for a position). Name the
+default setting twice (``base:`` and ``base2:``) to see the drift within a call. Prints
+JSON; progress goes to stderr.
 
     python benchmarks/sampler_ab.py --model 104m --compile \\
         --variant base: --variant split3:hf_static.SPLIT_K_DOWN=3 \\
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import collections
 import json
 import statistics
 import sys
@@ -51,7 +51,8 @@ from rlscope.sampling.backends import decode_attention, fused_draw, hf_static
 from rlscope.utils import environment_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_engine import SHAPES, build_model, peak_mb, random_prompts, reset_peak, sync
+from hf_engine import SHAPES, build_model, peak_mb, random_prompts, reset_peak, sync, timed
+from profile_engine import profile_kernels, replay_after_prefill_us
 
 MODULES: dict[str, ModuleType] = {"hf_static": hf_static, "decode_attention": decode_attention,
                                   "fused_draw": fused_draw}
@@ -82,7 +83,7 @@ def parse_variant(text: str) -> tuple[str, dict[tuple[str, str], Any]]:
             raise ValueError(f"--variant {name}: {mod} has no setting {attr!r}")
         try:
             value = ast.literal_eval(raw.strip())
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
             raise ValueError(f"--variant {name}: {raw.strip()!r} is not a Python literal "
                              f"(strings need quotes)") from None
         default = getattr(MODULES[mod], attr)
@@ -98,40 +99,6 @@ def apply(settings: dict[tuple[str, str], Any], defaults: dict[tuple[str, str], 
     """Every setting any variant changes back to its default, then this variant's."""
     for (mod, attr), value in {**defaults, **settings}.items():
         setattr(MODULES[mod], attr, value)
-
-
-def replay_us(policy: Any, prompts: Any, seeds_B: torch.Tensor, group_B: torch.Tensor
-              ) -> float | None:
-    """Mean time of one graphed decode position right after a prefill (None when the step
-    is not graphed)."""
-    bucket = next(iter(hf_static._DECODERS[policy][2].values()))
-    if bucket.graph is None:
-        return None
-    backend = hf_static.HFStaticBackend()
-    with torch.no_grad(), torch.autocast("cuda", enabled=False):
-        backend._prefill(bucket, prompts, seeds_B, group_B, hf_static.GRAPH_PREFILL)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(32):
-            bucket.graph.replay()
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / 32 * 1e6
-
-
-def top_kernels(call: Any, positions: int, n: int = 16) -> dict[str, Any]:
-    """The ``n`` busiest CUDA kernels of one ``call`` in µs per decode position."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    busy: collections.Counter[str] = collections.Counter()
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            busy[event.name[:90]] += event.device_time_total
-    return {"busy_us_per_position": round(sum(busy.values()) / positions, 1),
-            "top_us_per_position": [[k, round(v / positions, 1)]
-                                    for k, v in busy.most_common(n)]}
 
 
 def run(args: argparse.Namespace, variants: list[tuple[str, dict[tuple[str, str], Any]]]
@@ -170,19 +137,17 @@ def run(args: argparse.Namespace, variants: list[tuple[str, dict[tuple[str, str]
             reset_peak(device)
             times, tokens = [], 0
             for _ in range(args.repeats):
-                sync(device)
-                t0 = time.perf_counter()
-                tokens = call()
-                sync(device)
-                times.append(time.perf_counter() - t0)
+                seconds, tokens = timed(call, device)
+                times.append(seconds)
             wall = statistics.median(times)
             row.update(completion_tokens=tokens, tokens_per_s=round(tokens / wall, 1),
                        call_ms=round(wall * 1e3, 3), min_call_ms=round(min(times) * 1e3, 3),
                        max_call_ms=round(max(times) * 1e3, 3), peak_memory_mb=peak_mb(device))
             if device.type == "cuda":
-                row["replay_us"] = replay_us(policy, prompts, seeds_B, group_B)
-                if name in args.profile:
-                    row["profile"] = top_kernels(call, args.new_tokens)
+                row["replay_us"] = replay_after_prefill_us(policy, prompts, seeds_B, group_B,
+                                                           args.new_tokens)
+                if name in args.profile:  # one whole call: divide by new_tokens per position
+                    row["profile"] = profile_kernels(call, 1)
             log(f"  {row['tokens_per_s']:,.0f} tokens/s, {row['call_ms']} ms a call")
             rows.append(row)
     finally:

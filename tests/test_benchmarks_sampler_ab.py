@@ -66,6 +66,7 @@ def test_each_variant_runs_under_its_settings_and_the_defaults_return(
     (["x:hf_static.SPLIT_K_DOWN=True"], [],
      "hf_static.SPLIT_K_DOWN takes values of type int (default 4)"),
     (["x:hf_static.FUSED_DRAW=off"], [], "is not a Python literal"),
+    (["x:hf_static.SPLIT_K_DOWN=" + "-" * 100_000 + "1"], [], "is not a Python literal"),
     (["x:hf_static.FUSED_DRAW"], [], "is not module.ATTRIBUTE=value"),
     (["a:", "a:"], [], "names must differ"),
     (["a:"], ["--profile", "b"], "--profile b: no variant of that name"),
