@@ -95,6 +95,73 @@ def profile_kernels(fn: Callable[[], None], calls: int) -> dict[str, Any]:
                     for n, v in top]}
 
 
+def timeline_summary(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
+    """Where one profiled call's wall time goes, from its Chrome-trace ``events``
+    (``torch.profiler``'s ``export_chrome_trace``): the host span (every CPU operator and
+    runtime call), the GPU span (first kernel's start to last kernel's end), the time the GPU
+    is busy (the union of kernels and copies), the host time before the first kernel
+    (``lead_ms``) and after the last (``tail_ms``), the idle time between kernels by gap size,
+    and the ``top`` largest gaps with the kernel after each, the runtime call that launched it
+    (matched by correlation id) and how long after the gap opened that call began (a gap the
+    host opened: the launch came late). Times in the trace are µs."""
+    gpu = sorted((e for e in events if e.get("ph") == "X"
+                  and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda e: float(e["ts"]))
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op",
+                                                                         "cuda_runtime")]
+    if not gpu or not host:
+        return {"error": "no GPU activity or no host operators in the trace"}
+    launches = {e.get("args", {}).get("correlation"): e for e in host
+                if e.get("cat") == "cuda_runtime"}
+    h0 = min(float(e["ts"]) for e in host)
+    h1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in host)
+    g0 = float(gpu[0]["ts"])
+    busy, end = 0.0, g0
+    sizes = {"under_2us": [0, 0.0], "2_to_10us": [0, 0.0], "10_to_100us": [0, 0.0],
+             "over_100us": [0, 0.0]}
+    gaps: list[tuple[float, dict[str, Any]]] = []
+    for e in gpu:
+        ts, dur = float(e["ts"]), float(e.get("dur", 0))
+        if ts > end:
+            gap = ts - end
+            label = "under_2us" if gap < 2 else "2_to_10us" if gap < 10 else \
+                "10_to_100us" if gap < 100 else "over_100us"
+            sizes[label][0] += 1
+            sizes[label][1] += gap
+            launch = launches.get(e.get("args", {}).get("correlation"))
+            gaps.append((gap, {"gap_us": round(gap, 1), "at_ms": round((end - h0) / 1e3, 3),
+                               "next_kernel": str(e.get("name", ""))[:80],
+                               "launched_by": str(launch.get("name", "")) if launch else None,
+                               "launch_after_gap_opened_us":
+                                   round(float(launch["ts"]) - end, 1) if launch else None}))
+        busy += max(0.0, ts + dur - max(ts, end))
+        end = max(end, ts + dur)
+    gaps.sort(key=lambda g: -g[0])
+    return {"host_ms": round((h1 - h0) / 1e3, 3), "gpu_span_ms": round((end - g0) / 1e3, 3),
+            "gpu_busy_ms": round(busy / 1e3, 3), "lead_ms": round((g0 - h0) / 1e3, 3),
+            "tail_ms": round((h1 - end) / 1e3, 3), "kernels": len(gpu),
+            "idle_by_gap_size": {k: {"count": n, "ms": round(t / 1e3, 3)}
+                                 for k, (n, t) in sizes.items()},
+            "largest_gaps": [g for _, g in gaps[:top]]}
+
+
+def call_timeline(fn: Callable[[], Any]) -> dict[str, Any]:
+    """`timeline_summary` of one call of ``fn`` profiled with host and GPU activity (CUDA)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    return timeline_summary(events)
+
+
 def graph_time_us(fn: Callable[[], Any], iters: int = 50) -> float:
     """Mean µs of ``fn`` replayed from a CUDA graph."""
     stream = torch.cuda.Stream()
@@ -178,6 +245,7 @@ def decode_section(args: argparse.Namespace, shape: str, compiled: bool) -> dict
     out: dict[str, Any] = {"graphed_tokens_per_s": args.batch * args.new_tokens / wall,
                            "graphed_ms_per_position": wall / args.new_tokens * 1e3}
     out["call"] = call_phases(call, args.repeats)
+    out["timeline"] = call_timeline(call)
     out["graph_replay_us"] = replay_after_prefill_us(policy, prompts, seeds_B, group_B,
                                                      args.new_tokens)
     bucket = next(iter(hf_static._DECODERS[policy][2].values()))

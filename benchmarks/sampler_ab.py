@@ -19,7 +19,9 @@ Per variant, after ``--warmup`` untimed calls: the median, min and max wall time
 ``--repeats`` calls and the completion tokens/s of the median. On CUDA, also the replay time
 of one decode position right after a prefill (`profile_engine.replay_after_prefill_us`),
 the peak memory, and, with ``--profile NAME``, that variant's kernels over one whole call
-(`profile_engine.profile_kernels`; divide by ``--new_tokens`` for a position). Name the
+(`profile_engine.profile_kernels`; divide by ``--new_tokens`` for a position), and with
+``--timeline NAME`` where one whole call's wall time goes (`profile_engine.call_timeline`:
+the GPU's busy and idle time, the largest gaps and what launched the kernel after each). Name the
 default setting twice (``base:`` and ``base2:``) to see the drift within a call. Prints
 JSON; progress goes to stderr.
 
@@ -52,7 +54,7 @@ from rlscope.utils import environment_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_engine import SHAPES, build_model, peak_mb, random_prompts, reset_peak, sync, timed
-from profile_engine import profile_kernels, replay_after_prefill_us
+from profile_engine import call_timeline, profile_kernels, replay_after_prefill_us
 
 MODULES: dict[str, ModuleType] = {"hf_static": hf_static, "decode_attention": decode_attention,
                                   "fused_draw": fused_draw}
@@ -148,6 +150,8 @@ def run(args: argparse.Namespace, variants: list[tuple[str, dict[tuple[str, str]
                                                            args.new_tokens)
                 if name in args.profile:  # one whole call: divide by new_tokens per position
                     row["profile"] = profile_kernels(call, 1)
+                if name in args.timeline:
+                    row["timeline"] = call_timeline(call)
             log(f"  {row['tokens_per_s']:,.0f} tokens/s, {row['call_ms']} ms a call")
             rows.append(row)
     finally:
@@ -181,6 +185,9 @@ def parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0, help="seed of the random prompts")
     a("--profile", nargs="*", default=[],
       help="variant names whose busiest kernels are profiled (CUDA)")
+    a("--timeline", nargs="*", default=[],
+      help="variant names whose whole call is traced (CUDA): host and GPU spans, GPU idle "
+           "time by gap size, the largest gaps and what launched the kernel after each")
     a("--output", default="", help="also write the JSON to this file")
     return p
 
@@ -199,8 +206,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if len(set(names)) != len(names):
         errors.append(f"--variant names must differ (got {', '.join(names)}); name a repeat "
                       f"base2:")
-    errors += [f"--profile {n}: no variant of that name" for n in args.profile
-               if n not in names]
+    errors += [f"--{flag} {n}: no variant of that name"
+               for flag in ("profile", "timeline") for n in getattr(args, flag) if n not in names]
     for flag in ("batch", "prompt_len", "group", "repeats"):
         if getattr(args, flag) < 1:
             errors.append(f"--{flag} must be >= 1 (got {getattr(args, flag)})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -58,3 +59,47 @@ def test_replays_after_a_prefill_stay_inside_the_cache(monkeypatch: pytest.Monke
     assert profile_engine.replay_after_prefill_us(policy, None, torch.zeros(1),
                                                   torch.zeros(1), 128) is None
     assert events == []
+
+
+def _profile_engine() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import profile_engine
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return profile_engine
+
+
+def test_timeline_splits_a_call_into_busy_time_and_gaps() -> None:
+    """`profile_engine.timeline_summary` on a hand-made trace: host 0–1,000 µs; kernels at
+    100–150, 140–200 (overlapping: busy 100 µs, not 110), 201–210 (a 1 µs gap), 215–220
+    (5 µs), 420–430 (200 µs, its launch began 30 µs after the gap opened) and a copy at
+    900–950 (470 µs); every number below is worked out by hand."""
+    pytest.importorskip("transformers")
+    pe = _profile_engine()
+
+    def x(cat: str, name: str, ts: float, dur: float, corr: int | None = None
+          ) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+                **({"args": {"correlation": corr}} if corr is not None else {})}
+
+    events = [x("cpu_op", "generate", 0, 1000), x("cuda_runtime", "cudaGraphLaunch", 40, 5, 7),
+              x("cuda_runtime", "cudaLaunchKernel", 250, 4, 8),
+              x("kernel", "gemm", 100, 50, 7), x("kernel", "attn", 140, 60, 7),
+              x("kernel", "norm", 201, 9, 7), x("kernel", "silu", 215, 5, 7),
+              x("kernel", "draw", 420, 10, 8), x("gpu_memcpy", "Memcpy DtoH", 900, 50, 9),
+              {"ph": "i", "cat": "kernel", "name": "marker", "ts": 5}]
+    out = pe.timeline_summary(events, top=2)
+    assert out["host_ms"] == 1.0 and out["lead_ms"] == 0.1 and out["tail_ms"] == 0.05
+    assert out["gpu_span_ms"] == 0.85 and out["kernels"] == 6
+    assert out["gpu_busy_ms"] == 0.174  # 100 + 9 + 5 + 10 + 50 µs
+    assert out["idle_by_gap_size"] == {"under_2us": {"count": 1, "ms": 0.001},
+                                       "2_to_10us": {"count": 1, "ms": 0.005},
+                                       "10_to_100us": {"count": 0, "ms": 0.0},
+                                       "over_100us": {"count": 2, "ms": 0.67}}
+    assert out["largest_gaps"] == [
+        {"gap_us": 470.0, "at_ms": 0.43, "next_kernel": "Memcpy DtoH", "launched_by": None,
+         "launch_after_gap_opened_us": None},
+        {"gap_us": 200.0, "at_ms": 0.22, "next_kernel": "draw",
+         "launched_by": "cudaLaunchKernel", "launch_after_gap_opened_us": 30.0}]
+    assert "error" in pe.timeline_summary([x("cpu_op", "generate", 0, 10)])

@@ -70,6 +70,7 @@ def test_each_variant_runs_under_its_settings_and_the_defaults_return(
     (["x:hf_static.FUSED_DRAW"], [], "is not module.ATTRIBUTE=value"),
     (["a:", "a:"], [], "names must differ"),
     (["a:"], ["--profile", "b"], "--profile b: no variant of that name"),
+    (["a:"], ["--timeline", "c"], "--timeline c: no variant of that name"),
     (["a:"], ["--new_tokens", "1"], "--new_tokens must be >= 2"),
     (["a:"], ["--compile"], "--compile needs --device cuda"),
 ])
