@@ -142,7 +142,42 @@ def timeline_summary(events: list[dict[str, Any]], top: int = 12) -> dict[str, A
             "tail_ms": round((h1 - end) / 1e3, 3), "kernels": len(gpu),
             "idle_by_gap_size": {k: {"count": n, "ms": round(t / 1e3, 3)}
                                  for k, (n, t) in sizes.items()},
-            "largest_gaps": [g for _, g in gaps[:top]]}
+            "largest_gaps": [g for _, g in gaps[:top]],
+            "graphs": graph_phases(gpu, host, h0, h1)}
+
+
+def graph_phases(gpu: list[dict[str, Any]], host: list[dict[str, Any]], h0: float, h1: float
+                 ) -> dict[str, Any]:
+    """The call cut at its CUDA graph replays (``cudaGraphLaunch``, in launch order; the
+    static sampler's first is its prefill, the rest its decode positions): each replay's GPU
+    span (its first kernel's start to its last kernel's end, kernels matched to the launch by
+    correlation id); the host-and-GPU time before the first replay's kernels start
+    (``before_first_ms``: the call's setup), the first replay's span, the decode replays'
+    spans (sum, median, min, max) and the idle time between consecutive replays, and the
+    time after the last replay's kernels end (``after_last_ms``). Empty without replays."""
+    launches = sorted((e for e in host if e.get("cat") == "cuda_runtime"
+                       and e.get("name") == "cudaGraphLaunch"), key=lambda e: float(e["ts"]))
+    corr = {e.get("args", {}).get("correlation"): i for i, e in enumerate(launches)}
+    spans: list[list[float]] = [[float("inf"), float("-inf")] for _ in launches]
+    for e in gpu:
+        i = corr.get(e.get("args", {}).get("correlation"))
+        if i is not None:
+            spans[i][0] = min(spans[i][0], float(e["ts"]))
+            spans[i][1] = max(spans[i][1], float(e["ts"]) + float(e.get("dur", 0)))
+    spans = [s for s in spans if s[0] <= s[1]]
+    if not spans:
+        return {}
+    rest = [b - a for a, b in spans[1:]]
+    idle = sum(max(0.0, spans[i + 1][0] - spans[i][1]) for i in range(len(spans) - 1))
+    ordered = sorted(rest)
+    return {"replays": len(spans), "before_first_ms": round((spans[0][0] - h0) / 1e3, 3),
+            "first_ms": round((spans[0][1] - spans[0][0]) / 1e3, 3),
+            "rest_sum_ms": round(sum(rest) / 1e3, 3),
+            "rest_median_us": round(ordered[len(ordered) // 2], 1) if rest else None,
+            "rest_min_us": round(ordered[0], 1) if rest else None,
+            "rest_max_us": round(ordered[-1], 1) if rest else None,
+            "idle_between_ms": round(idle / 1e3, 3),
+            "after_last_ms": round((h1 - spans[-1][1]) / 1e3, 3)}
 
 
 def call_timeline(fn: Callable[[], Any]) -> dict[str, Any]:

@@ -71,10 +71,11 @@ def _profile_engine() -> Any:
 
 
 def test_timeline_splits_a_call_into_busy_time_and_gaps() -> None:
-    """`profile_engine.timeline_summary` on a hand-made trace: host 0–1,000 µs; kernels at
-    100–150, 140–200 (overlapping: busy 100 µs, not 110), 201–210 (a 1 µs gap), 215–220
-    (5 µs), 420–430 (200 µs, its launch began 30 µs after the gap opened) and a copy at
-    900–950 (470 µs); every number below is worked out by hand."""
+    """`profile_engine.timeline_summary` on a hand-made trace: host 0–1,000 µs; a graph
+    replay launched at 40 µs runs kernels at 100–150, 140–200 (overlapping: busy 100 µs, not
+    110), 201–210 (a 1 µs gap) and 215–220 (5 µs); a kernel at 420–430 (200 µs, its launch
+    began 30 µs after the gap opened); a copy at 900–950 (470 µs); a second replay, launched
+    at 300 µs, at 960–990 (10 µs). Every number below is worked out by hand."""
     pytest.importorskip("transformers")
     pe = _profile_engine()
 
@@ -85,21 +86,28 @@ def test_timeline_splits_a_call_into_busy_time_and_gaps() -> None:
 
     events = [x("cpu_op", "generate", 0, 1000), x("cuda_runtime", "cudaGraphLaunch", 40, 5, 7),
               x("cuda_runtime", "cudaLaunchKernel", 250, 4, 8),
+              x("cuda_runtime", "cudaGraphLaunch", 300, 5, 10),
               x("kernel", "gemm", 100, 50, 7), x("kernel", "attn", 140, 60, 7),
               x("kernel", "norm", 201, 9, 7), x("kernel", "silu", 215, 5, 7),
               x("kernel", "draw", 420, 10, 8), x("gpu_memcpy", "Memcpy DtoH", 900, 50, 9),
+              x("kernel", "step", 960, 30, 10),
               {"ph": "i", "cat": "kernel", "name": "marker", "ts": 5}]
     out = pe.timeline_summary(events, top=2)
-    assert out["host_ms"] == 1.0 and out["lead_ms"] == 0.1 and out["tail_ms"] == 0.05
-    assert out["gpu_span_ms"] == 0.85 and out["kernels"] == 6
-    assert out["gpu_busy_ms"] == 0.174  # 100 + 9 + 5 + 10 + 50 µs
+    assert out["host_ms"] == 1.0 and out["lead_ms"] == 0.1 and out["tail_ms"] == 0.01
+    assert out["gpu_span_ms"] == 0.89 and out["kernels"] == 7
+    assert out["gpu_busy_ms"] == 0.204  # 100 + 9 + 5 + 10 + 50 + 30 µs
     assert out["idle_by_gap_size"] == {"under_2us": {"count": 1, "ms": 0.001},
                                        "2_to_10us": {"count": 1, "ms": 0.005},
-                                       "10_to_100us": {"count": 0, "ms": 0.0},
+                                       "10_to_100us": {"count": 1, "ms": 0.01},
                                        "over_100us": {"count": 2, "ms": 0.67}}
     assert out["largest_gaps"] == [
         {"gap_us": 470.0, "at_ms": 0.43, "next_kernel": "Memcpy DtoH", "launched_by": None,
          "launch_after_gap_opened_us": None},
         {"gap_us": 200.0, "at_ms": 0.22, "next_kernel": "draw",
          "launched_by": "cudaLaunchKernel", "launch_after_gap_opened_us": 30.0}]
+    assert out["graphs"] == {"replays": 2, "before_first_ms": 0.1, "first_ms": 0.12,
+                             "rest_sum_ms": 0.03, "rest_median_us": 30.0, "rest_min_us": 30.0,
+                             "rest_max_us": 30.0, "idle_between_ms": 0.74,
+                             "after_last_ms": 0.01}
     assert "error" in pe.timeline_summary([x("cpu_op", "generate", 0, 10)])
+    assert pe.graph_phases([], [], 0.0, 1.0) == {}

@@ -588,6 +588,41 @@ def test_fused_rope_decode_kernel_under_bf16(monkeypatch: pytest.MonkeyPatch,
     assert gap_B[plain.completion_tokens_BT[:, 1] == fused.completion_tokens_BT[:, 1]].max() < 0.05
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_rope_table_equals_per_step_rotation_on_cuda(monkeypatch: pytest.MonkeyPatch,
+                                                     compiled: bool) -> None:
+    """`hf_static.ROPE_TABLE` (each bucket's table of every position's rotation, read by the
+    fused kernel) against the rotation computed every step, bf16 on ragged left-padded prompts
+    with stops: identical uncompiled (the same function of the position); compiled, where the
+    step's own rotation is inductor's arithmetic and the table is eager, the tokens of the
+    first positions and the log-probs to bf16 rounding."""
+    pytest.importorskip("triton")
+    from rlscope.sampling.backends import hf_static
+
+    policy, prompts, seeds_B, group_B = _hf_static_case("qwen2", torch.bfloat16)
+    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11),
+                         compile_sampler=compiled)
+    monkeypatch.setattr(hf_static, "DECODE_KERNEL", "triton")
+    monkeypatch.setattr(hf_static, "FUSE_ROPE", True)
+    outs = []
+    for table in (False, True):
+        monkeypatch.setattr(hf_static, "ROPE_TABLE", table)
+        hf_static._DECODERS.clear()
+        outs.append(generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B))
+        bucket = next(iter(hf_static._DECODERS[policy][2].values()))
+        assert (bucket.rope_table is not None) == table
+    per_step, tabled = outs
+    if not compiled:
+        assert torch.equal(per_step.completion_tokens_BT, tabled.completion_tokens_BT)
+        assert torch.equal(per_step.logp_sampler_BT, tabled.logp_sampler_BT)
+        return
+    same_BT = per_step.completion_tokens_BT[:, :4] == tabled.completion_tokens_BT[:, :4]
+    assert same_BT.float().mean().item() > 0.9
+    same_B = per_step.completion_tokens_BT[:, 1] == tabled.completion_tokens_BT[:, 1]
+    gap_B = (per_step.logp_raw_BT[:, 1] - tabled.logp_raw_BT[:, 1]).abs()
+    assert gap_B[same_B].max() < 0.05
+
+
 def test_triton_decode_attention_equals_flash_on_cuda() -> None:
     """The Triton decode kernel and torch's flash kernel on the same bf16 cache spans: equal
     to bf16 rounding (0.5B shape: 14 query heads over 2 kv heads, head dim 64)."""

@@ -451,6 +451,32 @@ for b in range(B):
         torch.testing.assert_close(shared_BHD[b, h], w @ v_ND[:, h // 7], atol=1e-5, rtol=0)
 assert not torch.allclose(shared_BHD[1], out_BHD[1])  # row 1 did read row 0's prompt
 assert torch.equal(shared_BHD[2], out_BHD[2])  # its span starts past the prompt
+# the fused rotation kernel reading a table of R rotations at each row's row (its position)
+# equals the kernel given each row's own rotation; rows past the table read its last row
+qkv_BX = torch.randn(B, (H + 2 * K) * D, generator=g)
+angle_RD = torch.rand(40, D, generator=g) * 6
+cos_RD, sin_RD = angle_RD.cos(), angle_RD.sin()
+row_B = torch.tensor([3, 39, 0, 57])
+col_1 = torch.tensor([90])
+used_rope_B = torch.tensor([91, 81, 6, 88], dtype=torch.int32)
+outs, caches = [], []
+for tables, rows in (((cos_RD, sin_RD), row_B),
+                     ((cos_RD[row_B.clamp(max=39)], sin_RD[row_B.clamp(max=39)]), None)):
+    k_c, v_c = k_BLKD.clone(), v_BLKD.clone()
+    outs.append(decode_attention.decode_attention_rope(
+        qkv_BX, *tables, k_c, v_c, col_1, start_B, used_rope_B, H, 0.3, src_B, 20, rows))
+    caches.append((k_c, v_c))
+assert torch.equal(outs[0], outs[1])
+assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+assert not torch.equal(caches[0][0][:, 90], k_BLKD[:, 90])  # the new keys were written
+for bad in (torch.zeros(B, 2), torch.zeros(5, D)):
+    try:
+        decode_attention.decode_attention_rope(qkv_BX, bad, bad, k_BLKD, v_BLKD, col_1,
+                                               start_B, used_rope_B, H, 0.3)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"accepted rotation tables of shape {tuple(bad.shape)}")
 # the fused draw: the eager draw's tokens and log-probs (chunks of 512 and 16 columns)
 from rlscope.sampling.backends import fused_draw
 from rlscope.sampling.draw import draw
@@ -516,6 +542,19 @@ for arch in ("llama", "qwen3"):
         hf_static.FUSE_ROPE = False
         assert len(calls) == 13 * 2  # 13 decode positions x 2 layers
         t._assert_same(eager, fused)
+        # the rotations read from the bucket's table (hf_static.ROPE_TABLE) at each row's
+        # position, and the same values as computed every step
+        bucket = next(iter(hf_static._DECODERS[policy][2].values()))
+        assert bucket.rope_table is not None
+        assert bucket.rope_table[0].shape == (bucket.k_cache[0].shape[1], bucket.weights.head_dim)
+        hf_static.FUSE_ROPE, hf_static.ROPE_TABLE = True, False
+        hf_static._DECODERS.clear()
+        per_step = generate(policy, prompts, dataclasses.replace(cfg, backend="static"),
+                            seeds_B, 14, group_id_B=group_B, with_entropy=True,
+                            with_sum_p2=True)
+        hf_static.FUSE_ROPE, hf_static.ROPE_TABLE = False, True
+        assert next(iter(hf_static._DECODERS[policy][2].values())).rope_table is None
+        t._assert_same(fused, per_step, atol=0.0)
         # the graphed flow (CUDA graphs stood in for by re-running the captured function):
         # the prefill's 3 groups padded to 8, the padding rewriting group 0's shared prompt
         replays = []

@@ -109,11 +109,12 @@ def decode_attention(q_BHD: torch.Tensor, k_BLKD: torch.Tensor, v_BLKD: torch.Te
     return out_BHD
 
 
-def decode_attention_rope(qkv_BX: torch.Tensor, cos_BD: torch.Tensor, sin_signed_BD: torch.Tensor,
+def decode_attention_rope(qkv_BX: torch.Tensor, cos_RD: torch.Tensor, sin_signed_RD: torch.Tensor,
                           k_BLKD: torch.Tensor, v_BLKD: torch.Tensor, col_1: torch.Tensor,
                           start_B: torch.Tensor, used_B: torch.Tensor, n_heads: int,
                           scale: float, src_B: torch.Tensor | None = None,
-                          prompt_cols: int = 0) -> torch.Tensor:
+                          prompt_cols: int = 0, rope_row_B: torch.Tensor | None = None
+                          ) -> torch.Tensor:
     """`decode_attention` with the steps before it in the same kernel: ``qkv_BX`` is the fused
     query/key/value projection of one position per row (``[B, (H + 2K)·Dh]``, unrotated); the
     kernel rotates the queries and the new key (``x·cos + x.roll(Dh/2)·sin'``, ``sin'`` with its
@@ -121,24 +122,39 @@ def decode_attention_rope(qkv_BX: torch.Tensor, cos_BD: torch.Tensor, sin_signed
     writes the key and value to cache column ``col_1`` (a ``[1]`` device tensor), and attends
     over columns ``start_B[b] .. start_B[b] + used_B[b]``, which must include ``col_1``
     (``col_1 >= prompt_cols``; shared prompts through ``src_B`` as in `decode_attention`).
-    Returns ``[B, H, Dh]``. Saves the rotation and the two cache writes as separate kernels
-    (three launches per layer). Graph-safe."""
+
+    The rotation of row ``b`` is row ``rope_row_B[b]`` (integer ``[B]``, e.g. the positions,
+    clamped to the table) of the ``[R, Dh]`` tables ``cos_RD`` and ``sin_signed_RD``; without
+    ``rope_row_B``, row ``b`` (tables of ``B`` rows, one per query row). Returns
+    ``[B, H, Dh]``. Saves the rotation and the two cache writes as separate kernels (three
+    launches per layer), and with a table of every position the rotation's own kernels.
+    Graph-safe."""
     B = qkv_BX.shape[0]
     K, D = k_BLKD.shape[2], k_BLKD.shape[3]
     group = n_heads // K
     if qkv_BX.shape[1] != (n_heads + 2 * K) * D or qkv_BX.stride(1) != 1 \
-            or cos_BD.stride(1) != 1 or sin_signed_BD.stride() != cos_BD.stride() \
+            or cos_RD.stride(1) != 1 or sin_signed_RD.stride() != cos_RD.stride() \
+            or cos_RD.shape != sin_signed_RD.shape or cos_RD.shape[1] != D \
             or k_BLKD.stride(-1) != 1 or k_BLKD.stride() != v_BLKD.stride():
-        raise ValueError("decode_attention_rope needs [B, (H + 2K)·Dh] projections, [B, Dh] "
-                         "rotations and caches of one layout, all contiguous in the last "
-                         "dimension")
+        raise ValueError("decode_attention_rope needs [B, (H + 2K)·Dh] projections, [R, Dh] "
+                         "rotation tables and caches of one layout, all contiguous in the "
+                         "last dimension")
+    if rope_row_B is None:
+        if cos_RD.shape[0] != B:
+            raise ValueError(f"without rope_row_B the rotation tables need one row per query "
+                             f"row ({B}), got {cos_RD.shape[0]}")
+        rope_row_B = torch.arange(B, dtype=torch.int32, device=qkv_BX.device)
+    elif rope_row_B.shape != (B,) or rope_row_B.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"rope_row_B must be an integer [{B}] tensor, got {rope_row_B.dtype} "
+                         f"{tuple(rope_row_B.shape)}")
     out_BHD = torch.empty(B, n_heads, D, dtype=k_BLKD.dtype, device=qkv_BX.device)
     block_g = max(16, 1 << (group - 1).bit_length())
     src_B = _own_rows(src_B, B, qkv_BX.device)
-    _kernels()["rope"][(B, K)](qkv_BX, cos_BD, sin_signed_BD, k_BLKD, v_BLKD, out_BHD, col_1,
-                           src_B, start_B, used_B, prompt_cols, qkv_BX.stride(0), cos_BD.stride(0),
-                           k_BLKD.stride(0), k_BLKD.stride(1), k_BLKD.stride(2),
-                           out_BHD.stride(0), out_BHD.stride(1), scale, H=n_heads, KV=K,
-                           GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D,
-                           num_warps=NUM_WARPS)
+    _kernels()["rope"][(B, K)](qkv_BX, cos_RD, sin_signed_RD, rope_row_B, cos_RD.shape[0],
+                               k_BLKD, v_BLKD, out_BHD, col_1, src_B, start_B, used_B,
+                               prompt_cols, qkv_BX.stride(0), cos_RD.stride(0),
+                               k_BLKD.stride(0), k_BLKD.stride(1), k_BLKD.stride(2),
+                               out_BHD.stride(0), out_BHD.stride(1), scale, H=n_heads, KV=K,
+                               GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D,
+                               num_warps=NUM_WARPS)
     return out_BHD

@@ -77,7 +77,8 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, src_ptr, start_ptr, used
              out.to(o_ptr.dtype.element_ty), mask=live)
 
 @triton.jit
-def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, o_ptr, col_ptr,
+def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, rope_row_ptr, rope_rows, k_ptr,
+                                 v_ptr, o_ptr, col_ptr,
                                  src_ptr, start_ptr, used_ptr, prompt_cols, stride_xb, stride_rb,
                                  stride_cb, stride_cl, stride_ck, stride_ob, stride_oh,
                                  scale, H: tl.constexpr, KV: tl.constexpr,
@@ -89,8 +90,10 @@ def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, o_ptr,
     d = tl.arange(0, D)
     d_rolled = (d + D // 2) % D  # x.roll(D / 2)[d] = x[(d + D / 2) % D]
     row = qkv_ptr + b * stride_xb
-    cos = tl.load(cos_ptr + b * stride_rb + d)
-    sin = tl.load(sin_ptr + b * stride_rb + d)  # first half negated (rotate_half)
+    # this row's rotation: table row rope_row[b] (its position), kept inside the table
+    r = tl.minimum(tl.maximum(tl.load(rope_row_ptr + b).to(tl.int64), 0), rope_rows - 1)
+    cos = tl.load(cos_ptr + r * stride_rb + d)
+    sin = tl.load(sin_ptr + r * stride_rb + d)  # first half negated (rotate_half)
     heads = kv * GROUP + g
     live = (g < GROUP)[:, None]
     q = tl.load(row + heads[:, None] * D + d[None, :], mask=live, other=0.0)
