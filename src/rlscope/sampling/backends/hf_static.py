@@ -493,6 +493,11 @@ GRAPH_PREFILL = True
 """Where the decode step is graphed, the prefill (with token 0's draw) is too, one graph per
 bucket and group count (`_Bucket.run_prefill`). False: eager, as before."""
 
+COMPILE_PREFILL = True
+"""With ``compile_sampler``, the graphed prefill is compiled too (`_Bucket.prefill_fn`):
+eager, its elementwise steps over ``[G, P, ...]`` float32 tensors (the rotation, the norms,
+the residual adds) run as ~25 kernels a layer. False: the graphed prefill stays eager."""
+
 SHARE_PROMPT_KEYS = True
 """With the ``triton`` decode attention, the rows of a group read their shared prompt's keys
 from the group's first row (`DecodeKeys.src_B`), so the group's rows, whose programs run
@@ -678,6 +683,12 @@ class _Bucket:
         self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
             if self.cfg.compile_sampler and compiles(device) else self.decode_step
         """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""
+        self.prefill_fn: Callable[..., None] = torch.compile(
+            self.prefill_step, dynamic=False, mode=COMPILE_MODE) \
+            if self.cfg.compile_sampler and COMPILE_PREFILL and compiles(device) \
+            else self.prefill_step
+        """`prefill_step`, compiled with ``compile_sampler`` where the prefill is graphed
+        (`COMPILE_PREFILL`; one compile per group bucket)."""
 
     def prefill_step(self, tokens_GP: torch.Tensor, mask_GP: torch.Tensor,
                      rows_N: torch.Tensor, groups_N: torch.Tensor,
@@ -716,7 +727,12 @@ class _Bucket:
             static = {k: v.clone() for k, v in inputs.items()}
             reset()
             with torch.autocast(self.weights.device.type, enabled=False):
-                graph = capture(lambda: self.prefill_step(*static.values()))
+                if self.prefill_fn is not self.prefill_step:
+                    # compiled: the first call allocates the draw's buffers (`record_draw`),
+                    # which changes the step's guards; recompiling must not happen inside
+                    # the capture, so a second call settles the guards first
+                    self.prefill_fn(*static.values())
+                graph = capture(lambda: self.prefill_fn(*static.values()))
             entry = self.prefills[len(fill_G)] = (graph, static)
         for name, value in inputs.items():
             entry[1][name].copy_(value)
