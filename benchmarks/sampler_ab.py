@@ -9,7 +9,8 @@ is a comma-separated list of ``module.ATTRIBUTE=value``:
 - ``module`` is one of `MODULES` (``hf_static``, ``decode_attention``, ``fused_draw``);
 - ``ATTRIBUTE`` is an upper-case module setting (``hf_static.SPLIT_K_DOWN``,
   ``decode_attention.NUM_WARPS``, ...);
-- ``value`` is a Python literal of the setting's own type.
+- ``value`` is a Python literal of the setting's own type (it may hold commas: a comma
+  starts the next setting only where ``module.ATTRIBUTE=`` follows).
 
 An empty ``SETTINGS`` keeps the defaults. Between variants every setting returns to its
 default, the sampler's buckets are dropped and TorchDynamo is reset, so each variant
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import statistics
 import sys
 import time
@@ -73,7 +75,10 @@ def parse_variant(text: str) -> tuple[str, dict[tuple[str, str], Any]]:
         raise ValueError(f"--variant {text!r}: write NAME:SETTINGS (SETTINGS may be empty, "
                          f"as in base:)")
     settings: dict[tuple[str, str], Any] = {}
-    for item in filter(None, (part.strip() for part in body.split(","))):
+    # a comma starts a new setting only where module.ATTRIBUTE= follows, so values may hold
+    # commas themselves (tuples, dicts)
+    parts = re.split(r",\s*(?=[A-Za-z_]\w*\.[A-Za-z_]\w*\s*=)", body)
+    for item in filter(None, (part.strip() for part in parts)):
         key, eq, raw = item.partition("=")
         mod, dot, attr = key.strip().partition(".")
         if not eq or not dot:

@@ -99,3 +99,16 @@ def test_without_a_gpu_cuda_is_refused_with_the_cpu_form(
         sampler_ab.main([*TINY, "--device", "cuda", "--variant", "a:"])
     assert exc.value.code == 2
     assert "CUDA is not available here; use --device cpu" in capsys.readouterr().err
+
+
+def test_values_may_hold_commas() -> None:
+    """A comma starts the next setting only where ``module.ATTRIBUTE=`` follows, so a dict
+    or tuple value keeps its commas."""
+    name, settings = sampler_ab.parse_variant(
+        "opts:hf_static.COMPILE_OPTIONS={'combo_kernels': True, 'a': (1, 2)},"
+        " decode_attention.NUM_WARPS=4")
+    assert name == "opts"
+    assert settings == {("hf_static", "COMPILE_OPTIONS"): {"combo_kernels": True, "a": (1, 2)},
+                        ("decode_attention", "NUM_WARPS"): 4}
+    with pytest.raises(ValueError, match="takes values of type dict"):
+        sampler_ab.parse_variant("x:hf_static.COMPILE_OPTIONS=(1, 2)")

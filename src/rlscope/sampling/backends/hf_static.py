@@ -683,8 +683,7 @@ class _Bucket:
         self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
             if self.cfg.compile_sampler and compiles(device) else self.decode_step
         """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""
-        self.prefill_fn: Callable[..., None] = torch.compile(
-            self.prefill_step, dynamic=False, mode=COMPILE_MODE) \
+        self.prefill_fn: Callable[..., None] = _compile(self.prefill_step) \
             if self.cfg.compile_sampler and COMPILE_PREFILL and compiles(device) \
             else self.prefill_step
         """`prefill_step`, compiled with ``compile_sampler`` where the prefill is graphed
@@ -814,10 +813,23 @@ def compiles(device: torch.device) -> bool:
 COMPILE_MODE: str | None = None
 """``torch.compile`` mode of ``compile_sampler`` (None: the default mode)."""
 
+COMPILE_OPTIONS: dict[str, Any] = {}
+"""Inductor options of ``compile_sampler``'s compiles (``torch.compile(..., options=...)``,
+e.g. ``{"coordinate_descent_tuning": True}``); used only while `COMPILE_MODE` is None
+(``torch.compile`` takes a mode or options, not both)."""
+
+
+def _compile(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn`` through ``torch.compile`` with static shapes and `COMPILE_MODE` or
+    `COMPILE_OPTIONS`."""
+    if COMPILE_MODE is None and COMPILE_OPTIONS:
+        return torch.compile(fn, dynamic=False, options=dict(COMPILE_OPTIONS))
+    return torch.compile(fn, dynamic=False, mode=COMPILE_MODE)
+
 
 def compile_step(step: Callable[[], None]) -> Callable[[], None]:
     """``step`` through ``torch.compile`` (static shapes: one compile per bucket)."""
-    return torch.compile(step, dynamic=False, mode=COMPILE_MODE)
+    return _compile(step)
 
 
 def can_capture(device: torch.device) -> bool:
