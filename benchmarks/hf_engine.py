@@ -636,6 +636,11 @@ def add_sampler_switches(group: Any) -> None:
     a("--no_share_prompt", action="store_true",
       help="every row reads its own copy of its prompt's keys "
            "(hf_static.SHARE_PROMPT_KEYS off)")
+    a("--no_rope_table", action="store_true",
+      help="every decode step computes its rows' rotations (hf_static.ROPE_TABLE off)")
+    a("--no_compile_prefill", action="store_true",
+      help="the graphed prefill stays eager under --compile_sampler "
+           "(hf_static.COMPILE_PREFILL off)")
 
 
 def sampler_switch_errors(args: argparse.Namespace) -> list[str]:
@@ -659,6 +664,8 @@ def apply_sampler_switches(args: argparse.Namespace) -> None:
     hf_static.FUSE_ROPE = not args.no_fuse_rope
     hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
     hf_static.GRAPH_PREFILL = not args.no_graph_prefill
+    hf_static.ROPE_TABLE = not args.no_rope_table
+    hf_static.COMPILE_PREFILL = not args.no_compile_prefill
     if args.split_down is not None:
         hf_static.SPLIT_K_DOWN = args.split_down
     hf_static.FUSED_DRAW = not args.no_fused_draw

@@ -415,7 +415,8 @@ class HFStaticWeights:
             B = x_B1D.shape[0]
             cos_B11D, sin_B11D = self._rope(x_B1D, pos_B[:, None])
             rope_B = (cos_B11D.reshape(B, self.head_dim), sin_B11D.reshape(B, self.head_dim))
-            return self._decode_fused(x_B1D, rope_B, None, col_1, keys, k_cache, v_cache)
+            own_B = torch.arange(B, dtype=torch.int32, device=x_B1D.device)  # row b: row b
+            return self._decode_fused(x_B1D, rope_B, own_B, col_1, keys, k_cache, v_cache)
         rope = self._rope(x_B1D, pos_B[:, None])
         split = self._split_down(x_B1D)
         for i in range(len(self.w_qkv)):
@@ -427,12 +428,12 @@ class HFStaticWeights:
         return self._logits(x_B1D[:, 0])
 
     def _decode_fused(self, x_B1D: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                      rope_row_B: torch.Tensor | None, col_1: torch.Tensor, keys: DecodeKeys,
+                      rope_row_B: torch.Tensor, col_1: torch.Tensor, keys: DecodeKeys,
                       k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]
                       ) -> torch.Tensor:
         """`decode` with each layer's rotation, cache writes and attention in one kernel
         (`decode_attention.decode_attention_rope`; `FUSE_ROPE`); ``rope``: ``[R, Dh]`` tables
-        read at row ``rope_row_B[b]`` (None: one row per query row)."""
+        read at row ``rope_row_B[b]``."""
         B = x_B1D.shape[0]
         cos_RD, sin_signed_RD = rope
         split = self._split_down(x_B1D)
