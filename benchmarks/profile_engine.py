@@ -7,7 +7,9 @@ Prints one JSON (also written to ``--output``): for each ``--models`` shape of
   tokens in groups of ``--group``, ``--new_tokens`` new tokens): the graphed call's
   completion tokens/s, then the step run eagerly (and compiled, ``--compile``) under
   ``torch.profiler``: the GPU time per position by kernel, the top kernels and a split by
-  kind (matmul, attention, Triton, other);
+  kind (matmul, attention, Triton, other); and ``timeline``, where one whole call's wall
+  time goes (`call_timeline`: the GPU's busy and idle time, the largest gaps, and the call
+  cut at its CUDA graph replays into setup, prefill, decode positions and tail);
 - ``learner`` (``--learner``): one packed learner step of `hf_engine.learner_section`'s
   ragged batch under the profiler, split the same way;
 - ``attention``: the decode attention alone at the sampler's shapes, timed from CUDA graphs:
