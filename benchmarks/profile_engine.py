@@ -97,6 +97,13 @@ def profile_kernels(fn: Callable[[], None], calls: int) -> dict[str, Any]:
                     for n, v in top]}
 
 
+def _correlation(event: dict[str, Any]) -> Any:
+    """A trace event's correlation id (a launch and the GPU work it queued share it), or
+    None: events without one match nothing."""
+    args = event.get("args")
+    return args.get("correlation") if isinstance(args, dict) else None
+
+
 def timeline_summary(events: list[dict[str, Any]], top: int = 12) -> dict[str, Any]:
     """Where one profiled call's wall time goes, from its Chrome-trace ``events``
     (``torch.profiler``'s ``export_chrome_trace``): the host span (every CPU operator and
@@ -106,15 +113,15 @@ def timeline_summary(events: list[dict[str, Any]], top: int = 12) -> dict[str, A
     and the ``top`` largest gaps with the kernel after each, the runtime call that launched it
     (matched by correlation id) and how long after the gap opened that call began (a gap the
     host opened: the launch came late). Times in the trace are µs."""
-    gpu = sorted((e for e in events if e.get("ph") == "X"
+    gpu = sorted((e for e in events if e.get("ph") == "X" and "ts" in e
                   and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                  key=lambda e: float(e["ts"]))
-    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op",
-                                                                         "cuda_runtime")]
+    host = [e for e in events if e.get("ph") == "X" and "ts" in e
+            and e.get("cat") in ("cpu_op", "cuda_runtime")]
     if not gpu or not host:
         return {"error": "no GPU activity or no host operators in the trace"}
-    launches = {e.get("args", {}).get("correlation"): e for e in host
-                if e.get("cat") == "cuda_runtime"}
+    launches = {_correlation(e): e for e in host
+                if e.get("cat") == "cuda_runtime" and _correlation(e) is not None}
     h0 = min(float(e["ts"]) for e in host)
     h1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in host)
     g0 = float(gpu[0]["ts"])
@@ -130,7 +137,7 @@ def timeline_summary(events: list[dict[str, Any]], top: int = 12) -> dict[str, A
                 "10_to_100us" if gap < 100 else "over_100us"
             sizes[label][0] += 1
             sizes[label][1] += gap
-            launch = launches.get(e.get("args", {}).get("correlation"))
+            launch = launches.get(_correlation(e))
             gaps.append((gap, {"gap_us": round(gap, 1), "at_ms": round((end - h0) / 1e3, 3),
                                "next_kernel": str(e.get("name", ""))[:80],
                                "launched_by": str(launch.get("name", "")) if launch else None,
@@ -159,10 +166,10 @@ def graph_phases(gpu: list[dict[str, Any]], host: list[dict[str, Any]], h0: floa
     time after the last replay's kernels end (``after_last_ms``). Empty without replays."""
     launches = sorted((e for e in host if e.get("cat") == "cuda_runtime"
                        and e.get("name") == "cudaGraphLaunch"), key=lambda e: float(e["ts"]))
-    corr = {e.get("args", {}).get("correlation"): i for i, e in enumerate(launches)}
+    corr = {_correlation(e): i for i, e in enumerate(launches) if _correlation(e) is not None}
     spans: list[list[float]] = [[float("inf"), float("-inf")] for _ in launches]
     for e in gpu:
-        i = corr.get(e.get("args", {}).get("correlation"))
+        i = corr.get(_correlation(e))
         if i is not None:
             spans[i][0] = min(spans[i][0], float(e["ts"]))
             spans[i][1] = max(spans[i][1], float(e["ts"]) + float(e.get("dur", 0)))

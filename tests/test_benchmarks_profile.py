@@ -24,6 +24,15 @@ def test_gpu_profilers_refuse_cpu(script: str) -> None:
     assert "needs a CUDA device" in run.stderr and "Traceback" not in run.stderr
 
 
+def _profile_engine() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import profile_engine
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return profile_engine
+
+
 @pytest.mark.parametrize(("new_tokens", "replays"), [(128, 32), (10, 8), (2, 0)])
 def test_replays_after_a_prefill_stay_inside_the_cache(monkeypatch: pytest.MonkeyPatch,
                                                        new_tokens: int, replays: int) -> None:
@@ -31,11 +40,7 @@ def test_replays_after_a_prefill_stay_inside_the_cache(monkeypatch: pytest.Monke
     ``new_tokens - 2`` times after its prefill (the bucket's cache has no columns past
     that), and measures nothing when no replay fits or the step is not graphed."""
     pytest.importorskip("transformers")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import profile_engine
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    profile_engine = _profile_engine()
     from rlscope.sampling.backends import hf_static
 
     events: list[str] = []
@@ -61,21 +66,14 @@ def test_replays_after_a_prefill_stay_inside_the_cache(monkeypatch: pytest.Monke
     assert events == []
 
 
-def _profile_engine() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import profile_engine
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return profile_engine
-
-
 def test_timeline_splits_a_call_into_busy_time_and_gaps() -> None:
     """`profile_engine.timeline_summary` on a hand-made trace: host 0–1,000 µs; a graph
     replay launched at 40 µs runs kernels at 100–150, 140–200 (overlapping: busy 100 µs, not
     110), 201–210 (a 1 µs gap) and 215–220 (5 µs); a kernel at 420–430 (200 µs, its launch
     began 30 µs after the gap opened); a copy at 900–950 (470 µs); a second replay, launched
-    at 300 µs, at 960–990 (10 µs). Every number below is worked out by hand."""
+    at 300 µs, at 960–990 (10 µs). A runtime call without a correlation id launches nothing
+(the copy has none either), and an event without a start time is skipped. Every number
+below is worked out by hand."""
     pytest.importorskip("transformers")
     pe = _profile_engine()
 
@@ -87,6 +85,8 @@ def test_timeline_splits_a_call_into_busy_time_and_gaps() -> None:
     events = [x("cpu_op", "generate", 0, 1000), x("cuda_runtime", "cudaGraphLaunch", 40, 5, 7),
               x("cuda_runtime", "cudaLaunchKernel", 250, 4, 8),
               x("cuda_runtime", "cudaGraphLaunch", 300, 5, 10),
+              x("cuda_runtime", "cudaStreamSynchronize", 600, 1),  # no correlation id
+              {"ph": "X", "cat": "kernel", "name": "no start time"},
               x("kernel", "gemm", 100, 50, 7), x("kernel", "attn", 140, 60, 7),
               x("kernel", "norm", 201, 9, 7), x("kernel", "silu", 215, 5, 7),
               x("kernel", "draw", 420, 10, 8), x("gpu_memcpy", "Memcpy DtoH", 900, 50, 9),

@@ -312,6 +312,12 @@ class HFStaticWeights:
         signed_NTD = torch.cat((-sin_NTD[..., :half], sin_NTD[..., half:]), -1)
         return cos_NTD[:, :, None], signed_NTD[:, :, None]
 
+    def fuses_rope(self, attention: str) -> bool:
+        """Whether the decode step rotates, writes the cache and attends in one kernel
+        (`FUSE_ROPE`, the ``triton`` attention, no q/k norm), the kernel that reads
+        `rope_table`."""
+        return FUSE_ROPE and attention == "triton" and not self.qk_norm
+
     def rope_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`_rope`'s ``(cos, sin')`` of every position below ``length``, as ``[length, Dh]``
         tables. Computed as a decode step computes them (one position per row), so a row's
@@ -408,15 +414,16 @@ class HFStaticWeights:
         the fused step reads each row's rotation from it instead of computing it."""
         keys.advance(col_1)
         x_B1D = self.embed.index_select(0, token_B)[:, None]
-        if FUSE_ROPE and keys.kind == "triton" and not self.qk_norm:
-            if rope_table is not None:
-                return self._decode_fused(x_B1D, rope_table, pos_B, col_1, keys, k_cache,
-                                          v_cache)
-            B = x_B1D.shape[0]
-            cos_B11D, sin_B11D = self._rope(x_B1D, pos_B[:, None])
-            rope_B = (cos_B11D.reshape(B, self.head_dim), sin_B11D.reshape(B, self.head_dim))
-            own_B = torch.arange(B, dtype=torch.int32, device=x_B1D.device)  # row b: row b
-            return self._decode_fused(x_B1D, rope_B, own_B, col_1, keys, k_cache, v_cache)
+        if self.fuses_rope(keys.kind):
+            rows_B = pos_B  # a table of every position: row b reads its position's entry
+            if rope_table is None:  # this step's rotations: row b reads entry b
+                B = x_B1D.shape[0]
+                cos_B11D, sin_B11D = self._rope(x_B1D, pos_B[:, None])
+                rope_table = (cos_B11D.reshape(B, self.head_dim),
+                              sin_B11D.reshape(B, self.head_dim))
+                rows_B = torch.arange(B, dtype=torch.int32, device=x_B1D.device)
+            return self._decode_fused(x_B1D, rope_table, rows_B, col_1, keys, k_cache,
+                                      v_cache)
         rope = self._rope(x_B1D, pos_B[:, None])
         split = self._split_down(x_B1D)
         for i in range(len(self.w_qkv)):
@@ -670,7 +677,7 @@ class _Bucket:
         self.column_keys_V = column_keys(w.vocab_size, device)
         self.noise: Callable[..., torch.Tensor] = _compiled_noise() \
             if device.type == "cuda" and COMPILE_NOISE else gumbel_offsets_at
-        self.rope_table = w.rope_table(L) if ROPE_TABLE and self.attention == "triton" \
+        self.rope_table = w.rope_table(L) if ROPE_TABLE and w.fuses_rope(self.attention) \
             else None
         """Every cache position's rotation (`ROPE_TABLE`), read by the fused decode kernel."""
         self.fused_draw = FUSED_DRAW and fused_draw.applies(self.cfg, w.vocab_size, device)
