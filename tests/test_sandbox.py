@@ -41,6 +41,10 @@ isolated_only = pytest.mark.skipif(bool(PROBLEM), reason=f"no isolated sandbox: 
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=2.0, per_test_seconds=0.5)
 QUICK = SandboxLimits(cpu_seconds=1, wall_seconds=1.0, per_test_seconds=0.3)
 """For programs expected to time out: a shorter wall limit keeps the file fast."""
+FILLING = SandboxLimits(cpu_seconds=5, wall_seconds=5.0, per_test_seconds=0.5)
+"""For programs that fill memory page by page: touching ~450 MB before the 512 MB address
+space runs out took 0.3 s of CPU here but over 1 s on a CI machine (2026-11-27), so under
+`LIMITS` the CPU limit could trip first; with room to spare the memory limit is the one hit."""
 ADD_TESTS = [TestCase((1, 2), 3), TestCase((2, 2), 4), TestCase((-1, 1), 0), TestCase((5, 0), 5)]
 GOOD = "def add(a, b):\n    return a + b\n"
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -237,8 +241,8 @@ def test_escape_scores_zero_with_status(guarded: Any, name: str) -> None:
 @pytest.mark.parametrize("name", list(NEW_ATTACKS))
 def test_new_attack_scores_zero_and_host_unharmed(guarded: Any, name: str) -> None:
     code, statuses = NEW_ATTACKS[name]
-    result, _ = guarded(code if "def add" in code else code + GOOD,
-                        limits=QUICK if statuses == {"timeout"} else LIMITS)
+    limits = QUICK if statuses == {"timeout"} else FILLING if name == "memory_bomb" else LIMITS
+    result, _ = guarded(code if "def add" in code else code + GOOD, limits=limits)
     assert result.status in statuses and result.passed == 0, result
 
 
