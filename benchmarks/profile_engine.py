@@ -9,7 +9,8 @@ Prints one JSON (also written to ``--output``): for each ``--models`` shape of
   ``torch.profiler``: the GPU time per position by kernel, the top kernels and a split by
   kind (matmul, attention, Triton, other); and ``timeline``, where one whole call's wall
   time goes (`call_timeline`: the GPU's busy and idle time, the largest gaps, and the call
-  cut at its CUDA graph replays into setup, prefill, decode positions and tail);
+  cut at its CUDA graph replays into setup, prefill, decode positions and tail, and what in
+  a decode position is fixed and what grows with it, by kernel kind: `replay_kinds`);
 - ``learner`` (``--learner``): one packed learner step of `hf_engine.learner_section`'s
   ragged batch under the profiler, split the same way;
 - ``attention``: the decode attention alone at the sampler's shapes, timed from CUDA graphs:
@@ -112,7 +113,8 @@ def timeline_summary(events: list[dict[str, Any]], top: int = 12) -> dict[str, A
     (``lead_ms``) and after the last (``tail_ms``), the idle time between kernels by gap size,
     and the ``top`` largest gaps with the kernel after each, the runtime call that launched it
     (matched by correlation id) and how long after the gap opened that call began (a gap the
-    host opened: the launch came late). Times in the trace are µs."""
+    host opened: the launch came late), the call cut at its graph replays (`graph_phases`)
+    and each decode replay's kernel time by kind (`replay_kinds`). Times in the trace are µs."""
     gpu = sorted((e for e in events if e.get("ph") == "X" and "ts" in e
                   and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                  key=lambda e: float(e["ts"]))
@@ -152,7 +154,48 @@ def timeline_summary(events: list[dict[str, Any]], top: int = 12) -> dict[str, A
             "idle_by_gap_size": {k: {"count": n, "ms": round(t / 1e3, 3)}
                                  for k, (n, t) in sizes.items()},
             "largest_gaps": [g for _, g in gaps[:top]],
-            "graphs": graph_phases(gpu, host, h0, h1)}
+            "graphs": graph_phases(gpu, host, h0, h1),
+            "replay_kinds": replay_kinds(gpu, host)}
+
+
+def _graph_launches(host: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[Any, int]]:
+    """The host's CUDA graph launches in launch order, and each launch's index by its
+    correlation id (the GPU work a replay queued carries its launch's id)."""
+    launches = sorted((e for e in host if e.get("cat") == "cuda_runtime"
+                       and e.get("name") == "cudaGraphLaunch"), key=lambda e: float(e["ts"]))
+    return launches, {_correlation(e): i for i, e in enumerate(launches)
+                      if _correlation(e) is not None}
+
+
+def replay_kinds(gpu: list[dict[str, Any]], host: list[dict[str, Any]]) -> dict[str, Any]:
+    """What is fixed in a decode position and what grows with it: the kernel time of each
+    decode replay (every CUDA graph replay after the first, the static sampler's prefill) by
+    kind (`kind_of`), and per kind a least-squares line through those times over the replay's
+    index: ``first_us`` (the line at the first decode replay), ``per_replay_us`` (its slope)
+    and ``mean_us``. In the static sampler only the attention should grow (each position
+    reads one more column of keys), so its slope times the replays is its cache read and its
+    ``first_us`` what a layer's attention costs before any completion key (rotation, cache
+    write, prompt span, launch and ramp). Needs two decode replays; empty otherwise."""
+    launches, corr = _graph_launches(host)
+    per: list[dict[str, float]] = [defaultdict(float) for _ in launches]
+    for e in gpu:
+        i = corr.get(_correlation(e))
+        if i is not None and i > 0:
+            per[i][kind_of(str(e.get("name", "")))] += float(e.get("dur", 0))
+    per = per[1:]
+    n = len(per)
+    if n < 2:
+        return {}
+    x_mean = (n - 1) / 2
+    x_var = sum((j - x_mean) ** 2 for j in range(n))
+    out: dict[str, Any] = {"replays": n}
+    for kind in sorted({k for times in per for k in times}):
+        ys = [times.get(kind, 0.0) for times in per]
+        y_mean = sum(ys) / n
+        slope = sum((j - x_mean) * (y - y_mean) for j, y in enumerate(ys)) / x_var
+        out[kind] = {"first_us": round(y_mean - slope * x_mean, 2),
+                     "per_replay_us": round(slope, 4), "mean_us": round(y_mean, 2)}
+    return out
 
 
 def graph_phases(gpu: list[dict[str, Any]], host: list[dict[str, Any]], h0: float, h1: float
@@ -164,9 +207,7 @@ def graph_phases(gpu: list[dict[str, Any]], host: list[dict[str, Any]], h0: floa
     (``before_first_ms``: the call's setup), the first replay's span, the decode replays'
     spans (sum, median, min, max) and the idle time between consecutive replays, and the
     time after the last replay's kernels end (``after_last_ms``). Empty without replays."""
-    launches = sorted((e for e in host if e.get("cat") == "cuda_runtime"
-                       and e.get("name") == "cudaGraphLaunch"), key=lambda e: float(e["ts"]))
-    corr = {_correlation(e): i for i, e in enumerate(launches) if _correlation(e) is not None}
+    launches, corr = _graph_launches(host)
     spans: list[list[float]] = [[float("inf"), float("-inf")] for _ in launches]
     for e in gpu:
         i = corr.get(_correlation(e))

@@ -66,6 +66,12 @@ def test_replays_after_a_prefill_stay_inside_the_cache(monkeypatch: pytest.Monke
     assert events == []
 
 
+def x(cat: str, name: str, ts: float, dur: float, corr: int | None = None) -> dict[str, Any]:
+    """A Chrome-trace complete event (``ph: X``), with a correlation id when given."""
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+            **({"args": {"correlation": corr}} if corr is not None else {})}
+
+
 def test_timeline_splits_a_call_into_busy_time_and_gaps() -> None:
     """`profile_engine.timeline_summary` on a hand-made trace: host 0–1,000 µs; a graph
     replay launched at 40 µs runs kernels at 100–150, 140–200 (overlapping: busy 100 µs, not
@@ -76,11 +82,6 @@ def test_timeline_splits_a_call_into_busy_time_and_gaps() -> None:
 below is worked out by hand."""
     pytest.importorskip("transformers")
     pe = _profile_engine()
-
-    def x(cat: str, name: str, ts: float, dur: float, corr: int | None = None
-          ) -> dict[str, Any]:
-        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
-                **({"args": {"correlation": corr}} if corr is not None else {})}
 
     events = [x("cpu_op", "generate", 0, 1000), x("cuda_runtime", "cudaGraphLaunch", 40, 5, 7),
               x("cuda_runtime", "cudaLaunchKernel", 250, 4, 8),
@@ -109,5 +110,30 @@ below is worked out by hand."""
                              "rest_sum_ms": 0.03, "rest_median_us": 30.0, "rest_min_us": 30.0,
                              "rest_max_us": 30.0, "idle_between_ms": 0.74,
                              "after_last_ms": 0.01}
+    assert out["replay_kinds"] == {}  # one decode replay: no line to fit
     assert "error" in pe.timeline_summary([x("cpu_op", "generate", 0, 10)])
     assert pe.graph_phases([], [], 0.0, 1.0) == {}
+
+
+def test_replay_kinds_split_a_position_into_what_is_fixed_and_what_grows() -> None:
+    """`profile_engine.replay_kinds` on a hand-made trace: a prefill replay (its kernels left
+    out) and three decode replays launched out of order in the list, each with a product of
+    5 µs and an attention of 10, 12 and 14 µs; a compiled kernel of 3 µs in the last replay
+    only; a kernel without a correlation id (left out). The lines, by hand: attention 10 +
+    2 per replay (mean 12); the product 5, flat; the compiled kernel (0, 0, 3): mean 1,
+    slope 1.5, so -0.5 at the first replay."""
+    pytest.importorskip("transformers")
+    pe = _profile_engine()
+
+    host = [x("cuda_runtime", "cudaGraphLaunch", ts, 1, corr)
+            for ts, corr in ((30, 4), (0, 1), (20, 3), (10, 2))]
+    gpu = [x("kernel", "prefill_gemm", 100, 50, 1), x("kernel", "decode_attention_rope", 200, 99)]
+    for i, attn in ((2, 10), (3, 12), (4, 14)):
+        gpu += [x("kernel", "nvjet_gemm", 100 * i, 5, i),
+                x("kernel", "decode_attention_rope_kernel", 100 * i + 10, attn, i)]
+    gpu.append(x("kernel", "triton_poi_fused_add", 450, 3, 4))
+    assert pe.replay_kinds(gpu, host) == {
+        "replays": 3, "attention": {"first_us": 10.0, "per_replay_us": 2.0, "mean_us": 12.0},
+        "matmul": {"first_us": 5.0, "per_replay_us": 0.0, "mean_us": 5.0},
+        "triton": {"first_us": -0.5, "per_replay_us": 1.5, "mean_us": 1.0}}
+    assert pe.replay_kinds(gpu, host[:2]) == {}
