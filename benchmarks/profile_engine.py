@@ -169,10 +169,11 @@ def _graph_launches(host: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], d
 
 def replay_kinds(gpu: list[dict[str, Any]], host: list[dict[str, Any]]) -> dict[str, Any]:
     """What is fixed in a decode position and what grows with it: the kernel time of each
-    decode replay (every CUDA graph replay after the first, the static sampler's prefill) by
-    kind (`kind_of`), and per kind a least-squares line through those times over the replay's
-    index: ``first_us`` (the line at the first decode replay), ``per_replay_us`` (its slope)
-    and ``mean_us``. In the static sampler only the attention should grow (each position
+    decode replay (every CUDA graph replay after the first: the static sampler's graphed
+    prefill, or with ``--no_graph_prefill`` its first decode replay, which the line can
+    spare) by kind (`kind_of`), and per kind a least-squares line through those times over
+    the replay's index: ``first_us`` (the line at the first decode replay), ``per_replay_us``
+    (its slope) and ``mean_us``. In the static sampler only the attention should grow (each position
     reads one more column of keys), so its slope times the replays is its cache read and its
     ``first_us`` what a layer's attention costs before any completion key (rotation, cache
     write, prompt span, launch and ramp). Needs two decode replays; empty otherwise."""
