@@ -330,11 +330,13 @@ def test_buckets_load_their_triton_kernels_before_compiling(monkeypatch: pytest.
     compiled: imported lazily inside the compiled step they changed its guards, and the step
     recompiled on its next call, inside the CUDA graph capture, which failed
     (docs/performance.md)."""
-    from rlscope.sampling.backends import decode_attention, fused_draw
+    from rlscope.sampling.backends import decode_attention, fused_draw, gate_up
 
     events: list[str] = []
     monkeypatch.setattr(decode_attention, "load", lambda: events.append("attention"))
     monkeypatch.setattr(fused_draw, "load", lambda: events.append("draw"))
+    monkeypatch.setattr(gate_up, "load", lambda: events.append("gate_up"))
+    monkeypatch.setattr(gate_up, "applies", lambda device, dtype: attention == "triton")
     monkeypatch.setattr(fused_draw, "applies", lambda cfg, vocab, device: cfg.top_k == 0)
     monkeypatch.setattr(hf_static, "compiles", lambda device: True)
     monkeypatch.setattr(hf_static, "compile_step",
@@ -344,7 +346,9 @@ def test_buckets_load_their_triton_kernels_before_compiling(monkeypatch: pytest.
                       (SamplingConfig(top_k=5, compile_sampler=True), ["compile"])):
         events.clear()
         hf_static._Bucket(weights, 8, 16, 4, cfg, 0, False, False, attention)
-        assert events == (["attention"] if attention == "triton" else []) + want
+        kernels = ["attention"] if attention == "triton" else []
+        gate = ["gate_up"] if attention == "triton" else []  # where it applies
+        assert events == kernels + want[:-1] + gate + want[-1:]
 
 
 def test_static_refuses_sequences_past_the_model_length_as_eager_does() -> None:
@@ -502,6 +506,24 @@ for T in (1.0, 0.7):
 assert not fused_draw.applies(SamplingConfig(top_k=20), 1500, logits_BV.device)
 assert not fused_draw.applies(SamplingConfig(top_p=0.9), 1500, logits_BV.device)
 assert not fused_draw.applies(SamplingConfig(temperature=0.0), 1500, logits_BV.device)
+# the gate/up product with its SiLU product: the unfused steps, on shapes with tails
+from rlscope.sampling.backends import gate_up
+
+for M, D, I in ((70, 96, 40), (3, 64, 33)):
+    x_MD = torch.randn(M, D, generator=g)
+    w_JD = torch.randn(2 * I, D, generator=g) * 0.2
+    gate, up = torch.nn.functional.linear(x_MD, w_JD).split(I, -1)
+    got = gate_up.gate_up_silu(x_MD, w_JD)
+    assert got.shape == (M, I) and got.dtype == w_JD.dtype
+    torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
+for x_bad, w_bad in ((torch.zeros(4, 8), torch.zeros(6, 9)), (torch.zeros(4, 8), torch.zeros(5, 8)),
+                     (torch.zeros(4, 8), torch.zeros(6, 8, dtype=torch.float64))):
+    try:
+        gate_up.gate_up_silu(x_bad, w_bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"accepted x {tuple(x_bad.shape)}, w {tuple(w_bad.shape)}")
 print("triton kernels ok")
 """
 
@@ -581,6 +603,26 @@ for arch in ("llama", "qwen3"):
         assert bucket.prefills[8][1]["rows"].tolist() == [0, 3, 6] + [0] * 5
         t._assert_same(eager, graphed)
 
+# the gate/up and SiLU products as one kernel (hf_static.FUSED_GATE_UP) in every decode step
+from rlscope.sampling.backends import gate_up
+
+gate_up.ON_CPU = True
+calls = []
+plain_gu = gate_up.gate_up_silu
+gate_up.gate_up_silu = lambda *a, **kw: calls.append(1) or plain_gu(*a, **kw)
+policy = t._policy("llama")
+cfg = SamplingConfig(stop_token_ids=t.STOPS)
+prompts, seeds_B, group_B = t._prompts(groups=3, group_size=3)
+eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 14,
+                 group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+hf_static._DECODERS.clear()
+fast = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
+                group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+assert len(calls) == 13 * 2  # 13 decode positions x 2 layers; not the prefill
+t._assert_same(eager, fast)
+gate_up.ON_CPU, gate_up.gate_up_silu = False, plain_gu
+hf_static._DECODERS.clear()
+
 fused_draw.ON_CPU, fused_draw.MIN_VOCAB = True, 0
 # in the static sampler (vocabulary 40: chunks of 16 columns, 3 per row)
 fused_draw.CHUNK, fused_draw.BLOCK = 16, 8
@@ -620,7 +662,8 @@ def test_triton_kernels_in_the_interpreter() -> None:
     `decode_attention` against plain attention over each row's span (GQA groups of 7 as in the
     0.5B shape; spans shorter than, equal to and longer than a key block; spans starting
     mid-cache; prompts read from another row), and `fused_draw` against `draw` (temperatures 1
-    and 0.7, a finished row, chunk boundaries)."""
+    and 0.7, a finished row, chunk boundaries), and `gate_up.gate_up_silu` against the unfused
+    gate/up and SiLU products (tails in every dimension; bad shapes and dtypes refused)."""
     assert "triton kernels ok" in _interpreted(_TRITON_KERNELS)
 
 
@@ -629,7 +672,7 @@ def test_triton_kernels_in_the_static_sampler_in_the_interpreter() -> None:
     """The static sampler on the Triton kernels in the interpreter (slow: every kernel call is
     interpreted): the eager path's tokens and log-probs (float32, ragged prompts, stops) with
     the decode attention, with the rotation fused into it, through the graphed flow (prompt
-    groups padded to a power of two) and with `fused_draw`."""
+    groups padded to a power of two), with the fused gate/up kernel and with `fused_draw`."""
     assert "triton sampler ok" in _interpreted(_TRITON_SAMPLER)
 
 

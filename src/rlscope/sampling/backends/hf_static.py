@@ -61,7 +61,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy, position_ids_from_mask
-from rlscope.sampling.backends import decode_attention, fused_draw
+from rlscope.sampling.backends import decode_attention, fused_draw, gate_up
 from rlscope.sampling.backends.eager import generate_eager
 from rlscope.sampling.draw import SamplingConfig, assemble, draw
 from rlscope.sampling.graphs import capture, record_draw
@@ -354,13 +354,19 @@ class HFStaticWeights:
         return qk_NTJD[:, :, :H], qk_NTJD[:, :, H:], v_NTKD
 
     def _finish_layer(self, i: int, x_NTD: torch.Tensor, attn_NTE: torch.Tensor,
-                      split: int = 0) -> torch.Tensor:
+                      split: int = 0, fuse_gate_up: bool = False) -> torch.Tensor:
         """Residual + output projection, then the gated MLP block (``split``: the down
-        projection as `split_k_linear` over that many slices)."""
+        projection as `split_k_linear` over that many slices; ``fuse_gate_up``: the gate/up
+        and SiLU products as one kernel, `gate_up.gate_up_silu`)."""
         x_NTD = x_NTD + F.linear(attn_NTE, self.w_o[i], self.b_o[i])
         h_NTD = self._norm(x_NTD, self.ln2[i]).to(self.dtype)
-        gate_NTI, up_NTI = F.linear(h_NTD, self.w_gu[i]).split(self.intermediate, -1)
-        act_NTI = F.silu(gate_NTI).mul_(up_NTI)
+        if fuse_gate_up:
+            N, T, D = h_NTD.shape
+            act_NTI = gate_up.gate_up_silu(h_NTD.reshape(N * T, D), self.w_gu[i]) \
+                .view(N, T, self.intermediate)
+        else:
+            gate_NTI, up_NTI = F.linear(h_NTD, self.w_gu[i]).split(self.intermediate, -1)
+            act_NTI = F.silu(gate_NTI).mul_(up_NTI)
         if split > 1:
             return x_NTD + split_k_linear(act_NTI, self.w_down[i], split)
         return x_NTD + F.linear(act_NTI, self.w_down[i])
@@ -371,6 +377,11 @@ class HFStaticWeights:
         fits = x.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16) \
             and SPLIT_K_DOWN > 1 and self.intermediate % SPLIT_K_DOWN == 0
         return SPLIT_K_DOWN if fits and torch.compiler.is_compiling() else 0
+
+    def fuses_gate_up(self, device: torch.device) -> bool:
+        """Whether decode steps run the gate/up and SiLU products as one kernel
+        (`FUSED_GATE_UP` and `gate_up.applies`)."""
+        return FUSED_GATE_UP and gate_up.applies(device, self.dtype)
 
     def _logits(self, x_ND: torch.Tensor) -> torch.Tensor:
         """Next-token logits in the sampling dtype (the draw reads them in float32)."""
@@ -425,13 +436,13 @@ class HFStaticWeights:
             return self._decode_fused(x_B1D, rope_table, rows_B, col_1, keys, k_cache,
                                       v_cache)
         rope = self._rope(x_B1D, pos_B[:, None])
-        split = self._split_down(x_B1D)
+        split, fuse = self._split_down(x_B1D), self.fuses_gate_up(x_B1D.device)
         for i in range(len(self.w_qkv)):
             q_B1HD, k_B1KD, v_B1KD = self._qkv(i, x_B1D, rope)
             k_cache[i].index_copy_(1, col_1, k_B1KD)
             v_cache[i].index_copy_(1, col_1, v_B1KD)
             o_BE = keys.attend(q_B1HD[:, 0], k_cache[i], v_cache[i], self.scale)
-            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None], split)
+            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None], split, fuse)
         return self._logits(x_B1D[:, 0])
 
     def _decode_fused(self, x_B1D: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -443,7 +454,7 @@ class HFStaticWeights:
         read at row ``rope_row_B[b]``."""
         B = x_B1D.shape[0]
         cos_RD, sin_signed_RD = rope
-        split = self._split_down(x_B1D)
+        split, fuse = self._split_down(x_B1D), self.fuses_gate_up(x_B1D.device)
         for i in range(len(self.w_qkv)):
             h_B1D = self._norm(x_B1D, self.ln1[i]).to(self.dtype)
             qkv_BX = F.linear(h_B1D[:, 0], self.w_qkv[i], self.b_qkv[i])
@@ -451,7 +462,7 @@ class HFStaticWeights:
                 qkv_BX, cos_RD, sin_signed_RD, k_cache[i], v_cache[i], col_1, keys.start_B,
                 keys.used_B, self.n_heads, self.scale, keys.src_B, keys.prompt_cols,
                 rope_row_B)
-            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1), split)
+            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1), split, fuse)
         return self._logits(x_B1D[:, 0])
 
 
@@ -492,6 +503,12 @@ def split_k_linear(x_NI: torch.Tensor, w_OI: torch.Tensor, split: int) -> torch.
                           out_dtype=torch.float32)
     return parts_SMO.sum(0).view(*lead, w_OI.shape[0])
 
+
+FUSED_GATE_UP = True
+"""Decode steps on CUDA in a half dtype run the MLP block's gate/up product and its SiLU
+product as one Triton kernel (`gate_up.gate_up_silu`) instead of a cuBLAS product and an
+elementwise kernel: one kernel and one gap fewer a layer (measured on one H100,
+docs/performance.md). The prefill keeps cuBLAS (many rows). False: the two steps."""
 
 FUSED_DRAW = True
 """Draw over a large vocabulary at a plain temperature with `fused_draw` (two Triton passes)
@@ -688,6 +705,8 @@ class _Bucket:
             decode_attention.load()
         if self.fused_draw:
             fused_draw.load()
+        if w.fuses_gate_up(device):
+            gate_up.load()
         self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
             if self.cfg.compile_sampler and compiles(device) else self.decode_step
         """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""
