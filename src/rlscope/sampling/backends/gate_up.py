@@ -3,11 +3,12 @@ sampler's decode step.
 
 A Qwen2/Llama MLP block computes ``silu(h @ W_gate.T) * (h @ W_up.T)``. The static sampler
 holds the two weights as one ``[2I, D]`` matrix, so the decode step ran one cuBLAS product and
-then the SiLU product as a kernel of its own. At 256 rows both are latency-bound: on one H100
-at the 104M shape (D 768, I 3,072), 7.7 µs for the product and 9.7 µs for the two
-(compiled), against 9.5 µs for `gate_up_silu`, whose programs accumulate the gate and up
-columns of one tile side by side and apply the SiLU product before storing; in the compiled
-104M sampler, 454.0k → 461.1k tokens/s (``benchmarks/sampler_ab.py``, docs/performance.md).
+then the SiLU product as a kernel of its own (eagerly, two). At 256 rows both are
+latency-bound: on one H100 at the 104M shape (D 768, I 3,072), 7.7 µs for the product and
+9.7 µs for the two (compiled), against 9.5 µs for `gate_up_silu`, whose programs accumulate
+the gate and up columns of one tile side by side and apply the SiLU product before storing.
+In the 104M sampler (``benchmarks/sampler_ab.py``, docs/performance.md): compiled 457.2k →
+461.2k tokens/s, graphed without compiling 310.2k → 340.7k.
 
 The arithmetic is that of the unfused steps: float32 accumulation, the gate and up products
 rounded to the weight's dtype, the SiLU (float32) and the product rounded as
@@ -25,8 +26,10 @@ from typing import Any
 import torch
 
 TILE: tuple[int, int, int, int, int] = (64, 32, 64, 4, 4)
-"""``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)``: the fastest of 48 tiles for the
-104M shape at 256 rows on one H100 (9.47 µs; the next, 64 × 64 columns, 9.85 µs)."""
+"""``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)``: the fastest of the 64 tiles tried
+(``benchmarks/gemm_layouts.py --gate_up_tiles``) for the 104M shape at 256 rows on one H100:
+9.47 µs, the next 9.85 µs (64 columns) and 9.92 µs (3 stages). In the sampler, 64 columns,
+3 stages and 128-wide K steps were all slower."""
 ON_CPU = False
 """Tests: run the kernel on CPU tensors (Triton's interpreter, ``TRITON_INTERPRET=1``)."""
 _KERNELS: dict[str, Any] = {}

@@ -507,8 +507,9 @@ def split_k_linear(x_NI: torch.Tensor, w_OI: torch.Tensor, split: int) -> torch.
 FUSED_GATE_UP = True
 """Decode steps on CUDA in a half dtype run the MLP block's gate/up product and its SiLU
 product as one Triton kernel (`gate_up.gate_up_silu`) instead of a cuBLAS product and an
-elementwise kernel: one kernel and one gap fewer a layer (measured on one H100,
-docs/performance.md). The prefill keeps cuBLAS (many rows). False: the two steps."""
+elementwise kernel: one kernel and one gap fewer a layer. Measured on one H100, 104M at
+batch 256 × 128 (docs/performance.md): compiled 457.2k → 461.2k tokens/s, graphed without
+compiling 310.2k → 340.7k. The prefill keeps cuBLAS (many rows). False: the two steps."""
 
 FUSED_DRAW = True
 """Draw over a large vocabulary at a plain temperature with `fused_draw` (two Triton passes)
