@@ -641,6 +641,9 @@ def add_sampler_switches(group: Any) -> None:
     a("--no_compile_prefill", action="store_true",
       help="the graphed prefill stays eager under --compile_sampler "
            "(hf_static.COMPILE_PREFILL off)")
+    a("--no_fused_gate_up", action="store_true",
+      help="decode steps run the gate/up product and the SiLU product as two steps "
+           "(hf_static.FUSED_GATE_UP off)")
 
 
 def sampler_switch_errors(args: argparse.Namespace) -> list[str]:
@@ -666,6 +669,7 @@ def apply_sampler_switches(args: argparse.Namespace) -> None:
     hf_static.GRAPH_PREFILL = not args.no_graph_prefill
     hf_static.ROPE_TABLE = not args.no_rope_table
     hf_static.COMPILE_PREFILL = not args.no_compile_prefill
+    hf_static.FUSED_GATE_UP = not args.no_fused_gate_up
     if args.split_down is not None:
         hf_static.SPLIT_K_DOWN = args.split_down
     hf_static.FUSED_DRAW = not args.no_fused_draw
