@@ -536,6 +536,19 @@ import tests.test_sampling_backends as t
 
 from rlscope.sampling.backends import fused_draw
 
+
+def eager_and_static(policy, cfg):
+    # the eager path's rollout and the static sampler's (a fresh bucket), ragged grouped prompts
+    prompts, seeds_B, group_B = t._prompts(groups=3, group_size=3)
+    outs = []
+    for backend in ("eager", "static"):
+        hf_static._DECODERS.clear()
+        outs.append(generate(policy, prompts, dataclasses.replace(cfg, backend=backend),
+                             seeds_B, 14, group_id_B=group_B, with_entropy=True,
+                             with_sum_p2=True))
+    return outs
+
+
 hf_static.FUSE_ROPE = False  # the plain kernel first; the fused one below
 for arch in ("llama", "qwen3"):
     policy = t._policy(arch)
@@ -611,13 +624,7 @@ calls = []
 plain_gu = gate_up.gate_up_silu
 gate_up.gate_up_silu = lambda x, w: calls.append(x.shape[0]) or plain_gu(x, w)
 policy = t._policy("llama")
-cfg = SamplingConfig(stop_token_ids=t.STOPS)
-prompts, seeds_B, group_B = t._prompts(groups=3, group_size=3)
-eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 14,
-                 group_id_B=group_B, with_entropy=True, with_sum_p2=True)
-hf_static._DECODERS.clear()
-fast = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
-                group_id_B=group_B, with_entropy=True, with_sum_p2=True)
+eager, fast = eager_and_static(policy, SamplingConfig(stop_token_ids=t.STOPS))
 bucket = next(iter(hf_static._DECODERS[policy][2].values()))
 # every layer of every decode position (the stand-in capture runs a step too), never the
 # prefill's rows
@@ -634,13 +641,7 @@ plain_fd = fused_draw.fused_draw
 fused_draw.fused_draw = lambda *a, **kw: calls.append(1) or plain_fd(*a, **kw)
 policy = t._policy("qwen2")
 for cfg in (SamplingConfig(stop_token_ids=t.STOPS), SamplingConfig(temperature=0.8)):
-    prompts, seeds_B, group_B = t._prompts(groups=3, group_size=3)
-    eager = generate(policy, prompts, dataclasses.replace(cfg, backend="eager"), seeds_B, 14,
-                     group_id_B=group_B, with_entropy=True, with_sum_p2=True)
-    hf_static._DECODERS.clear()
-    fast = generate(policy, prompts, dataclasses.replace(cfg, backend="static"), seeds_B, 14,
-                    group_id_B=group_B, with_entropy=True, with_sum_p2=True)
-    t._assert_same(eager, fast)
+    t._assert_same(*eager_and_static(policy, cfg))
 assert len(calls) >= 2 * 14
 print("triton sampler ok")
 """
