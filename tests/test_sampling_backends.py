@@ -517,7 +517,8 @@ for M, D, I in ((70, 96, 40), (3, 64, 33)):
     assert got.shape == (M, I) and got.dtype == w_JD.dtype
     torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
 for x_bad, w_bad in ((torch.zeros(4, 8), torch.zeros(6, 9)), (torch.zeros(4, 8), torch.zeros(5, 8)),
-                     (torch.zeros(4, 8), torch.zeros(6, 8, dtype=torch.float64))):
+                     (torch.zeros(4, 8), torch.zeros(6, 8, dtype=torch.float64)),
+                     (torch.zeros(2, 4, 8), torch.zeros(6, 8))):
     try:
         gate_up.gate_up_silu(x_bad, w_bad)
     except ValueError:
