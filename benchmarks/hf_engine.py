@@ -623,6 +623,9 @@ def add_sampler_switches(group: Any) -> None:
     a("--split_down", type=int, default=None,
       help="the decode step's down projection as this many split-K partial products "
            "(hf_static.SPLIT_K_DOWN; 0 = one product; default: the module's)")
+    a("--split_out", type=int, default=None,
+      help="the decode step's output projection as this many split-K partial products "
+           "(hf_static.SPLIT_K_OUT; 0 = one product; default: the module's)")
     a("--no_fused_draw", action="store_true",
       help="draw with the plain draw (hf_static.FUSED_DRAW off)")
     a("--decode_block", type=int, default=None,
@@ -651,6 +654,8 @@ def sampler_switch_errors(args: argparse.Namespace) -> list[str]:
     errors = []
     if args.split_down is not None and args.split_down < 0:
         errors.append(f"--split_down must be >= 0 (got {args.split_down})")
+    if args.split_out is not None and args.split_out < 0:
+        errors.append(f"--split_out must be >= 0 (got {args.split_out})")
     if args.decode_block is not None and args.decode_block not in (16, 32, 64, 128, 256):
         errors.append(f"--decode_block must be 16, 32, 64, 128 or 256 (a tl.dot side; got "
                       f"{args.decode_block})")
@@ -672,6 +677,8 @@ def apply_sampler_switches(args: argparse.Namespace) -> None:
     hf_static.FUSED_GATE_UP = not args.no_fused_gate_up
     if args.split_down is not None:
         hf_static.SPLIT_K_DOWN = args.split_down
+    if args.split_out is not None:
+        hf_static.SPLIT_K_OUT = args.split_out
     hf_static.FUSED_DRAW = not args.no_fused_draw
     if args.decode_block is not None:
         decode_attention.BLOCK_N = args.decode_block

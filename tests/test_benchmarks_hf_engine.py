@@ -138,29 +138,34 @@ def test_sampler_switches_are_checked_then_set(monkeypatch: pytest.MonkeyPatch) 
     from rlscope.sampling.backends import decode_attention, hf_static
 
     bad = hf_engine.parser().parse_args(["--decode_block", "8", "--decode_warps", "3",
-                                         "--split_down", "-1"])
+                                         "--split_down", "-1", "--split_out", "-2"])
     errors = hf_engine.check_args(bad)
     assert any("--decode_block must be 16, 32" in e for e in errors)
     assert any("--decode_warps must be a power of two" in e for e in errors)
     assert any("--split_down must be >= 0" in e for e in errors)
+    assert any("--split_out must be >= 0 (got -2)" in e for e in errors)
     for module, names in ((hf_static, ("FUSE_ROPE", "SHARE_PROMPT_KEYS", "GRAPH_PREFILL",
-                                       "SPLIT_K_DOWN", "FUSED_DRAW", "ROPE_TABLE",
+                                       "SPLIT_K_DOWN", "SPLIT_K_OUT", "FUSED_DRAW",
+                                       "ROPE_TABLE",
                                        "COMPILE_PREFILL", "FUSED_GATE_UP")),
                           (decode_attention, ("BLOCK_N", "NUM_WARPS"))):
         for name in names:  # restored after the test
             monkeypatch.setattr(module, name, getattr(module, name))
     hf_engine.apply_sampler_switches(hf_engine.parser().parse_args(
         ["--no_fuse_rope", "--no_share_prompt", "--no_graph_prefill", "--no_fused_draw",
-         "--split_down", "0", "--decode_block", "128", "--decode_warps", "8",
+         "--split_down", "0", "--split_out", "2", "--decode_block", "128",
+         "--decode_warps", "8",
          "--no_rope_table", "--no_compile_prefill", "--no_fused_gate_up"]))
     assert (hf_static.FUSE_ROPE, hf_static.SHARE_PROMPT_KEYS, hf_static.GRAPH_PREFILL,
             hf_static.FUSED_DRAW, hf_static.SPLIT_K_DOWN) == (False, False, False, False, 0)
     assert (hf_static.ROPE_TABLE, hf_static.COMPILE_PREFILL, hf_static.FUSED_GATE_UP) == \
         (False, False, False)
     assert (decode_attention.BLOCK_N, decode_attention.NUM_WARPS) == (128, 8)
-    hf_static.SPLIT_K_DOWN = 4
+    assert hf_static.SPLIT_K_OUT == 2
+    hf_static.SPLIT_K_DOWN, hf_static.SPLIT_K_OUT = 4, 3
     hf_engine.apply_sampler_switches(hf_engine.parser().parse_args([]))
-    assert hf_static.SPLIT_K_DOWN == 4  # no flag: the module's default stays
+    # no flag: the module's values stay
+    assert (hf_static.SPLIT_K_DOWN, hf_static.SPLIT_K_OUT) == (4, 3)
     assert (hf_static.ROPE_TABLE, hf_static.COMPILE_PREFILL, hf_static.FUSED_GATE_UP) == \
         (True, True, True)
 

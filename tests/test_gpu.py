@@ -465,12 +465,16 @@ def test_static_sampler_with_the_fused_draw_equals_eager(monkeypatch: pytest.Mon
                                    rtol=0)
 
 
-def test_split_k_down_projection_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("setting,probe", [("SPLIT_K_DOWN", "_split_down"),
+                                           ("SPLIT_K_OUT", "_split_out")])
+def test_split_k_projections_on_cuda(monkeypatch: pytest.MonkeyPatch, setting: str,
+                                     probe: str) -> None:
     """`hf_static.split_k_linear` equals the float32 product of the bf16 operands, and the
-    compiled, graphed sampler with `hf_static.SPLIT_K_DOWN` (the only step it applies to)
-    keeps its log-probs as close to the learner's teacher-forced forward as without it
-    (bf16), starting from a fresh process state (the Triton kernels loaded by the bucket, not
-    lazily inside the compiled step, which recompiled it inside the graph capture)."""
+    compiled, graphed sampler with `hf_static.SPLIT_K_DOWN` (the down projection) or
+    `hf_static.SPLIT_K_OUT` (the output projection), the only step each applies to, keeps its
+    log-probs as close to the learner's teacher-forced forward as without it (bf16), starting
+    from a fresh process state (the Triton kernels loaded by the bucket, not lazily inside
+    the compiled step, which recompiled it inside the graph capture)."""
     from rlscope.sampling.backends import hf_static
 
     g = torch.Generator().manual_seed(0)
@@ -483,16 +487,28 @@ def test_split_k_down_projection_on_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
     cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11), compile_sampler=True)
     weights = hf_static.HFStaticWeights(policy.unwrap(), torch.bfloat16)
     x_B1D = torch.zeros(4, 1, 8, device="cuda")
+    monkeypatch.setattr(hf_static, setting, 4)
 
-    def probe(x: torch.Tensor) -> torch.Tensor:
-        return x + weights._split_down(x)
+    def split_count(x: torch.Tensor) -> torch.Tensor:
+        return x + getattr(weights, probe)(x)
 
-    assert probe(x_B1D).max().item() == 0  # eager (graphed without compile_sampler): no split
-    assert torch.compile(probe)(x_B1D).min().item() == 4  # traced by torch.compile: split
+    assert split_count(x_B1D).max().item() == 0  # eager (graphed, not compiled): no split
+    assert torch.compile(split_count)(x_B1D).min().item() == 4  # traced by torch.compile
+    if setting == "SPLIT_K_OUT":  # a bias of the output projection is added in float32
+        weights.refresh()
+        x_B1D = torch.randn(4, 1, weights.embed.shape[1], generator=g).cuda()
+        attn_B1E = torch.randn(4, 1, weights.w_o[0].shape[1], generator=g).cuda().bfloat16()
+        plain = weights._finish_layer(0, x_B1D, attn_B1E)
+        bias = torch.randn(weights.w_o[0].shape[0], generator=g).cuda().bfloat16()
+        weights.b_o[0] = bias  # this test's own copy of the weights
+        split = weights._finish_layer(0, x_B1D, attn_B1E, split_out=4)
+        biased = weights._finish_layer(0, x_B1D, attn_B1E)
+        torch.testing.assert_close(split, biased, atol=5e-2, rtol=5e-2)
+        assert not torch.allclose(split, plain, atol=5e-2, rtol=5e-2)  # the bias was added
     gaps = {}
     for split in (4, 0):
         _forget_kernels(monkeypatch)
-        monkeypatch.setattr(hf_static, "SPLIT_K_DOWN", split)
+        monkeypatch.setattr(hf_static, setting, split)
         hf_static._DECODERS.clear()
         out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
         gaps[split] = _learner_gap(policy, prompts, out)

@@ -354,11 +354,17 @@ class HFStaticWeights:
         return qk_NTJD[:, :, :H], qk_NTJD[:, :, H:], v_NTKD
 
     def _finish_layer(self, i: int, x_NTD: torch.Tensor, attn_NTE: torch.Tensor,
-                      split: int = 0, fuse_gate_up: bool = False) -> torch.Tensor:
-        """Residual + output projection, then the gated MLP block (``split``: the down
-        projection as `split_k_linear` over that many slices; ``fuse_gate_up``: the gate/up
-        and SiLU products as one kernel, `gate_up.gate_up_silu`)."""
-        x_NTD = x_NTD + F.linear(attn_NTE, self.w_o[i], self.b_o[i])
+                      split: int = 0, fuse_gate_up: bool = False, split_out: int = 0
+                      ) -> torch.Tensor:
+        """Residual + output projection, then the gated MLP block (``split`` and
+        ``split_out``: the down and output projections as `split_k_linear` over that many
+        slices; ``fuse_gate_up``: the gate/up and SiLU products as one kernel,
+        `gate_up.gate_up_silu`)."""
+        if split_out > 1:
+            o_NTD = split_k_linear(attn_NTE, self.w_o[i], split_out)
+            x_NTD = x_NTD + (o_NTD if self.b_o[i] is None else o_NTD + self.b_o[i])
+        else:
+            x_NTD = x_NTD + F.linear(attn_NTE, self.w_o[i], self.b_o[i])
         h_NTD = self._norm(x_NTD, self.ln2[i]).to(self.dtype)
         if fuse_gate_up:
             N, T, D = h_NTD.shape
@@ -371,12 +377,21 @@ class HFStaticWeights:
             return x_NTD + split_k_linear(act_NTI, self.w_down[i], split)
         return x_NTD + F.linear(act_NTI, self.w_down[i])
 
-    def _split_down(self, x: torch.Tensor) -> int:
-        """`SPLIT_K_DOWN` where it applies to a decode step (being compiled, on CUDA,
-        half-precision matmuls, an intermediate size it divides), else 0."""
+    def _split_k(self, x: torch.Tensor, count: int, n_in: int) -> int:
+        """``count`` split-K slices where they apply to a decode step's product of ``n_in``
+        inputs (being compiled, on CUDA, half-precision matmuls, ``count`` dividing
+        ``n_in``), else 0."""
         fits = x.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16) \
-            and SPLIT_K_DOWN > 1 and self.intermediate % SPLIT_K_DOWN == 0
-        return SPLIT_K_DOWN if fits and torch.compiler.is_compiling() else 0
+            and count > 1 and n_in % count == 0
+        return count if fits and torch.compiler.is_compiling() else 0
+
+    def _split_down(self, x: torch.Tensor) -> int:
+        """`SPLIT_K_DOWN` where it applies to a decode step (`_split_k`), else 0."""
+        return self._split_k(x, SPLIT_K_DOWN, self.intermediate)
+
+    def _split_out(self, x: torch.Tensor) -> int:
+        """`SPLIT_K_OUT` where it applies to a decode step (`_split_k`), else 0."""
+        return self._split_k(x, SPLIT_K_OUT, self.n_heads * self.head_dim)
 
     def fuses_gate_up(self, device: torch.device) -> bool:
         """Whether decode steps run the gate/up and SiLU products as one kernel
@@ -437,12 +452,13 @@ class HFStaticWeights:
                                       v_cache)
         rope = self._rope(x_B1D, pos_B[:, None])
         split, fuse = self._split_down(x_B1D), self.fuses_gate_up(x_B1D.device)
+        split_out = self._split_out(x_B1D)
         for i in range(len(self.w_qkv)):
             q_B1HD, k_B1KD, v_B1KD = self._qkv(i, x_B1D, rope)
             k_cache[i].index_copy_(1, col_1, k_B1KD)
             v_cache[i].index_copy_(1, col_1, v_B1KD)
             o_BE = keys.attend(q_B1HD[:, 0], k_cache[i], v_cache[i], self.scale)
-            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None], split, fuse)
+            x_B1D = self._finish_layer(i, x_B1D, o_BE[:, None], split, fuse, split_out)
         return self._logits(x_B1D[:, 0])
 
     def _decode_fused(self, x_B1D: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -455,6 +471,7 @@ class HFStaticWeights:
         B = x_B1D.shape[0]
         cos_RD, sin_signed_RD = rope
         split, fuse = self._split_down(x_B1D), self.fuses_gate_up(x_B1D.device)
+        split_out = self._split_out(x_B1D)
         for i in range(len(self.w_qkv)):
             h_B1D = self._norm(x_B1D, self.ln1[i]).to(self.dtype)
             qkv_BX = F.linear(h_B1D[:, 0], self.w_qkv[i], self.b_qkv[i])
@@ -462,7 +479,8 @@ class HFStaticWeights:
                 qkv_BX, cos_RD, sin_signed_RD, k_cache[i], v_cache[i], col_1, keys.start_B,
                 keys.used_B, self.n_heads, self.scale, keys.src_B, keys.prompt_cols,
                 rope_row_B)
-            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1), split, fuse)
+            x_B1D = self._finish_layer(i, x_B1D, o_BHD.reshape(B, 1, -1), split, fuse,
+                                       split_out)
         return self._logits(x_B1D[:, 0])
 
 
@@ -490,6 +508,14 @@ the residual stream: at 256 rows cuBLAS runs the single product on too few block
 compiled, 104M 406.5k → 426.7k tokens/s and 0.5B 152.8k → 159.7k; uncompiled, where the sum
 over the slices is a kernel of its own, it lost 1–2%, so it applies only while
 ``torch.compile`` traces the step. 0: one product."""
+
+SPLIT_K_OUT = 4
+"""As `SPLIT_K_DOWN`, for the attention's output projection (its bias, if any, added in
+float32): cuBLAS runs the single product at 256 rows as 84 tiles of 40 × 64 on the H100's 132
+SMs. A small gain, near the noise: in the compiled 104M sampler on H100s, batch 256 × 128,
+four slices gave 461.6k tokens/s on average against 458.2k for one product (six and seven
+runs over three calls, each call's mean in favour of the split by 0.5–1.3%), the 0.5B 161.9k
+against 160.9k; 2 slices lost and 3 were neutral (docs/performance.md). 0: one product."""
 
 
 def split_k_linear(x_NI: torch.Tensor, w_OI: torch.Tensor, split: int) -> torch.Tensor:
