@@ -361,8 +361,8 @@ class HFStaticWeights:
         slices; ``fuse_gate_up``: the gate/up and SiLU products as one kernel,
         `gate_up.gate_up_silu`)."""
         if split_out > 1:
-            o_NTD = split_k_linear(attn_NTE, self.w_o[i], split_out)
-            x_NTD = x_NTD + (o_NTD if self.b_o[i] is None else o_NTD + self.b_o[i])
+            o_NTD, bias = split_k_linear(attn_NTE, self.w_o[i], split_out), self.b_o[i]
+            x_NTD = x_NTD + (o_NTD if bias is None else o_NTD + bias)
         else:
             x_NTD = x_NTD + F.linear(attn_NTE, self.w_o[i], self.b_o[i])
         h_NTD = self._norm(x_NTD, self.ln2[i]).to(self.dtype)
