@@ -360,11 +360,7 @@ class HFStaticWeights:
         ``split_out``: the down and output projections as `split_k_linear` over that many
         slices; ``fuse_gate_up``: the gate/up and SiLU products as one kernel,
         `gate_up.gate_up_silu`)."""
-        if split_out > 1:
-            o_NTD, bias = split_k_linear(attn_NTE, self.w_o[i], split_out), self.b_o[i]
-            x_NTD = x_NTD + (o_NTD if bias is None else o_NTD + bias)
-        else:
-            x_NTD = x_NTD + F.linear(attn_NTE, self.w_o[i], self.b_o[i])
+        x_NTD = x_NTD + _project(attn_NTE, self.w_o[i], self.b_o[i], split_out)
         h_NTD = self._norm(x_NTD, self.ln2[i]).to(self.dtype)
         if fuse_gate_up:
             N, T, D = h_NTD.shape
@@ -373,9 +369,7 @@ class HFStaticWeights:
         else:
             gate_NTI, up_NTI = F.linear(h_NTD, self.w_gu[i]).split(self.intermediate, -1)
             act_NTI = F.silu(gate_NTI).mul_(up_NTI)
-        if split > 1:
-            return x_NTD + split_k_linear(act_NTI, self.w_down[i], split)
-        return x_NTD + F.linear(act_NTI, self.w_down[i])
+        return x_NTD + _project(act_NTI, self.w_down[i], None, split)
 
     def _split_k(self, x: torch.Tensor, count: int, n_in: int) -> int:
         """``count`` split-K slices where they apply to a decode step's product of ``n_in``
@@ -516,6 +510,16 @@ SMs. A small gain, near the noise: in the compiled 104M sampler on H100s, batch 
 four slices gave 461.6k tokens/s on average against 458.2k for one product (six and seven
 runs over three calls, each call's mean in favour of the split by 0.5–1.3%), the 0.5B 161.9k
 against 160.9k; 2 slices lost and 3 were neutral (docs/performance.md). 0: one product."""
+
+
+def _project(x_NI: torch.Tensor, w_OI: torch.Tensor, b_O: torch.Tensor | None,
+             split: int) -> torch.Tensor:
+    """``F.linear(x, w, b)``, or with ``split`` > 1 `split_k_linear` over that many slices
+    (float32, the bias added in float32)."""
+    if split <= 1:
+        return F.linear(x_NI, w_OI, b_O)
+    out = split_k_linear(x_NI, w_OI, split)
+    return out if b_O is None else out + b_O
 
 
 def split_k_linear(x_NI: torch.Tensor, w_OI: torch.Tensor, split: int) -> torch.Tensor:
