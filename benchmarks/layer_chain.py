@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from rlscope.utils import environment_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_engine import SHAPES
-from profile_engine import graph_time_us
+from profile_engine import emit, graph_time_us
 
 SECTIONS = ("products", "chain", "layer", "down_sweep")
 Tile = tuple[int, int, int, int, int]
@@ -406,10 +405,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             res["down_sweep"] = run_down_sweep(net, args.iters, args.sweep_seconds)
     res["environment"] = environment_info(torch.device("cuda" if torch.cuda.is_available()
                                                        else "cpu"))
-    text = json.dumps(res, indent=2, default=str)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(res, args.output)
     return res
 
 
