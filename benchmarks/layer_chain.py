@@ -6,27 +6,31 @@ Why: a 104M decode position is ~100 kernels, and each boundary costs a launch ga
 between kernels launched with it, which cuBLAS's are not. This measures what a layer of
 Triton kernels with PDL would give against today's mix, before anyone builds it into the
 sampler. Every time is µs a call over ``--layers`` layers' own weights (so the weights come
-from memory as in the sampler), ``--rows`` rows, bf16.
+from memory as in the sampler), ``--rows`` rows, bf16, random data.
 
 Sections (``--sections``):
-- ``products``: each product alone, cuBLAS against the fastest Triton tile of `TILES`
-  (q/k/v, output and down projections: `matmul_kernel`; gate/up with its SiLU product:
-  `gate_up_silu_kernel` against cuBLAS's plain ``[M, 2I]`` product).
-- ``chain``: the four products one after another: ``cublas``, ``triton`` (the tiles found),
-  ``pdl`` (the next kernel released after the loop), ``pdl_early`` (released at the start),
-  ``pdl_prefetch`` (each program asks L2 for its weight tile before it waits).
+- ``products``: each of the four products alone (q/k/v; output; gate/up as the plain
+  ``[M, 2I]`` product; down), cuBLAS against the fastest Triton tile of `TILES`
+  (`matmul_kernel`).
+- ``chain``: the four products one after another, each reading the one ahead's output:
+  ``cublas``; ``triton`` (the tiles found); with PDL, ``pdl`` (each kernel waits before its
+  loop and releases the next after it), ``pdl_early`` (releases the next at its start),
+  ``pdl_prefetch`` and ``pdl_early_prefetch`` (the same, each program first asking L2 for its
+  whole weight tile, before it waits).
 - ``layer``: six kernels a layer, no attention: norm, q/k/v, output projection in ``--split``
-  float32 slices, norm with the residual and the slices' sum, gate/up + SiLU, down projection
-  in slices. ``today`` is the sampler's mix (cuBLAS q/k/v, cuBLAS batched split-K products,
-  the Triton gate/up kernel); ``triton`` is Triton throughout; ``triton_pdl`` adds PDL.
+  float32 slices, norm with the residual and the slices' sum, gate/up with its SiLU product,
+  down projection in slices. ``today`` is the sampler's mix (cuBLAS q/k/v, cuBLAS batched
+  split-K products); ``triton`` is Triton throughout; ``triton_pdl`` adds PDL (released after
+  each loop). The norms and the gate/up kernel (the sampler's tile, `GATE_UP_TILE`) are Triton
+  in all three.
 - ``down_sweep``: the Triton split-K down projection over slice counts and tiles against
   cuBLAS's batched product, for ``--sweep_seconds`` at most.
 
 ``--check`` runs each kernel once against torch at small float32 shapes instead (on CPU in
 Triton's interpreter, ``TRITON_INTERPRET=1``, as the test does; PDL and the L2 prefetch need a
-GPU). Example (one H100, ~30 s)::
+GPU). Example (one H100, a few minutes)::
 
-    python benchmarks/layer_chain.py --sections products chain layer --output chain.json
+    python benchmarks/layer_chain.py --sections products chain layer down_sweep --output c.json
 """
 
 from __future__ import annotations
@@ -49,17 +53,22 @@ from hf_engine import SHAPES
 from profile_engine import emit, graph_time_us
 
 SECTIONS = ("products", "chain", "layer", "down_sweep")
+PRODUCTS = ("qkv", "o", "gate_up", "down")
 Tile = tuple[int, int, int, int, int]
 TILES: tuple[Tile, ...] = ((64, 64, 64, 4, 3), (64, 32, 64, 4, 4), (64, 128, 64, 4, 3),
                            (128, 64, 64, 4, 3), (64, 64, 128, 4, 3), (64, 32, 128, 4, 3),
-                           (128, 32, 64, 4, 4), (64, 64, 64, 4, 4))
+                           (128, 32, 64, 4, 4), (64, 64, 64, 4, 4), (128, 128, 64, 8, 3),
+                           (128, 64, 128, 8, 3), (128, 64, 128, 4, 3))
 """``(BM, BN, BK, num_warps, num_stages)`` tried for each product; a tile that does not divide
-the product's shape is skipped."""
-CHAIN_MODES = ("cublas", "triton", "pdl", "pdl_early", "pdl_prefetch")
+the product's shape is skipped. Every block is a multiple of 32 and every ``BK`` of 64."""
+GATE_UP_TILE: Tile = (64, 32, 64, 4, 4)
+"""The gate/up + SiLU kernel's tile in ``layer``: the sampler's (`gate_up.TILE`)."""
+CHAIN_MODES = ("cublas", "triton", "pdl", "pdl_early", "pdl_prefetch", "pdl_early_prefetch")
 LAYER_MODES = ("today", "triton", "triton_pdl")
 
 
 def log(msg: str) -> None:
+    """A progress line on stderr (stdout holds the JSON)."""
     print(f"[layer_chain] {msg}", file=sys.stderr, flush=True)
 
 
@@ -71,6 +80,7 @@ def kernels() -> ModuleType:
 
 
 def _pdl(on: bool) -> dict[str, bool]:
+    """The launch option that makes a Triton launch PDL (none when off)."""
     return {"launch_pdl": True} if on else {}
 
 
@@ -114,22 +124,27 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tile: Tile
         PDL=pdl, num_warps=warps, num_stages=stages, **_pdl(pdl))
 
 
+NORM_ROWS = 4
+"""Rows a program of `add_norm_kernel`."""
+
+
 def add_norm(x: torch.Tensor, parts: torch.Tensor, g: torch.Tensor, h: torch.Tensor,
-             pdl: bool = False, rows: int = 4) -> None:
+             pdl: bool = False) -> None:
     """``x += parts.sum(0)``; ``h = rmsnorm(x) * g`` with `add_norm_kernel`."""
     M, N = x.shape
-    kernels().add_norm_kernel[(M // rows,)](
-        x, parts, g, h, M, N=N, S=parts.shape[0], ROWS=rows,
+    kernels().add_norm_kernel[(M // NORM_ROWS,)](
+        x, parts, g, h, M, N=N, S=parts.shape[0], ROWS=NORM_ROWS,
         BN=1 << (N - 1).bit_length(), PDL=pdl, eps=1e-6, num_warps=4, **_pdl(pdl))
 
 
 def fits(tile: Tile, M: int, N: int, K: int) -> bool:
+    """Whether ``tile`` divides an ``M x N`` product over ``K`` (the kernels have no masks)."""
     return M % tile[0] == 0 and N % tile[1] == 0 and K % tile[2] == 0
 
 
 class Layers:
-    """``layers`` layers' random bf16 weights of one model shape and the buffers a chain
-    writes (each product reads the one ahead's output)."""
+    """``layers`` layers' random bf16 weights of one model shape and the random buffers a
+    chain writes (each product reads the one ahead's output)."""
 
     def __init__(self, shape: dict[str, Any], rows: int, layers: int, split: int,
                  device: torch.device, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -138,70 +153,72 @@ class Layers:
             * (D // shape["num_attention_heads"])
         g = torch.Generator(device=device).manual_seed(0)
 
-        def weight(n_out: int, n_in: int) -> torch.Tensor:
-            return (torch.randn(n_out, n_in, device=device, generator=g)
-                    * n_in ** -0.5).to(dtype)
+        def rand(*size: int, scale: float = 1.0, like: torch.dtype = dtype) -> torch.Tensor:
+            return (torch.randn(*size, device=device, generator=g) * scale).to(like)
 
         self.M, self.D, self.X, self.inter, self.split = rows, D, X, inter, split
-        self.w = [{"qkv": weight(X, D), "o": weight(D, D), "gate_up": weight(2 * inter, D),
-                   "down": weight(D, inter)} for _ in range(layers)]
+        self.w = [{"qkv": rand(X, D, scale=D ** -0.5), "o": rand(D, D, scale=D ** -0.5),
+                   "gate_up": rand(2 * inter, D, scale=D ** -0.5),
+                   "down": rand(D, inter, scale=inter ** -0.5)} for _ in range(layers)]
         self.norm_g = torch.ones(D, device=device)
-        self.x = torch.randn(rows, D, device=device)
-        self.out = {"qkv": torch.zeros(rows, X, device=device, dtype=dtype),
-                    "o": torch.zeros(rows, D, device=device, dtype=dtype),
-                    "gate_up": torch.zeros(rows, inter, device=device, dtype=dtype),
-                    "down": torch.zeros(rows, D, device=device, dtype=dtype)}
-        self.h = torch.zeros(rows, D, device=device, dtype=dtype)
-        self.parts = torch.zeros(split, rows, D, device=device)
+        self.x = rand(rows, D, like=torch.float32)
+        """The float32 residual stream (``layer``)."""
+        self.start = rand(rows, D)
+        """What a chain's first product reads, copied in at the start of each replay."""
+        self.out = {"qkv": rand(rows, X), "o": rand(rows, D), "gate_up": rand(rows, 2 * inter),
+                    "down": rand(rows, D)}
+        self.act = rand(rows, inter)
+        """The gate/up + SiLU product (``layer``)."""
+        self.h = rand(rows, D)
+        self.parts = rand(split, rows, D, like=torch.float32)
 
     def input(self, name: str) -> torch.Tensor:
         """The input each product reads: the output of the one ahead (q/k/v's first ``D``
-        columns stand in for the attention output)."""
+        columns stand in for the attention output, the gate/up product's first ``I`` columns
+        for the SiLU product)."""
         return {"qkv": self.out["down"], "o": self.out["qkv"][:, :self.D],
-                "gate_up": self.out["o"], "down": self.out["gate_up"]}[name]
+                "gate_up": self.out["o"], "down": self.out["gate_up"][:, :self.inter]}[name]
 
     def dims(self, name: str) -> tuple[int, int]:
-        """``(N, K)`` of a product (gate/up: its ``I`` output columns)."""
-        return {"qkv": (self.X, self.D), "o": (self.D, self.D), "gate_up": (self.inter, self.D),
+        """``(N, K)`` of a product."""
+        return {"qkv": (self.X, self.D), "o": (self.D, self.D), "gate_up": (2 * self.inter, self.D),
                 "down": (self.D, self.inter)}[name]
-
-    def product_of(self, i: int, name: str, mode: str, tile: Tile) -> None:
-        """`product` with the layer first (for `each_layer`)."""
-        self.product(name, i, mode, tile)
-
-    def split_product_of(self, i: int, name: str, tile: Tile) -> None:
-        """Layer ``i``'s product ``name`` as Triton split-K slices into ``parts``."""
-        split_k(self.input(name), self.w[i][name], self.parts, tile)
-
-    def chain_of(self, i: int, mode: str, tiles: dict[str, Tile]) -> None:
-        """Layer ``i``'s four products in turn."""
-        for name in ("qkv", "o", "gate_up", "down"):
-            self.product(name, i, mode, tiles[name])
-
-    def down_split_of(self, i: int, parts: torch.Tensor, tile: Tile | None) -> None:
-        """Layer ``i``'s down projection in ``len(parts)`` slices: cuBLAS's batched product
-        (``tile`` None) or Triton's split-K kernel."""
-        if tile is None:
-            split_k_bmm(self.out["gate_up"], self.w[i]["down"], parts)
-        else:
-            split_k(self.out["gate_up"], self.w[i]["down"], parts, tile)
 
     def product(self, name: str, i: int, mode: str, tile: Tile) -> None:
         """Layer ``i``'s product ``name``: cuBLAS, or Triton with the ``mode``'s PDL hooks."""
         a, w, c = self.input(name), self.w[i][name], self.out[name]
         if mode == "cublas":
-            if name == "gate_up":
-                torch.mm(a, w.t())
-            else:
-                torch.mm(a, w.t(), out=c)
-        elif name == "gate_up":
-            gate_up_silu(a, w, c, tile, pdl=mode != "triton")
+            torch.mm(a, w.t(), out=c)
         else:
-            matmul(a, w, c, tile, pdl=mode != "triton", early=mode == "pdl_early",
-                   prefetch=mode == "pdl_prefetch")
+            matmul(a, w, c, tile, pdl=mode.startswith("pdl"), early="early" in mode,
+                   prefetch="prefetch" in mode)
+
+    def product_of(self, i: int, name: str, mode: str, tile: Tile) -> None:
+        """`product` with the layer first (for `each_layer`)."""
+        self.product(name, i, mode, tile)
+
+    def chain_of(self, i: int, mode: str, tiles: dict[str, Tile]) -> None:
+        """Layer ``i``'s four products in turn (layer 0 first copies in `start`)."""
+        if i == 0:
+            self.out["down"].copy_(self.start)
+        for name in PRODUCTS:
+            self.product(name, i, mode, tiles[name])
+
+    def split_product_of(self, i: int, name: str, tile: Tile) -> None:
+        """Layer ``i``'s product ``name`` as Triton split-K slices into ``parts``."""
+        split_k(self.input(name), self.w[i][name], self.parts, tile)
+
+    def down_split_of(self, i: int, parts: torch.Tensor, tile: Tile | None) -> None:
+        """Layer ``i``'s down projection of `act` in ``len(parts)`` slices: cuBLAS's batched
+        product (``tile`` None) or Triton's split-K kernel."""
+        if tile is None:
+            split_k_bmm(self.act, self.w[i]["down"], parts)
+        else:
+            split_k(self.act, self.w[i]["down"], parts, tile)
 
 
 def time_us(fn: Callable[[], Any], layers: int, iters: int) -> float:
+    """µs a layer of ``fn`` (all layers) replayed from a CUDA graph."""
     return round(graph_time_us(fn, iters=iters) / layers, 2)
 
 
@@ -213,19 +230,19 @@ def each_layer(layers: int, call: Callable[..., None], *args: Any) -> Callable[[
     return f
 
 
-def best_tiles(net: Layers, iters: int) -> dict[str, Any]:
-    """Each product alone: cuBLAS, and every fitting tile of `TILES` in Triton."""
+def fitting(net: Layers, name: str, split: int = 1) -> list[Tile]:
+    """The tiles of `TILES` that divide product ``name`` (its input in ``split`` slices)."""
+    N, K = net.dims(name)
+    return [t for t in TILES if fits(t, net.M, N, K // split)]
+
+
+def best_tiles(net: Layers, names: tuple[str, ...], iters: int) -> dict[str, Any]:
+    """Products ``names`` alone: cuBLAS, and every fitting tile of `TILES` in Triton."""
     out: dict[str, Any] = {}
     L = len(net.w)
-    for name in ("qkv", "o", "gate_up", "down"):
-        N, K = net.dims(name)
-        times = {}
-        for tile in TILES:
-            if fits(tile, net.M, N, K):
-                times[tile] = time_us(each_layer(L, net.product_of, name, "triton", tile), L,
-                                      iters)
-        if not times:
-            raise SystemExit(f"no tile of TILES divides the {name} product ({net.M} x {N} x {K})")
+    for name in names:
+        times = {tile: time_us(each_layer(L, net.product_of, name, "triton", tile), L, iters)
+                 for tile in fitting(net, name)}
         best = min(times, key=lambda t: times[t])
         cublas = time_us(each_layer(L, net.product_of, name, "cublas", best), L, iters)
         out[name] = {"cublas_us": cublas, "triton_us": times[best], "tile": list(best),
@@ -235,6 +252,7 @@ def best_tiles(net: Layers, iters: int) -> dict[str, Any]:
 
 
 def run_chain(net: Layers, tiles: dict[str, Tile], iters: int, repeats: int) -> dict[str, Any]:
+    """Every `CHAIN_MODES` mode of the four-product chain, ``repeats`` passes in turn."""
     L = len(net.w)
     res: dict[str, list[float]] = {m: [] for m in CHAIN_MODES}
     for _ in range(repeats):
@@ -244,24 +262,14 @@ def run_chain(net: Layers, tiles: dict[str, Tile], iters: int, repeats: int) -> 
     return {"us_a_layer": res}
 
 
-def split_tiles(net: Layers, iters: int) -> dict[str, Tile]:
-    """The fastest fitting `TILES` for the output and down projections in ``split`` slices."""
+def run_layer(net: Layers, qkv_tile: Tile, iters: int, repeats: int) -> dict[str, Any]:
+    """Every `LAYER_MODES` mode of the six-kernel layer, ``repeats`` passes in turn (the split
+    products' tiles: the fastest fitting ones, found first)."""
     L = len(net.w)
-    found = {}
-    for name in ("o", "down"):
-        N, K = net.dims(name)
-        times = {t: time_us(each_layer(L, net.split_product_of, name, t), L, iters)
-                 for t in TILES if fits(t, net.M, N, K // net.split)}
-        if not times:
-            raise SystemExit(f"no tile of TILES divides the split {name} product")
-        found[name] = min(times, key=lambda t: times[t])
-    return found
-
-
-def run_layer(net: Layers, qkv_tile: Tile, gate_up_tile: Tile, iters: int,
-              repeats: int) -> dict[str, Any]:
-    L = len(net.w)
-    tiles = split_tiles(net, iters)
+    tiles = {name: min(fitting(net, name, net.split),
+                       key=lambda t, n=name: time_us(each_layer(L, net.split_product_of, n, t),
+                                                     L, iters))
+             for name in ("o", "down")}
 
     def layer(mode: str) -> Callable[[], None]:
         pdl = mode == "triton_pdl"
@@ -277,11 +285,11 @@ def run_layer(net: Layers, qkv_tile: Tile, gate_up_tile: Tile, iters: int,
                     matmul(net.h, w["qkv"], net.out["qkv"], qkv_tile, pdl)
                     split_k(net.out["qkv"][:, :net.D], w["o"], net.parts, tiles["o"], pdl)
                 add_norm(net.x, net.parts, net.norm_g, net.h, pdl)
-                gate_up_silu(net.h, w["gate_up"], net.out["gate_up"], gate_up_tile, pdl)
+                gate_up_silu(net.h, w["gate_up"], net.act, GATE_UP_TILE, pdl)
                 if mode == "today":
-                    split_k_bmm(net.out["gate_up"], w["down"], net.parts)
+                    split_k_bmm(net.act, w["down"], net.parts)
                 else:
-                    split_k(net.out["gate_up"], w["down"], net.parts, tiles["down"], pdl)
+                    split_k(net.act, w["down"], net.parts, tiles["down"], pdl)
         return f
 
     res: dict[str, list[float]] = {m: [] for m in LAYER_MODES}
@@ -294,15 +302,18 @@ def run_layer(net: Layers, qkv_tile: Tile, gate_up_tile: Tile, iters: int,
 
 
 def run_down_sweep(net: Layers, iters: int, seconds: float) -> dict[str, Any]:
+    """The down projection in 4, 6 or 8 float32 slices: cuBLAS's batched product, and Triton's
+    split-K kernel over a grid of tiles, until ``seconds`` have passed."""
     L = len(net.w)
-    out: dict[str, Any] = {"cublas_us": {}, "triton_us": {}}
+    out: dict[str, Any] = {"cublas_us": {}, "triton_us": {}, "stopped_early": False}
     t0 = time.perf_counter()
+    grid = list(itertools.product((64, 128), (32, 64, 128), (64, 128), (4, 8), (3, 4, 5)))
     for S in (4, 6, 8):
-        if net.inter % S:
+        if net.inter % S or out["stopped_early"]:
             continue
         parts = torch.zeros(S, net.M, net.D, device=net.x.device)
         out["cublas_us"][S] = time_us(each_layer(L, net.down_split_of, parts, None), L, iters)
-        for tile in itertools.product((64, 128), (32, 64, 128), (64, 128), (4, 8), (3, 4, 5)):
+        for tile in grid:
             if time.perf_counter() - t0 > seconds:
                 out["stopped_early"] = True
                 break
@@ -346,8 +357,32 @@ def check(device: torch.device) -> dict[str, float]:
     return errs
 
 
+def shape_errors(net: Layers, sections: list[str]) -> list[str]:
+    """What in the flags leaves a product without a fitting tile, said as what to change."""
+    errors = []
+    if net.M % 64:
+        errors.append(f"--rows must be a multiple of 64 (the tiles' rows; got {net.M})")
+        return errors
+    for name in PRODUCTS:
+        if not fitting(net, name):
+            errors.append(f"no tile of TILES divides the {name} product "
+                          f"({net.M} x {net.dims(name)[0]} x {net.dims(name)[1]})")
+    if {"layer", "down_sweep"} & set(sections):
+        for name in ("o", "down"):
+            if net.dims(name)[1] % (64 * net.split):
+                errors.append(f"--split {net.split}: the {name} product's input "
+                              f"({net.dims(name)[1]}) must split into slices that are "
+                              f"multiples of 64; choose a --split that divides "
+                              f"{net.dims(name)[1] // 64}")
+    if "layer" in sections and not fits(GATE_UP_TILE, net.M, net.inter, net.D):
+        errors.append(f"the gate/up tile {GATE_UP_TILE} does not divide {net.M} x {net.inter}"
+                      f" x {net.D}")
+    return errors
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    """The command line (``--help`` lists every option with its default)."""
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--sections", nargs="+", default=["products", "chain", "layer"], choices=SECTIONS,
@@ -356,7 +391,8 @@ def parser() -> argparse.ArgumentParser:
       help="model shape whose layer is measured (hf_engine.SHAPES)")
     a("--rows", type=int, default=256, help="rows a product (the sampler's batch)")
     a("--layers", type=int, default=12, help="layers, each with its own weights, a replay")
-    a("--split", type=int, default=4, help="float32 slices of the split-K products (layer)")
+    a("--split", type=int, default=4,
+      help="float32 slices of the split-K products (layer, down_sweep; qwen0.5b: 2)")
     a("--iters", type=int, default=50, help="graph replays a timing")
     a("--repeats", type=int, default=2, help="times each chain and layer mode is timed, in turn")
     a("--sweep_seconds", type=float, default=150.0, help="time limit of down_sweep")
@@ -385,22 +421,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             p.error("; ".join(errors))
         net = Layers(SHAPES[args.model], args.rows, args.layers, args.split,
                      torch.device("cuda"))
-        if net.D % args.split or net.inter % args.split:
-            p.error(f"--split {args.split} must divide the hidden size {net.D} and the MLP "
-                    f"width {net.inter}")
+        errors = shape_errors(net, args.sections)
+        if errors:
+            p.error("; ".join(errors))
         res = {"benchmark": "layer_chain", "config": vars(args),
                "card": torch.cuda.get_device_name()}
-        tiles: dict[str, Tile] = {}
-        if {"products", "chain", "layer"} & set(args.sections):
-            found = best_tiles(net, args.iters)
-            tiles = {k: tuple(v["tile"]) for k, v in found.items()}  # type: ignore[misc]
-            if "products" in args.sections:
-                res["products"] = found
+        wanted = PRODUCTS if {"products", "chain"} & set(args.sections) else \
+            ("qkv",) if "layer" in args.sections else ()
+        found = best_tiles(net, wanted, args.iters)
+        tiles: dict[str, Tile] = {k: (v["tile"][0], v["tile"][1], v["tile"][2], v["tile"][3],
+                                      v["tile"][4]) for k, v in found.items()}
+        if "products" in args.sections:
+            res["products"] = found
         if "chain" in args.sections:
             res["chain"] = run_chain(net, tiles, args.iters, args.repeats)
         if "layer" in args.sections:
-            res["layer"] = run_layer(net, tiles["qkv"], tiles["gate_up"], args.iters,
-                                     args.repeats)
+            res["layer"] = run_layer(net, tiles["qkv"], args.iters, args.repeats)
         if "down_sweep" in args.sections:
             res["down_sweep"] = run_down_sweep(net, args.iters, args.sweep_seconds)
     res["environment"] = environment_info(torch.device("cuda" if torch.cuda.is_available()
