@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -184,7 +184,7 @@ class Layers:
         return {"qkv": (self.X, self.D), "o": (self.D, self.D), "gate_up": (2 * self.inter, self.D),
                 "down": (self.D, self.inter)}[name]
 
-    def product(self, name: str, i: int, mode: str, tile: Tile) -> None:
+    def product(self, i: int, name: str, mode: str, tile: Tile) -> None:
         """Layer ``i``'s product ``name``: cuBLAS, or Triton with the ``mode``'s PDL hooks."""
         a, w, c = self.input(name), self.w[i][name], self.out[name]
         if mode == "cublas":
@@ -193,16 +193,12 @@ class Layers:
             matmul(a, w, c, tile, pdl=mode.startswith("pdl"), early="early" in mode,
                    prefetch="prefetch" in mode)
 
-    def product_of(self, i: int, name: str, mode: str, tile: Tile) -> None:
-        """`product` with the layer first (for `each_layer`)."""
-        self.product(name, i, mode, tile)
-
     def chain_of(self, i: int, mode: str, tiles: dict[str, Tile]) -> None:
         """Layer ``i``'s four products in turn (layer 0 first copies in `start`)."""
         if i == 0:
             self.out["down"].copy_(self.start)
         for name in PRODUCTS:
-            self.product(name, i, mode, tiles[name])
+            self.product(i, name, mode, tiles[name])
 
     def split_product_of(self, i: int, name: str, tile: Tile) -> None:
         """Layer ``i``'s product ``name`` as Triton split-K slices into ``parts``."""
@@ -241,10 +237,10 @@ def best_tiles(net: Layers, names: tuple[str, ...], iters: int) -> dict[str, Any
     out: dict[str, Any] = {}
     L = len(net.w)
     for name in names:
-        times = {tile: time_us(each_layer(L, net.product_of, name, "triton", tile), L, iters)
+        times = {tile: time_us(each_layer(L, net.product, name, "triton", tile), L, iters)
                  for tile in fitting(net, name)}
         best = min(times, key=lambda t: times[t])
-        cublas = time_us(each_layer(L, net.product_of, name, "cublas", best), L, iters)
+        cublas = time_us(each_layer(L, net.product, name, "cublas", best), L, iters)
         out[name] = {"cublas_us": cublas, "triton_us": times[best], "tile": list(best),
                      "tiles_us": {str(list(t)): v for t, v in times.items()}}
         log(f"{name}: cuBLAS {cublas} µs, Triton {times[best]} µs ({best})")
@@ -266,10 +262,11 @@ def run_layer(net: Layers, qkv_tile: Tile, iters: int, repeats: int) -> dict[str
     """Every `LAYER_MODES` mode of the six-kernel layer, ``repeats`` passes in turn (the split
     products' tiles: the fastest fitting ones, found first)."""
     L = len(net.w)
-    tiles = {name: min(fitting(net, name, net.split),
-                       key=lambda t, n=name: time_us(each_layer(L, net.split_product_of, n, t),
-                                                     L, iters))
-             for name in ("o", "down")}
+    tiles: dict[str, Tile] = {}
+    for name in ("o", "down"):
+        times = {t: time_us(each_layer(L, net.split_product_of, name, t), L, iters)
+                 for t in fitting(net, name, net.split)}
+        tiles[name] = min(times, key=lambda t: times[t])
 
     def layer(mode: str) -> Callable[[], None]:
         pdl = mode == "triton_pdl"
@@ -429,8 +426,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         wanted = PRODUCTS if {"products", "chain"} & set(args.sections) else \
             ("qkv",) if "layer" in args.sections else ()
         found = best_tiles(net, wanted, args.iters)
-        tiles: dict[str, Tile] = {k: (v["tile"][0], v["tile"][1], v["tile"][2], v["tile"][3],
-                                      v["tile"][4]) for k, v in found.items()}
+        tiles = {k: cast(Tile, tuple(v["tile"])) for k, v in found.items()}
         if "products" in args.sections:
             res["products"] = found
         if "chain" in args.sections:
