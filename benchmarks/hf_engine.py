@@ -647,6 +647,13 @@ def add_sampler_switches(group: Any) -> None:
     a("--no_fused_gate_up", action="store_true",
       help="decode steps run the gate/up product and the SiLU product as two steps "
            "(hf_static.FUSED_GATE_UP off)")
+    a("--no_triton_layers", action="store_true",
+      help="decode layers run as the step's own kernels (cuBLAS products, compiled norms) "
+           "instead of Triton kernels chained with programmatic dependent launch "
+           "(hf_static.TRITON_LAYERS off)")
+    a("--no_pdl", action="store_true",
+      help="the Triton decode layers launch plainly, without programmatic dependent launch "
+           "(triton_layers.PDL off)")
 
 
 def sampler_switch_errors(args: argparse.Namespace) -> list[str]:
@@ -667,7 +674,7 @@ def sampler_switch_errors(args: argparse.Namespace) -> list[str]:
 
 def apply_sampler_switches(args: argparse.Namespace) -> None:
     """Set the static sampler's module switches from `add_sampler_switches`' arguments."""
-    from rlscope.sampling.backends import decode_attention, hf_static
+    from rlscope.sampling.backends import decode_attention, hf_static, triton_layers
 
     hf_static.FUSE_ROPE = not args.no_fuse_rope
     hf_static.SHARE_PROMPT_KEYS = not args.no_share_prompt
@@ -675,6 +682,8 @@ def apply_sampler_switches(args: argparse.Namespace) -> None:
     hf_static.ROPE_TABLE = not args.no_rope_table
     hf_static.COMPILE_PREFILL = not args.no_compile_prefill
     hf_static.FUSED_GATE_UP = not args.no_fused_gate_up
+    hf_static.TRITON_LAYERS = not args.no_triton_layers
+    triton_layers.PDL = not args.no_pdl
     if args.split_down is not None:
         hf_static.SPLIT_K_DOWN = args.split_down
     if args.split_out is not None:

@@ -6,7 +6,8 @@ static sampler (``backend="static"``; compiled and replayed from CUDA graphs on 
 ``--compile``) once per ``--variant``. Each variant is ``NAME:SETTINGS``, where ``SETTINGS``
 is a comma-separated list of ``module.ATTRIBUTE=value``:
 
-- ``module`` is one of `MODULES` (``hf_static``, ``decode_attention``, ``fused_draw``);
+- ``module`` is one of `MODULES` (``hf_static``, ``decode_attention``, ``fused_draw``,
+  ``triton_layers``);
 - ``ATTRIBUTE`` is an upper-case module setting (``hf_static.SPLIT_K_DOWN``,
   ``decode_attention.NUM_WARPS``, ...);
 - ``value`` is a Python literal of the setting's own type (it may hold commas: a comma
@@ -51,7 +52,7 @@ import torch
 
 from rlscope.policy.hf import HFPolicy
 from rlscope.sampling import SamplingConfig, generate
-from rlscope.sampling.backends import decode_attention, fused_draw, hf_static
+from rlscope.sampling.backends import decode_attention, fused_draw, hf_static, triton_layers
 from rlscope.utils import environment_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,7 +60,7 @@ from hf_engine import SHAPES, build_model, peak_mb, random_prompts, reset_peak, 
 from profile_engine import call_timeline, profile_kernels, replay_after_prefill_us
 
 MODULES: dict[str, ModuleType] = {"hf_static": hf_static, "decode_attention": decode_attention,
-                                  "fused_draw": fused_draw}
+                                  "fused_draw": fused_draw, "triton_layers": triton_layers}
 """The modules whose settings a variant may change."""
 
 

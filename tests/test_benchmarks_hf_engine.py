@@ -135,7 +135,7 @@ def test_inconsistent_options_are_rejected_before_any_work() -> None:
 def test_sampler_switches_are_checked_then_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """The static sampler's switches: a block or warp count Triton cannot compile is refused
     with the allowed values; valid ones set the module switches they name."""
-    from rlscope.sampling.backends import decode_attention, hf_static
+    from rlscope.sampling.backends import decode_attention, hf_static, triton_layers
 
     bad = hf_engine.parser().parse_args(["--decode_block", "8", "--decode_warps", "3",
                                          "--split_down", "-1", "--split_out", "-2"])
@@ -147,20 +147,23 @@ def test_sampler_switches_are_checked_then_set(monkeypatch: pytest.MonkeyPatch) 
     for module, names in ((hf_static, ("FUSE_ROPE", "SHARE_PROMPT_KEYS", "GRAPH_PREFILL",
                                        "SPLIT_K_DOWN", "SPLIT_K_OUT", "FUSED_DRAW",
                                        "ROPE_TABLE",
-                                       "COMPILE_PREFILL", "FUSED_GATE_UP")),
-                          (decode_attention, ("BLOCK_N", "NUM_WARPS"))):
+                                       "COMPILE_PREFILL", "FUSED_GATE_UP", "TRITON_LAYERS")),
+                          (decode_attention, ("BLOCK_N", "NUM_WARPS")),
+                          (triton_layers, ("PDL",))):
         for name in names:  # restored after the test
             monkeypatch.setattr(module, name, getattr(module, name))
     hf_engine.apply_sampler_switches(hf_engine.parser().parse_args(
         ["--no_fuse_rope", "--no_share_prompt", "--no_graph_prefill", "--no_fused_draw",
          "--split_down", "0", "--split_out", "2", "--decode_block", "128",
          "--decode_warps", "8",
-         "--no_rope_table", "--no_compile_prefill", "--no_fused_gate_up"]))
+         "--no_rope_table", "--no_compile_prefill", "--no_fused_gate_up",
+         "--no_triton_layers", "--no_pdl"]))
     assert (hf_static.FUSE_ROPE, hf_static.SHARE_PROMPT_KEYS, hf_static.GRAPH_PREFILL,
             hf_static.FUSED_DRAW, hf_static.SPLIT_K_DOWN) == (False, False, False, False, 0)
     assert (hf_static.ROPE_TABLE, hf_static.COMPILE_PREFILL, hf_static.FUSED_GATE_UP) == \
         (False, False, False)
     assert (decode_attention.BLOCK_N, decode_attention.NUM_WARPS) == (128, 8)
+    assert (hf_static.TRITON_LAYERS, triton_layers.PDL) == (False, False)
     assert hf_static.SPLIT_K_OUT == 2
     hf_static.SPLIT_K_DOWN, hf_static.SPLIT_K_OUT = 4, 3
     hf_engine.apply_sampler_switches(hf_engine.parser().parse_args([]))
@@ -168,6 +171,7 @@ def test_sampler_switches_are_checked_then_set(monkeypatch: pytest.MonkeyPatch) 
     assert (hf_static.SPLIT_K_DOWN, hf_static.SPLIT_K_OUT) == (4, 3)
     assert (hf_static.ROPE_TABLE, hf_static.COMPILE_PREFILL, hf_static.FUSED_GATE_UP) == \
         (True, True, True)
+    assert (hf_static.TRITON_LAYERS, triton_layers.PDL) == (True, True)
 
 
 def test_grouped_ragged_prompts_repeat_within_a_group() -> None:

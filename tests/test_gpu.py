@@ -313,11 +313,13 @@ def test_bf16_autocast_matches_float32_logits_on_cuda() -> None:
     assert 0 < gap.max().item() < 0.1 and gap.mean().item() < 0.01
 
 
-def _hf_static_case(arch: str, autocast: torch.dtype | None = None) -> tuple[Any, ...]:
-    """A tiny HF policy on CUDA and ragged left-padded grouped prompts with stop tokens."""
+def _hf_static_case(arch: str, autocast: torch.dtype | None = None,
+                    **shape: int) -> tuple[Any, ...]:
+    """A tiny HF policy on CUDA (``shape``: `tiny_hf_model`'s sizes) and ragged left-padded
+    grouped prompts with stop tokens."""
     from rlscope.policy.hf import HFPolicy, tiny_hf_model
 
-    policy = HFPolicy(tiny_hf_model(arch, 40, seed=0)).cuda().eval()
+    policy = HFPolicy(tiny_hf_model(arch, 40, seed=0, **shape)).cuda().eval()
     policy.autocast_dtype = autocast
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(12, 40, (3 + 4 * i,), generator=g) for i in range(3)]
@@ -518,12 +520,108 @@ def test_split_k_projections_on_cuda(monkeypatch: pytest.MonkeyPatch, setting: s
 
 def _forget_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a fresh process: no Triton kernel module imported yet, no compiled step."""
-    from rlscope.sampling.backends import decode_attention, fused_draw, gate_up
+    from rlscope.sampling.backends import decode_attention, fused_draw, gate_up, triton_layers
 
     monkeypatch.setattr(decode_attention, "_KERNELS", {})
     monkeypatch.setattr(fused_draw, "_KERNELS", {})
     monkeypatch.setattr(gate_up, "_KERNELS", {})
+    monkeypatch.setattr(triton_layers, "_KERNELS", {})
     torch._dynamo.reset()
+
+
+def test_triton_layer_kernels_on_cuda() -> None:
+    """`triton_layers`' kernels in bf16 at the 104M shape (256 rows): each equals its torch
+    reference to bf16 rounding, and launched with programmatic dependent launch from a CUDA
+    graph (where the card has it) each gives the same bits as launched plainly."""
+    from rlscope.sampling.backends import triton_layers as tl_
+
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * scale).cuda()
+
+    M, D, X, inter = 256, 768, 1280, 3072
+    h = rnd(M, D).bfloat16()
+    w_qkv, b_qkv = rnd(X, D, scale=D ** -0.5).bfloat16(), rnd(X).bfloat16()
+    w_o = rnd(D, D, scale=D ** -0.5).bfloat16()
+    w_gu, w_down = rnd(2 * inter, D, scale=D ** -0.5).bfloat16(), \
+        rnd(D, inter, scale=inter ** -0.5).bfloat16()
+    act = rnd(M, inter).bfloat16()
+    norm_g, x0 = rnd(D), rnd(M, D)
+    pdl = tl_.supports_pdl(torch.device("cuda"))
+
+    def chain(pdl: bool) -> dict[str, torch.Tensor]:
+        out = {"qkv": torch.empty(M, X, dtype=torch.bfloat16, device="cuda"),
+               "o": torch.empty(4, M, D, device="cuda"),
+               "gu": torch.empty(M, inter, dtype=torch.bfloat16, device="cuda"),
+               "down": torch.empty(4, M, D, device="cuda"), "x": x0.clone(),
+               "h": torch.empty(M, D, dtype=torch.bfloat16, device="cuda")}
+        tl_.linear(h, w_qkv, b_qkv, out["qkv"], tl_.TILES["qkv"], pdl)
+        tl_.split_k(out["qkv"][:, :D], w_o, out["o"], tl_.TILES["out"], pdl)
+        tl_.gate_up_silu(h, w_gu, out["gu"], tl_.TILES["gate_up"], pdl)
+        tl_.split_k(act, w_down, out["down"], tl_.TILES["down"], pdl)
+        tl_.add_norm(out["x"], out["down"], b_qkv[:D], norm_g, out["h"], 1e-6, pdl)
+        return out
+
+    plain = chain(False)
+    F = torch.nn.functional
+    torch.testing.assert_close(plain["qkv"], F.linear(h, w_qkv, b_qkv), atol=2e-2, rtol=2e-2)
+    for name, a, w in (("o", plain["qkv"][:, :D], w_o), ("down", act, w_down)):
+        S, width = 4, a.shape[1] // 4
+        want = torch.stack([a[:, s * width:(s + 1) * width].float()
+                            @ w[:, s * width:(s + 1) * width].float().T for s in range(S)])
+        torch.testing.assert_close(plain[name], want, atol=1e-3, rtol=1e-3)
+    gate, up = F.linear(h, w_gu).split(inter, -1)
+    torch.testing.assert_close(plain["gu"], F.silu(gate) * up, atol=2e-2, rtol=2e-2)
+    x1 = x0 + (plain["down"].sum(0) + b_qkv[:D].float())
+    torch.testing.assert_close(plain["x"], x1, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(plain["h"].float(), F.rms_norm(x1, (D,), norm_g, 1e-6),
+                               atol=2e-2, rtol=2e-2)
+    graph = torch.cuda.CUDAGraph()
+    chain(pdl)  # compiles the PDL variants outside the capture
+    with torch.cuda.graph(graph):
+        graphed = chain(pdl)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, value in plain.items():
+        assert torch.equal(graphed[name], value), name
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_triton_layers_in_the_sampler_on_cuda(monkeypatch: pytest.MonkeyPatch,
+                                              compiled: bool, wide: bool) -> None:
+    """The graphed sampler with `hf_static.TRITON_LAYERS` (every decode layer as Triton
+    kernels with PDL) keeps its log-probs as close to the learner's teacher-forced forward as
+    the step's own layers do (bf16, ragged left-padded prompts, stops), compiled or not, from
+    a fresh process state; the captured decode step ran `triton_layers.run`. ``wide``: hidden
+    256 (head dim 64, MLP 512), which the default tiles fit; else the tiny model's widths (64,
+    128) with smaller tiles."""
+    from rlscope.sampling.backends import hf_static, triton_layers
+
+    shape = {"hidden_size": 256, "num_heads": 4} if wide else {}
+    policy, prompts, seeds_B, group_B = _hf_static_case("qwen2", torch.bfloat16, **shape)
+    cfg = SamplingConfig(backend="static", stop_token_ids=(3, 5, 7, 11),
+                         compile_sampler=compiled)
+    monkeypatch.setattr(hf_static, "decode_attention_kind", lambda *a: "triton")
+    if not wide:
+        monkeypatch.setattr(triton_layers, "TILES", {k: (64, 32, 16, 4, 2)
+                                                     for k in triton_layers.TILES})
+    calls: list[int] = []
+    plain_run = hf_static._run_triton_layers
+    monkeypatch.setattr(hf_static, "_run_triton_layers",
+                        lambda *a: calls.append(1) or plain_run(*a))
+    gaps = {}
+    for on in (True, False):
+        _forget_kernels(monkeypatch)
+        monkeypatch.setattr(hf_static, "TRITON_LAYERS", on)
+        hf_static._DECODERS.clear()
+        out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
+        gaps[on] = _learner_gap(policy, prompts, out)
+        if on:  # the captured step (the graph replays its kernels without Python)
+            assert calls
+    assert gaps[True].max().item() < 0.1
+    assert gaps[True].mean().item() < 2 * gaps[False].mean().item() + 1e-3
 
 
 @pytest.mark.parametrize("compiled", [False, True])

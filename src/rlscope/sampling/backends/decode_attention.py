@@ -114,8 +114,8 @@ def decode_attention_rope(qkv_BX: torch.Tensor, cos_RD: torch.Tensor, sin_signed
                           k_BLKD: torch.Tensor, v_BLKD: torch.Tensor, col_1: torch.Tensor,
                           start_B: torch.Tensor, used_B: torch.Tensor, n_heads: int,
                           scale: float, src_B: torch.Tensor | None = None,
-                          prompt_cols: int = 0, rope_row_B: torch.Tensor | None = None
-                          ) -> torch.Tensor:
+                          prompt_cols: int = 0, rope_row_B: torch.Tensor | None = None,
+                          pdl: bool = False) -> torch.Tensor:
     """`decode_attention` with the steps before it in the same kernel: ``qkv_BX`` is the fused
     query/key/value projection of one position per row (``[B, (H + 2K)·Dh]``, unrotated); the
     kernel rotates the queries and the new key (``x·cos + x.roll(Dh/2)·sin'``, ``sin'`` with its
@@ -129,7 +129,8 @@ def decode_attention_rope(qkv_BX: torch.Tensor, cos_RD: torch.Tensor, sin_signed
     ``rope_row_B``, row ``b`` (tables of ``B`` rows, one per query row). Returns
     ``[B, H, Dh]``. Saves the rotation and the two cache writes as separate kernels (three
     launches per layer), and with a table of every position the rotation's own kernels.
-    Graph-safe."""
+    ``pdl``: launch with programmatic dependent launch (CUDA, compute capability 9.0 or
+    later; `rlscope.sampling.backends.triton_layers`). Graph-safe."""
     B = qkv_BX.shape[0]
     K, D = k_BLKD.shape[2], k_BLKD.shape[3]
     group = n_heads // K
@@ -156,6 +157,6 @@ def decode_attention_rope(qkv_BX: torch.Tensor, cos_RD: torch.Tensor, sin_signed
                                prompt_cols, qkv_BX.stride(0), cos_RD.stride(0),
                                k_BLKD.stride(0), k_BLKD.stride(1), k_BLKD.stride(2),
                                out_BHD.stride(0), out_BHD.stride(1), scale, H=n_heads, KV=K,
-                               GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D,
-                               num_warps=NUM_WARPS)
+                               GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D, PDL=pdl,
+                               num_warps=NUM_WARPS, **({"launch_pdl": True} if pdl else {}))
     return out_BHD

@@ -7,6 +7,17 @@ module of their own."""
 import triton
 import triton.language as tl
 
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without PDL hooks: the kernels never launch with PDL there
+    @triton.jit
+    def gdc_wait():  # type: ignore[no-redef]
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():  # type: ignore[no-redef]
+        pass
+
 
 @triton.jit
 def attend_row(q, k_ptr, v_ptr, own, src, start, end, head, prompt_cols, stride_cb,
@@ -74,7 +85,10 @@ def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, rope_row_ptr, rope_r
                                  stride_cb, stride_cl, stride_ck, stride_ob, stride_oh,
                                  scale, H: tl.constexpr, KV: tl.constexpr,
                                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                                 BLOCK: tl.constexpr, D: tl.constexpr):
+                                 BLOCK: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+    """``PDL``: programmatic dependent launch (`rlscope.sampling.backends.layer_kernels`):
+    the counters and the rotation are read before the wait (written two or more kernels
+    earlier), the projections after it; the next kernel is released after the loop."""
     b = tl.program_id(0)
     kv = tl.program_id(1)
     # every scalar load first, so that none waits behind the rotation or the barrier
@@ -91,6 +105,8 @@ def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, rope_row_ptr, rope_r
     r = tl.minimum(tl.maximum(tl.load(rope_row_ptr + b).to(tl.int64), 0), rope_rows - 1)
     cos = tl.load(cos_ptr + r * stride_rb + d)
     sin = tl.load(sin_ptr + r * stride_rb + d)  # first half negated (rotate_half)
+    if PDL:
+        gdc_wait()
     heads = kv * GROUP + g
     live = (g < GROUP)[:, None]
     q = tl.load(row + heads[:, None] * D + d[None, :], mask=live, other=0.0)
@@ -107,5 +123,7 @@ def decode_attention_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, rope_row_ptr, rope_r
     tl.debug_barrier()  # the columns below include the one just written
     out = attend_row(q, k_ptr, v_ptr, own, src, start, end, head, prompt_cols, stride_cb,
                      stride_cl, BLOCK_G, BLOCK, D, scale)
+    if PDL:
+        gdc_launch_dependents()
     tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=live)

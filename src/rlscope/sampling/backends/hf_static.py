@@ -61,7 +61,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from rlscope.batch import PromptBatch, RolloutBatch
 from rlscope.policy.base import Policy, position_ids_from_mask
-from rlscope.sampling.backends import decode_attention, fused_draw, gate_up
+from rlscope.sampling.backends import decode_attention, fused_draw, gate_up, triton_layers
 from rlscope.sampling.backends.eager import generate_eager
 from rlscope.sampling.draw import SamplingConfig, assemble, draw
 from rlscope.sampling.graphs import capture, record_draw
@@ -273,6 +273,7 @@ class HFStaticWeights:
                 self.q_norm.append(own(a.q_norm.weight, self.resid_dtype))
                 self.k_norm.append(own(a.k_norm.weight, self.resid_dtype))
         self._stamp: tuple[int, ...] | None = None
+        self._triton_plans: dict[tuple[Any, ...], triton_layers.Plan | None] = {}
         _STEPS.hook()
 
     def stamp(self) -> tuple[int, ...]:
@@ -392,6 +393,17 @@ class HFStaticWeights:
         (`FUSED_GATE_UP` and `gate_up.applies`)."""
         return FUSED_GATE_UP and gate_up.applies(device, self.dtype)
 
+    def layer_plan(self, device: torch.device) -> triton_layers.Plan | None:
+        """How the fused decode step runs its layers as Triton kernels with PDL
+        (`TRITON_LAYERS`, `triton_layers.plan` with `SPLIT_K_OUT` and `SPLIT_K_DOWN`), or
+        None where it does not (the step's own layers then run)."""
+        if not TRITON_LAYERS:
+            return None
+        key = (device, triton_layers.SPLIT_OUT, triton_layers.SPLIT_DOWN)
+        if key not in self._triton_plans:
+            self._triton_plans[key] = triton_layers.plan(self, device, *key[1:])
+        return self._triton_plans[key]
+
     def _logits(self, x_ND: torch.Tensor) -> torch.Tensor:
         """Next-token logits in the sampling dtype (the draw reads them in float32)."""
         h_ND = self._norm(x_ND, self.norm).to(self.dtype)
@@ -463,6 +475,11 @@ class HFStaticWeights:
         (`decode_attention.decode_attention_rope`; `FUSE_ROPE`); ``rope``: ``[R, Dh]`` tables
         read at row ``rope_row_B[b]``."""
         B = x_B1D.shape[0]
+        layers = self.layer_plan(x_B1D.device)
+        if layers is not None:
+            h_BD = _run_triton_layers(self, layers, x_B1D[:, 0], rope, rope_row_B, col_1, keys,
+                                      k_cache, v_cache)
+            return F.linear(h_BD, self.head, self.head_bias)
         cos_RD, sin_signed_RD = rope
         split, fuse = self._split_down(x_B1D), self.fuses_gate_up(x_B1D.device)
         split_out = self._split_out(x_B1D)
@@ -510,6 +527,19 @@ SMs. A small gain, near the noise: in the compiled 104M sampler on H100s, batch 
 four slices gave 461.6k tokens/s on average against 458.2k for one product (six and seven
 runs over three calls, each call's mean in favour of the split by 0.5–1.3%), the 0.5B 161.9k
 against 160.9k; 2 slices lost and 3 were neutral (docs/performance.md). 0: one product."""
+
+
+TRITON_LAYERS = True
+"""With the fused decode kernel (`FUSE_ROPE`), run each decode layer as Triton kernels only,
+launched with programmatic dependent launch on Hopper (`triton_layers`): the products through
+TMA descriptors, the norms with the residual adds and split-K sums, no cuBLAS. Applies where
+`triton_layers.plan` does (CUDA with compute capability 9.0 or later, a half sampling dtype
+over a float32 residual stream). False: the step's own layers (cuBLAS products, compiled
+norms)."""
+
+_run_triton_layers = torch.compiler.disable(triton_layers.run)
+"""`triton_layers.run`, left out of ``torch.compile``'s trace (a graph break): its kernels are
+launched as they are, with PDL, inside the captured graph."""
 
 
 def _project(x_NI: torch.Tensor, w_OI: torch.Tensor, b_O: torch.Tensor | None,
@@ -738,6 +768,9 @@ class _Bucket:
             fused_draw.load()
         if w.fuses_gate_up(device):
             gate_up.load()
+        if self.attention == "triton" and w.fuses_rope(self.attention) \
+                and w.layer_plan(device) is not None:
+            triton_layers.load()
         self.step_fn: Callable[[], None] = compile_step(self.decode_step) \
             if self.cfg.compile_sampler and compiles(device) else self.decode_step
         """`decode_step`, compiled with ``compile_sampler`` (what is captured and run)."""

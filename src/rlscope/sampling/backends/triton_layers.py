@@ -1,0 +1,238 @@
+"""The static sampler's decode layers as Triton kernels only, chained with programmatic
+dependent launch (PDL), for `rlscope.sampling.backends.hf_static`'s fused decode step.
+
+Why: at 256 rows every kernel of a decode layer is latency-bound, and each boundary between
+two kernels costs a launch gap and a ramp, ~0.45 µs on an H100 (docs/performance.md). PDL
+lets a kernel's programs be scheduled while the one ahead finishes, but only between kernels
+launched with it, and cuBLAS's products are not. So here every kernel of a layer is Triton:
+
+1. `add_norm`: the residual stream plus the previous layer's split-K down product, RMSNorm;
+2. `linear`: the fused q/k/v product with its bias;
+3. the rotation, cache write and attention (`decode_attention.decode_attention_rope`);
+4. `split_k`: the output projection as float32 partial products over slices of its input;
+5. `add_norm`: the residual plus those slices (and the output bias), RMSNorm;
+6. `gate_up_silu`: the gate/up product with its SiLU product;
+7. `split_k`: the down projection in slices, summed by the next layer's step 1 (or by the
+   final norm, whose output `run` returns for the output head).
+
+The products read their operands through TMA descriptors (`layer_kernels`). The arithmetic is
+the compiled step's: float32 partial products summed in slice order into the float32
+residual stream, bf16 products rounded once (the bias added in float32 first), the SiLU
+product rounded as ``F.silu(gate).mul_(up)``; only the order of each product's additions
+differs. Valid regime (`applies`): CUDA with compute capability 9.0 or later (TMA), or
+Triton's CPU interpreter in tests (`ON_CPU`); a bf16/fp16 sampling dtype over a float32
+residual stream; the fused rotation kernel; every slice of a product a whole number of its
+tile's input blocks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlscope.sampling.backends import decode_attention
+
+Tile = tuple[int, int, int, int, int]
+
+TILES: dict[str, Tile] = {"qkv": (64, 64, 128, 4, 4), "out": (64, 64, 64, 4, 3),
+                          "gate_up": (64, 32, 64, 4, 4), "down": (64, 64, 128, 4, 6)}
+"""``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of each product: the fastest of a
+sweep at the 104M shape, 256 rows, on one H100 (µs a call, 12 layers' weights in turn; the
+kernel it replaces in brackets): q/k/v with bias 3.89 (cuBLAS 4.33), the output projection in
+4 slices 3.36 (cuBLAS batched 3.64), gate/up + SiLU 7.88 (`gate_up.gate_up_silu` 9.40), the
+down projection in 4 slices 6.02 (cuBLAS batched 5.64)."""
+PDL = True
+"""Launch the kernels with programmatic dependent launch where the card has it
+(`supports_pdl`). False: plain launches (the same arithmetic)."""
+SPLIT_OUT = 4
+"""Float32 slices of the output projection's input (fewer where the width does not split into
+whole blocks of its tile; `plan`)."""
+SPLIT_DOWN = 2
+"""Float32 slices of the down projection's input (as `SPLIT_OUT`)."""
+NORM_ROWS = 1
+"""Rows a program of `add_norm`."""
+ON_CPU = False
+"""Tests: run on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``; no PDL; a
+float32 sampling dtype allowed, since the interpreter's bf16 products are unreliable)."""
+_KERNELS: dict[str, Any] = {}
+
+
+def _kernels() -> Any:
+    """`layer_kernels`, imported on first use."""
+    if not _KERNELS:
+        from rlscope.sampling.backends import layer_kernels
+
+        _KERNELS["module"] = layer_kernels
+    return _KERNELS["module"]
+
+
+def load() -> None:
+    """Import the kernels now, before ``torch.compile`` traces a caller (why:
+    `decode_attention.load`)."""
+    _kernels()
+    decode_attention.load()
+
+
+def reset() -> None:
+    """Forget the kernels (tests switching ``TRITON_INTERPRET``)."""
+    _KERNELS.clear()
+    sys.modules.pop("rlscope.sampling.backends.layer_kernels", None)
+
+
+def supports_pdl(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can be launched with PDL: CUDA with compute capability
+    9.0 or later, and a Triton with the hooks (``gdc_wait``, ``gdc_launch_dependents``)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    try:
+        from triton.language.extra import cuda
+    except ImportError:
+        return False
+    return hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
+
+
+def _descriptor(t: torch.Tensor, block: list[int]) -> Any:
+    """A host TMA descriptor of the 2-D tensor ``t`` read in ``block`` tiles."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def _launch(pdl: bool) -> dict[str, Any]:
+    """The launch option that makes a Triton launch PDL (none when off)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def add_norm(x_MD: torch.Tensor, parts_SMD: torch.Tensor | None, bias_D: torch.Tensor | None,
+             g_D: torch.Tensor, h_MD: torch.Tensor, eps: float, pdl: bool = False) -> None:
+    """``x += Σ parts (+ bias)`` (float32, in place; nothing added without ``parts``), then
+    ``h = rms_norm(x) · g`` in ``h``'s dtype (`layer_kernels.add_norm_kernel`)."""
+    M, D = x_MD.shape
+    S = 0 if parts_SMD is None else parts_SMD.shape[0]
+    _kernels().add_norm_kernel[(_cdiv(M, NORM_ROWS),)](
+        x_MD, x_MD if parts_SMD is None else parts_SMD, g_D if bias_D is None else bias_D,
+        g_D, h_MD, M, eps, N=D, S=S, HAS_BIAS=bias_D is not None, ROWS=NORM_ROWS,
+        BN=1 << (D - 1).bit_length(), PDL=pdl, num_warps=4, **_launch(pdl))
+
+
+def linear(a_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None,
+           out_MN: torch.Tensor, tile: Tile, pdl: bool = False) -> None:
+    """``out = a @ w.T (+ bias)`` (`layer_kernels.linear_kernel`)."""
+    bm, bn, bk, warps, stages = tile
+    (M, K), N = a_MK.shape, w_NK.shape[0]
+    _kernels().linear_kernel[(_cdiv(M, bm), _cdiv(N, bn))](
+        _descriptor(a_MK, [bm, bk]), _descriptor(w_NK, [bn, bk]),
+        w_NK if bias_N is None else bias_N, out_MN, M, N, K, out_MN.stride(0), BM=bm, BN=bn,
+        BK=bk, STAGES=stages, HAS_BIAS=bias_N is not None, PDL=pdl, num_warps=warps,
+        **_launch(pdl))
+
+
+def split_k(a_MK: torch.Tensor, w_NK: torch.Tensor, parts_SMN: torch.Tensor, tile: Tile,
+            pdl: bool = False) -> None:
+    """``parts[s] = a[:, slice s] @ w[:, slice s].T`` in float32 over ``len(parts)`` equal
+    slices of the input dimension (`layer_kernels.split_k_kernel`)."""
+    bm, bn, bk, warps, stages = tile
+    S, M, N = parts_SMN.shape
+    if a_MK.shape[1] % (S * bk):
+        raise ValueError(f"split_k: {S} slices of an input {a_MK.shape[1]} wide are not whole "
+                         f"blocks of {bk}; take fewer slices or a narrower block")
+    _kernels().split_k_kernel[(_cdiv(M, bm), _cdiv(N, bn), S)](
+        _descriptor(a_MK, [bm, bk]), _descriptor(w_NK, [bn, bk]), parts_SMN, M, N,
+        a_MK.shape[1], BM=bm, BN=bn, BK=bk, S=S, STAGES=stages, PDL=pdl, num_warps=warps,
+        **_launch(pdl))
+
+
+def gate_up_silu(x_MD: torch.Tensor, w_gu_JD: torch.Tensor, out_MI: torch.Tensor, tile: Tile,
+                 pdl: bool = False) -> None:
+    """``out = silu(x @ w[:I].T) * (x @ w[I:].T)`` (`layer_kernels.gate_up_silu_kernel`)."""
+    bm, bn, bk, warps, stages = tile
+    (M, D), inter = x_MD.shape, out_MI.shape[1]
+    _kernels().gate_up_silu_kernel[(_cdiv(M, bm), _cdiv(inter, bn))](
+        _descriptor(x_MD, [bm, bk]), _descriptor(w_gu_JD, [bn, bk]), out_MI, M, inter, D,
+        out_MI.stride(0), BM=bm, BN=bn, BK=bk, STAGES=stages, PDL=pdl, num_warps=warps,
+        **_launch(pdl))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a model's decode layers run here: the split-K slice counts and whether to launch
+    with PDL."""
+
+    split_out: int
+    split_down: int
+    pdl: bool
+
+
+def _slices(width: int, count: int, block: int) -> int:
+    """The most slices, at most ``count`` (and at least 1: one float32 product), into which
+    ``width`` splits as whole ``block``s; 0 if none does."""
+    for s in range(max(count, 1), 0, -1):
+        if width % s == 0 and (width // s) % block == 0:
+            return s
+    return 0
+
+
+def plan(weights: Any, device: torch.device, split_out: int, split_down: int
+         ) -> Plan | None:
+    """The `Plan` for `HFStaticWeights` ``weights`` on ``device`` with the wanted slice
+    counts, or None where these kernels do not apply (see the module docstring)."""
+    w = weights
+    if ON_CPU:
+        on = device.type == "cpu"
+    else:
+        on = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    half = (torch.float16, torch.bfloat16) + ((torch.float32,) if ON_CPU else ())
+    if not on or importlib.util.find_spec("triton") is None or w.dtype not in half \
+            or importlib.util.find_spec("triton.tools.tensor_descriptor") is None \
+            or w.resid_dtype != torch.float32 or w.qk_norm:
+        return None
+    E, D = w.n_heads * w.head_dim, int(w.embed.shape[1])
+    if D % TILES["qkv"][2] or D % TILES["gate_up"][2] or D % 8 or E % 8 or w.intermediate % 8:
+        return None
+    s_out = _slices(E, split_out, TILES["out"][2])
+    s_down = _slices(w.intermediate, split_down, TILES["down"][2])
+    if not s_out or not s_down:
+        return None
+    return Plan(s_out, s_down, PDL and not ON_CPU and supports_pdl(device))
+
+
+def run(weights: Any, p: Plan, x_BD: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+        rope_row_B: torch.Tensor, col_1: torch.Tensor, keys: Any,
+        k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]) -> torch.Tensor:
+    """Every decode layer of `HFStaticWeights` ``weights`` on the float32 residual stream
+    ``x_BD`` (updated in place), as `hf_static.HFStaticWeights._decode_fused` runs them;
+    returns the final norm's output ``[B, D]`` in the sampling dtype, for the output head.
+    Graph-safe (no host reads)."""
+    w = weights
+    B, D = x_BD.shape
+    dt, dev = w.dtype, x_BD.device
+    X = (w.n_heads + 2 * w.n_kv) * w.head_dim
+    h_BD = torch.empty(B, D, dtype=dt, device=dev)
+    qkv_BX = torch.empty(B, X, dtype=dt, device=dev)
+    act_BI = torch.empty(B, w.intermediate, dtype=dt, device=dev)
+    out_parts = torch.empty(p.split_out, B, D, dtype=torch.float32, device=dev)
+    down_parts = torch.empty(p.split_down, B, D, dtype=torch.float32, device=dev)
+    cos_RD, sin_signed_RD = rope
+    parts: torch.Tensor | None = None
+    for i in range(len(w.w_qkv)):
+        add_norm(x_BD, parts, None, w.ln1[i], h_BD, w.eps, p.pdl)
+        linear(h_BD, w.w_qkv[i], w.b_qkv[i], qkv_BX, TILES["qkv"], p.pdl)
+        o_BHD = decode_attention.decode_attention_rope(
+            qkv_BX, cos_RD, sin_signed_RD, k_cache[i], v_cache[i], col_1, keys.start_B,
+            keys.used_B, w.n_heads, w.scale, keys.src_B, keys.prompt_cols, rope_row_B,
+            pdl=p.pdl)
+        split_k(o_BHD.view(B, -1), w.w_o[i], out_parts, TILES["out"], p.pdl)
+        add_norm(x_BD, out_parts, w.b_o[i], w.ln2[i], h_BD, w.eps, p.pdl)
+        gate_up_silu(h_BD, w.w_gu[i], act_BI, TILES["gate_up"], p.pdl)
+        split_k(act_BI, w.w_down[i], down_parts, TILES["down"], p.pdl)
+        parts = down_parts
+    add_norm(x_BD, parts, None, w.norm, h_BD, w.eps, p.pdl)
+    return h_BD

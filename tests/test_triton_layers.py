@@ -1,0 +1,208 @@
+"""`rlscope.sampling.backends.triton_layers`: the decode layers as Triton kernels only.
+
+On CPU the kernels run in Triton's interpreter (float32: its bf16 products are unreliable),
+against torch and, in the static sampler, against the eager path and the step's own layers.
+The bf16 and PDL checks on a GPU are in tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlscope.policy.hf import HFPolicy, tiny_hf_model
+from rlscope.sampling.backends import hf_static, triton_layers
+from tests.test_sampling_backends import _interpreted
+
+_KERNELS = """
+import torch
+import torch.nn.functional as F
+from rlscope.sampling.backends import triton_layers as tl_
+
+g = torch.Generator().manual_seed(0)
+
+
+def rnd(*shape):
+    return torch.randn(*shape, generator=g)
+
+
+def close(got, want):
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+# tails in the rows (70, 3), the columns (80: 2.5 tiles of 32) and whole input blocks
+for M, N, K in ((70, 80, 128), (3, 32, 64)):
+    tile = (64, 32, 32, 4, 2)
+    a, w, b = rnd(M, K), rnd(N, K), rnd(N)
+    for bias in (b, None):
+        out = torch.full((M, N), float("nan"))
+        tl_.linear(a, w, bias, out, tile)
+        close(out, F.linear(a, w, bias))
+    for S in (1, 2, 4, 3):
+        parts = torch.full((S, M, N), float("nan"))
+        if K % (S * tile[2]):  # slices that are not whole blocks are refused
+            try:
+                tl_.split_k(a, w, parts, tile)
+            except ValueError as e:
+                assert "not whole blocks of 32" in str(e)
+                continue
+            raise AssertionError(f"split_k accepted {S} slices of {K}")
+        tl_.split_k(a, w, parts, tile)
+        width = K // S
+        close(parts, torch.stack([a[:, s * width:(s + 1) * width]
+                                  @ w[:, s * width:(s + 1) * width].T for s in range(S)]))
+    # gate/up: the last gate tile reaches into the up rows, the last up tile past the weight
+    inter = N
+    w_gu = rnd(2 * inter, K) * 0.1
+    act = torch.full((M, inter), float("nan"))
+    tl_.gate_up_silu(a, w_gu, act, tile)
+    gate, up = F.linear(a, w_gu).split(inter, -1)
+    close(act, F.silu(gate) * up)
+    # the residual plus the slices (and a bias), then RMSNorm; and the norm alone
+    parts = torch.randn(2, M, N, generator=g)
+    x0, gain = rnd(M, N), rnd(N)
+    for parts_, bias in ((parts, b), (parts, None), (None, None)):
+        x, h = x0.clone(), torch.full((M, N), float("nan"))
+        tl_.add_norm(x, parts_, bias, gain, h, 1e-6)
+        want = x0 if parts_ is None else x0 + (parts_.sum(0) + (0 if bias is None else bias))
+        close(x, want)
+        close(h, F.rms_norm(want, (N,), gain, 1e-6))
+print("layer kernels ok")
+"""
+
+_SAMPLER = """
+import dataclasses, torch
+from rlscope.sampling import generate
+from rlscope.sampling.backends import hf_static, triton_layers
+from rlscope.sampling.draw import SamplingConfig
+import tests.test_sampling_backends as t
+
+hf_static.decode_attention_kind = lambda *a: "triton"
+triton_layers.ON_CPU = True
+# the tiny models' widths (64, 128) take smaller tiles than the defaults
+triton_layers.TILES = {k: (32, 32, 16, 4, 2) for k in triton_layers.TILES}
+calls = []
+plain = triton_layers.run
+hf_static._run_triton_layers = lambda *a: calls.append(1) or plain(*a)
+for arch in ("qwen2", "llama"):  # q/k/v biases, none
+    policy = t._policy(arch)
+    cfg = SamplingConfig(stop_token_ids=t.STOPS)
+    prompts, seeds_B, group_B = t._prompts(groups=3, group_size=3)
+    outs = []
+    for backend, on in (("eager", False), ("static", False), ("static", True)):
+        hf_static._DECODERS.clear()
+        hf_static.TRITON_LAYERS = on
+        before = len(calls)
+        outs.append(generate(policy, prompts, dataclasses.replace(cfg, backend=backend),
+                             seeds_B, 14, group_id_B=group_B, with_entropy=True,
+                             with_sum_p2=True))
+        assert (len(calls) - before == 13) == on  # every decode position, only when on
+    assert bool(outs[2].finished_by_stop_B.any())
+    t._assert_same(outs[0], outs[2])
+    t._assert_same(outs[1], outs[2])
+print("triton layers sampler ok")
+"""
+
+
+_NO_HOOKS = """
+import sys, types
+import triton.language.extra.cuda as cuda
+
+hidden = types.ModuleType(cuda.__name__)  # a Triton without the PDL hooks
+hidden.__dict__.update({k: v for k, v in vars(cuda).items()
+                        if k not in ("gdc_wait", "gdc_launch_dependents")})
+sys.modules[cuda.__name__] = hidden
+import torch
+import torch.nn.functional as F
+from rlscope.sampling.backends import layer_kernels, decode_kernels
+from rlscope.sampling.backends import triton_layers as tl_
+
+for module in (layer_kernels, decode_kernels):  # the stand-ins, defined in the module
+    for name in ("gdc_wait", "gdc_launch_dependents"):
+        assert getattr(module, name).fn.__module__ == module.__name__, (module, name)
+a, w = torch.randn(5, 64), torch.randn(32, 64)
+out = torch.empty(5, 32)
+tl_.linear(a, w, None, out, (64, 32, 32, 4, 2))
+torch.testing.assert_close(out, F.linear(a, w), atol=1e-4, rtol=1e-5)
+print("no hooks ok")
+"""
+
+
+def test_kernels_load_without_pdl_hooks() -> None:
+    """With a Triton that lacks ``gdc_wait``/``gdc_launch_dependents``, the kernel modules
+    still import (no-op stand-ins that only a PDL launch would reach) and the kernels run."""
+    assert "no hooks ok" in _interpreted(_NO_HOOKS)
+
+
+def test_layer_kernels_in_the_interpreter() -> None:
+    """Each kernel against torch in float32, with tails in the rows and columns: the q/k/v
+    product with and without its bias, the split-K product over 1, 2 and 4 slices (3, which
+    are not whole blocks, refused), the gate/up
+    product with its SiLU product (whose last gate tile reads into the up rows), and the
+    residual add of the slices (with and without a bias) with RMSNorm, and the norm alone."""
+    assert "layer kernels ok" in _interpreted(_KERNELS)
+
+
+def test_triton_layers_in_the_static_sampler_in_the_interpreter() -> None:
+    """The static sampler with `hf_static.TRITON_LAYERS` gives the eager path's tokens and
+    log-probs, and the step's own layers', to 1e-5 (float32, ragged grouped prompts, stops;
+    Qwen2 with q/k/v biases and Llama without), and runs every decode position's layers
+    through `triton_layers.run` (and none when off)."""
+    assert "triton layers sampler ok" in _interpreted(_SAMPLER)
+
+
+def _weights(arch: str = "qwen2", dtype: torch.dtype = torch.float32,
+             **shape: int) -> hf_static.HFStaticWeights:
+    policy = HFPolicy(tiny_hf_model(arch, 40, seed=0, **shape))
+    return hf_static.HFStaticWeights(policy.unwrap(), dtype)
+
+
+def test_plan_applies_only_where_it_should(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`triton_layers.plan`: None on a CPU outside the interpreter, for a float32 sampling
+    dtype on a GPU's terms, for a half residual stream, for q/k norms, and for widths no tile
+    fits; otherwise the most split-K slices (at most those asked) whose slices are whole
+    blocks, and PDL only where the card has it."""
+    pytest.importorskip("triton")
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(triton_layers, "TILES", {k: (32, 32, 16, 4, 2)
+                                                 for k in triton_layers.TILES})
+    w = _weights()  # hidden 64, MLP 128
+    assert triton_layers.plan(w, cpu, 4, 2) is None  # not the interpreter: CPU is refused
+    monkeypatch.setattr(triton_layers, "ON_CPU", True)
+    assert triton_layers.plan(w, cpu, 4, 2) == triton_layers.Plan(4, 2, False)
+    # 64 / 16 = 4 blocks: 3 slices would not be whole blocks, 2 are; 128 / 16 = 8 blocks:
+    # 16 asked -> 8
+    assert triton_layers.plan(w, cpu, 3, 16) == triton_layers.Plan(2, 8, False)
+    monkeypatch.setattr(triton_layers, "ON_CPU", False)
+    assert triton_layers.plan(_weights(dtype=torch.bfloat16), cpu, 4, 2) is None
+    monkeypatch.setattr(triton_layers, "ON_CPU", True)
+    half_resid = _weights()
+    half_resid.resid_dtype = torch.bfloat16
+    assert triton_layers.plan(half_resid, cpu, 4, 2) is None
+    qk_norm = _weights()
+    qk_norm.qk_norm = True
+    assert triton_layers.plan(qk_norm, cpu, 4, 2) is None
+    monkeypatch.setattr(triton_layers, "TILES", {k: (32, 32, 128, 4, 2)
+                                                 for k in triton_layers.TILES})
+    assert triton_layers.plan(w, cpu, 4, 2) is None  # 64 wide: no 128-wide input block
+    assert triton_layers._slices(896, 4, 64) == 2  # the 0.5B's output projection
+    assert triton_layers._slices(4864, 2, 128) == 2  # and its down projection
+    assert triton_layers._slices(100, 4, 64) == 0
+    assert not triton_layers.supports_pdl(cpu)
+
+
+def test_layer_plan_follows_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`HFStaticWeights.layer_plan`: None with `hf_static.TRITON_LAYERS` off; on, the plan of
+    `triton_layers.SPLIT_OUT` and `triton_layers.SPLIT_DOWN`, kept per device and setting."""
+    pytest.importorskip("triton")
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(triton_layers, "ON_CPU", True)
+    monkeypatch.setattr(triton_layers, "TILES", {k: (32, 32, 16, 4, 2)
+                                                 for k in triton_layers.TILES})
+    w = _weights()
+    monkeypatch.setattr(hf_static, "TRITON_LAYERS", False)
+    assert w.layer_plan(cpu) is None
+    monkeypatch.setattr(hf_static, "TRITON_LAYERS", True)
+    assert w.layer_plan(cpu) == triton_layers.Plan(triton_layers.SPLIT_OUT,
+                                                   triton_layers.SPLIT_DOWN, False)
+    monkeypatch.setattr(triton_layers, "SPLIT_DOWN", 1)
+    assert w.layer_plan(cpu) == triton_layers.Plan(triton_layers.SPLIT_OUT, 1, False)
