@@ -116,9 +116,9 @@ import torch.nn.functional as F
 from rlscope.sampling.backends import layer_kernels, decode_kernels
 from rlscope.sampling.backends import triton_layers as tl_
 
-for module in (layer_kernels, decode_kernels):  # the stand-ins, defined in the module
+for module in (layer_kernels, decode_kernels):  # the stand-ins of decode_kernels
     for name in ("gdc_wait", "gdc_launch_dependents"):
-        assert getattr(module, name).fn.__module__ == module.__name__, (module, name)
+        assert getattr(module, name).fn.__module__ == decode_kernels.__name__, (module, name)
 a, w = torch.randn(5, 64), torch.randn(32, 64)
 out = torch.empty(5, 32)
 tl_.linear(a, w, None, out, (64, 32, 32, 4, 2))
@@ -206,3 +206,60 @@ def test_layer_plan_follows_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
                                                    triton_layers.SPLIT_DOWN, False)
     monkeypatch.setattr(triton_layers, "SPLIT_DOWN", 1)
     assert w.layer_plan(cpu) == triton_layers.Plan(triton_layers.SPLIT_OUT, 1, False)
+
+
+def test_kernels_compile_for_hopper_with_tma_and_pdl() -> None:
+    """Each kernel compiled ahead of time for sm_90 (no GPU needed): the products load through
+    TMA (``cp.async.bulk.tensor``) into tensor-core products (``wgmma``); with ``PDL`` every
+    kernel, the attention kernel included, waits on the grid ahead and releases the next one,
+    and without it neither."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
+    from rlscope.sampling.backends import decode_kernels, layer_kernels
+
+    def ptx(fn: object, types: dict[str, str], **const: object) -> str:
+        names = fn.arg_names  # type: ignore[attr-defined]
+        sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in names}
+        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=const)
+        try:
+            return str(triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"])
+        except RuntimeError as exc:  # a Triton build without the CUDA toolchain
+            pytest.skip(f"cannot compile for sm_90 here: {exc}")
+
+    def desc(rows: int, cols: int) -> str:
+        return f"tensordesc<bf16[{rows}, {cols}]>"
+
+    def kernels(pdl: bool) -> dict[str, str]:
+        return {
+            "linear": ptx(layer_kernels.linear_kernel,
+                          {"a_desc": desc(64, 128), "w_desc": desc(64, 128),
+                           "bias_ptr": "*bf16", "c_ptr": "*bf16"},
+                          BM=64, BN=64, BK=128, STAGES=4, HAS_BIAS=True, PDL=pdl),
+            "split_k": ptx(layer_kernels.split_k_kernel,
+                           {"a_desc": desc(64, 128), "w_desc": desc(64, 128),
+                            "parts_ptr": "*fp32"},
+                           BM=64, BN=64, BK=128, S=2, STAGES=6, PDL=pdl),
+            "gate_up_silu": ptx(layer_kernels.gate_up_silu_kernel,
+                                {"x_desc": desc(64, 64), "w_desc": desc(32, 64),
+                                 "out_ptr": "*bf16"},
+                                BM=64, BN=32, BK=64, STAGES=4, PDL=pdl),
+            "add_norm": ptx(layer_kernels.add_norm_kernel,
+                            {"x_ptr": "*fp32", "parts_ptr": "*fp32", "bias_ptr": "*bf16",
+                             "g_ptr": "*fp32", "h_ptr": "*bf16", "eps": "fp32"},
+                            N=768, S=2, HAS_BIAS=False, ROWS=1, BN=1024, PDL=pdl),
+            "attention": ptx(decode_kernels.decode_attention_rope_kernel,
+                             {"qkv_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                              "rope_row_ptr": "*i64", "k_ptr": "*bf16", "v_ptr": "*bf16",
+                              "o_ptr": "*bf16", "col_ptr": "*i64", "src_ptr": "*i32",
+                              "start_ptr": "*i32", "used_ptr": "*i32", "scale": "fp32"},
+                             H=12, KV=4, GROUP=3, BLOCK_G=16, BLOCK=32, D=64, PDL=pdl),
+        }
+
+    with_pdl, plain = kernels(True), kernels(False)
+    for name in ("linear", "split_k", "gate_up_silu"):
+        assert "cp.async.bulk.tensor" in with_pdl[name] and "wgmma" in with_pdl[name], name
+    for name, code in with_pdl.items():
+        assert "griddepcontrol.wait" in code, name
+        assert "griddepcontrol.launch_dependents" in code, name
+        assert "griddepcontrol" not in plain[name], name

@@ -19,16 +19,7 @@ the input dimension must be whole blocks, which the host checks.
 import triton
 import triton.language as tl
 
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # a Triton without PDL hooks: `triton_layers.plan` then never asks for PDL
-    @triton.jit
-    def gdc_wait():  # type: ignore[no-redef]
-        pass
-
-    @triton.jit
-    def gdc_launch_dependents():  # type: ignore[no-redef]
-        pass
+from rlscope.sampling.backends.decode_kernels import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -63,6 +54,18 @@ def add_norm_kernel(x_ptr, parts_ptr, bias_ptr, g_ptr, h_ptr, M, eps, N: tl.cons
 
 
 @triton.jit
+def tile_product(a_desc, w_desc, m0, n0, k_start, k_end, BM: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, STAGES: tl.constexpr):
+    """The float32 ``[BM, BN]`` tile ``a[m0:, k_start:k_end] @ w[n0:, k_start:k_end].T`` in
+    ``BK``-wide steps, ``STAGES`` of them in flight (inlined: the same code as written in
+    place)."""
+    acc = tl.zeros([BM, BN], tl.float32)
+    for k0 in tl.range(k_start, k_end, BK, num_stages=STAGES):
+        acc = tl.dot(a_desc.load([m0, k0]), w_desc.load([n0, k0]).T, acc)
+    return acc
+
+
+@triton.jit
 def linear_kernel(a_desc, w_desc, bias_ptr, c_ptr, M, N, K, stride_c,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                   HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
@@ -73,11 +76,7 @@ def linear_kernel(a_desc, w_desc, bias_ptr, c_ptr, M, N, K, stride_c,
     pid_n = tl.program_id(1)
     if PDL:
         gdc_wait()
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in tl.range(0, K, BK, num_stages=STAGES):
-        a = a_desc.load([pid_m * BM, k0])
-        w = w_desc.load([pid_n * BN, k0])
-        acc = tl.dot(a, w.T, acc)
+    acc = tile_product(a_desc, w_desc, pid_m * BM, pid_n * BN, 0, K, BM, BN, BK, STAGES)
     if PDL:
         gdc_launch_dependents()
     rm = pid_m * BM + tl.arange(0, BM)
@@ -103,11 +102,8 @@ def split_k_kernel(a_desc, w_desc, parts_ptr, M, N, K, BM: tl.constexpr, BN: tl.
     width = K // S
     if PDL:
         gdc_wait()
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in tl.range(s * width, (s + 1) * width, BK, num_stages=STAGES):
-        a = a_desc.load([pid_m * BM, k0])
-        w = w_desc.load([pid_n * BN, k0])
-        acc = tl.dot(a, w.T, acc)
+    acc = tile_product(a_desc, w_desc, pid_m * BM, pid_n * BN, s * width, (s + 1) * width, BM,
+                       BN, BK, STAGES)
     if PDL:
         gdc_launch_dependents()
     rm = pid_m * BM + tl.arange(0, BM)
