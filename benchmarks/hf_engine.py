@@ -622,10 +622,13 @@ def add_sampler_switches(group: Any) -> None:
       help="rotation and cache writes as their own kernels (hf_static.FUSE_ROPE off)")
     a("--split_down", type=int, default=None,
       help="the decode step's down projection as this many split-K partial products "
-           "(hf_static.SPLIT_K_DOWN; 0 = one product; default: the module's)")
+           "(hf_static.SPLIT_K_DOWN; 0 = one product; default: the module's), where the "
+           "step's own layers run (--no_triton_layers, or where the Triton layers do not "
+           "apply); the Triton layers take triton_layers.SPLIT_DOWN")
     a("--split_out", type=int, default=None,
       help="the decode step's output projection as this many split-K partial products "
-           "(hf_static.SPLIT_K_OUT; 0 = one product; default: the module's)")
+           "(hf_static.SPLIT_K_OUT; 0 = one product; default: the module's), where the "
+           "step's own layers run (as --split_down)")
     a("--no_fused_draw", action="store_true",
       help="draw with the plain draw (hf_static.FUSED_DRAW off)")
     a("--decode_block", type=int, default=None,
@@ -646,7 +649,7 @@ def add_sampler_switches(group: Any) -> None:
            "(hf_static.COMPILE_PREFILL off)")
     a("--no_fused_gate_up", action="store_true",
       help="decode steps run the gate/up product and the SiLU product as two steps "
-           "(hf_static.FUSED_GATE_UP off)")
+           "(hf_static.FUSED_GATE_UP off), where the step's own layers run (as --split_down)")
     a("--no_triton_layers", action="store_true",
       help="decode layers run as the step's own kernels (cuBLAS products, compiled norms) "
            "instead of Triton kernels chained with programmatic dependent launch "

@@ -594,9 +594,10 @@ def test_triton_layers_in_the_sampler_on_cuda(monkeypatch: pytest.MonkeyPatch,
     """The graphed sampler with `hf_static.TRITON_LAYERS` (every decode layer as Triton
     kernels with PDL) keeps its log-probs as close to the learner's teacher-forced forward as
     the step's own layers do (bf16, ragged left-padded prompts, stops), compiled or not, from
-    a fresh process state; the captured decode step ran `triton_layers.run`. ``wide``: hidden
-    256 (head dim 64, MLP 512), which the default tiles fit; else the tiny model's widths (64,
-    128) with smaller tiles."""
+    a fresh process state; the captured decode step ran `triton_layers.run`; with
+    `triton_layers.PDL` off the same kernels give the same bits. ``wide``: hidden 256 (head
+    dim 64, MLP 512), which the default tiles fit; else the tiny model's widths (64, 128) with
+    smaller tiles."""
     from rlscope.sampling.backends import hf_static, triton_layers
 
     shape = {"hidden_size": 256, "num_heads": 4} if wide else {}
@@ -611,17 +612,23 @@ def test_triton_layers_in_the_sampler_on_cuda(monkeypatch: pytest.MonkeyPatch,
     plain_run = hf_static._run_triton_layers
     monkeypatch.setattr(hf_static, "_run_triton_layers",
                         lambda *a: calls.append(1) or plain_run(*a))
-    gaps = {}
-    for on in (True, False):
+    gaps, outs = {}, {}
+    for on, pdl in ((True, True), (False, True), (True, False)):
         _forget_kernels(monkeypatch)
         monkeypatch.setattr(hf_static, "TRITON_LAYERS", on)
+        monkeypatch.setattr(triton_layers, "PDL", pdl)
         hf_static._DECODERS.clear()
-        out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
+        before = len(calls)
+        outs[on, pdl] = out = generate(policy, prompts, cfg, seeds_B, 24, group_id_B=group_B)
         gaps[on] = _learner_gap(policy, prompts, out)
-        if on:  # the captured step (the graph replays its kernels without Python)
-            assert calls
+        # the captured step ran the layers (the graph replays their kernels without Python)
+        assert (len(calls) > before) == on
     assert gaps[True].max().item() < 0.1
     assert gaps[True].mean().item() < 2 * gaps[False].mean().item() + 1e-3
+    # PDL changes when kernels start, not what they compute: the same bits with it off
+    with_pdl, plain = outs[True, True], outs[True, False]
+    assert torch.equal(with_pdl.completion_tokens_BT, plain.completion_tokens_BT)
+    assert torch.equal(with_pdl.logp_raw_BT, plain.logp_raw_BT)
 
 
 @pytest.mark.parametrize("compiled", [False, True])

@@ -157,42 +157,74 @@ def _weights(arch: str = "qwen2", dtype: torch.dtype = torch.float32,
 
 
 def test_plan_applies_only_where_it_should(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`triton_layers.plan`: None on a CPU outside the interpreter, for a float32 sampling
-    dtype on a GPU's terms, for a half residual stream, for q/k norms, and for widths no tile
-    fits; otherwise the most split-K slices (at most those asked) whose slices are whole
-    blocks, and PDL only where the card has it."""
+    """`triton_layers.plan`: None on a CPU outside the interpreter, for a half residual
+    stream, for q/k norms, and for widths no tile fits; otherwise the most split-K slices (at
+    most those asked) whose slices are whole blocks, with the tiles and norm rows as planned."""
     pytest.importorskip("triton")
     cpu = torch.device("cpu")
-    monkeypatch.setattr(triton_layers, "TILES", {k: (32, 32, 16, 4, 2)
-                                                 for k in triton_layers.TILES})
+    small = {k: (32, 32, 16, 4, 2) for k in triton_layers.TILES}
+    monkeypatch.setattr(triton_layers, "TILES", small)
     w = _weights()  # hidden 64, MLP 128
-    assert triton_layers.plan(w, cpu, 4, 2) is None  # not the interpreter: CPU is refused
+    assert triton_layers.plan(w, cpu) is None  # not the interpreter: CPU is refused
     monkeypatch.setattr(triton_layers, "ON_CPU", True)
-    assert triton_layers.plan(w, cpu, 4, 2) == triton_layers.Plan(4, 2, False)
+    monkeypatch.setattr(triton_layers, "SPLIT_OUT", 4)
+    monkeypatch.setattr(triton_layers, "SPLIT_DOWN", 2)
+    got = triton_layers.plan(w, cpu)
+    assert got is not None and (got.split_out, got.split_down, got.pdl) == (4, 2, False)
+    assert got.tile("down") == small["down"] and got.norm_rows == triton_layers.NORM_ROWS
     # 64 / 16 = 4 blocks: 3 slices would not be whole blocks, 2 are; 128 / 16 = 8 blocks:
     # 16 asked -> 8
-    assert triton_layers.plan(w, cpu, 3, 16) == triton_layers.Plan(2, 8, False)
-    monkeypatch.setattr(triton_layers, "ON_CPU", False)
-    assert triton_layers.plan(_weights(dtype=torch.bfloat16), cpu, 4, 2) is None
-    monkeypatch.setattr(triton_layers, "ON_CPU", True)
+    monkeypatch.setattr(triton_layers, "SPLIT_OUT", 3)
+    monkeypatch.setattr(triton_layers, "SPLIT_DOWN", 16)
+    got = triton_layers.plan(w, cpu)
+    assert got is not None and (got.split_out, got.split_down) == (2, 8)
     half_resid = _weights()
     half_resid.resid_dtype = torch.bfloat16
-    assert triton_layers.plan(half_resid, cpu, 4, 2) is None
+    assert triton_layers.plan(half_resid, cpu) is None
     qk_norm = _weights()
     qk_norm.qk_norm = True
-    assert triton_layers.plan(qk_norm, cpu, 4, 2) is None
+    assert triton_layers.plan(qk_norm, cpu) is None
     monkeypatch.setattr(triton_layers, "TILES", {k: (32, 32, 128, 4, 2)
                                                  for k in triton_layers.TILES})
-    assert triton_layers.plan(w, cpu, 4, 2) is None  # 64 wide: no 128-wide input block
+    assert triton_layers.plan(w, cpu) is None  # 64 wide: no 128-wide input block
     assert triton_layers._slices(896, 4, 64) == 2  # the 0.5B's output projection
     assert triton_layers._slices(4864, 2, 128) == 2  # and its down projection
     assert triton_layers._slices(100, 4, 64) == 0
     assert not triton_layers.supports_pdl(cpu)
 
 
-def test_layer_plan_follows_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_on_cuda_needs_hopper_and_its_shared_memory(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """On CUDA (the device's properties stood in for, no GPU needed): a plan only for a half
+    sampling dtype on compute capability 9.0 or later whose shared memory a block holds every
+    product's pipeline (the default tiles need ~192 KiB: an H100's 227 KiB do, a compute
+    capability 12 card's ~99 KiB do not)."""
+    pytest.importorskip("triton")
+    import types
+
+    cuda = torch.device("cuda")
+    card = {"cap": (9, 0), "smem": 232_448}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: card["cap"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: types.SimpleNamespace(
+        shared_memory_per_block_optin=card["smem"]))
+    wide = _weights(dtype=torch.bfloat16, hidden_size=256, num_heads=4)  # the default tiles fit
+    got = triton_layers.plan(wide, cuda)
+    assert got is not None and got.tiles == tuple(sorted(triton_layers.TILES.items()))
+    assert got.pdl == triton_layers.supports_pdl(cuda)
+    assert triton_layers.plan(_weights(dtype=torch.float32, hidden_size=256, num_heads=4),
+                              cuda) is None
+    card["smem"] = 101_376  # compute capability 12.0
+    card["cap"] = (12, 0)
+    assert triton_layers.plan(wide, cuda) is None
+    card["cap"], card["smem"] = (8, 0), 232_448  # an A100: no TMA path
+    assert triton_layers.plan(wide, cuda) is None
+    down = triton_layers.TILES["down"]
+    assert triton_layers._smem_bytes(down, 1, 2) == 6 * (64 + 64) * 128 * 2 + 1024
+
+
+def test_layer_plan_follows_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """`HFStaticWeights.layer_plan`: None with `hf_static.TRITON_LAYERS` off; on, the plan of
-    `triton_layers.SPLIT_OUT` and `triton_layers.SPLIT_DOWN`, kept per device and setting."""
+    `triton_layers`' settings, made afresh when a setting changes (never a stale one)."""
     pytest.importorskip("triton")
     cpu = torch.device("cpu")
     monkeypatch.setattr(triton_layers, "ON_CPU", True)
@@ -202,10 +234,18 @@ def test_layer_plan_follows_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hf_static, "TRITON_LAYERS", False)
     assert w.layer_plan(cpu) is None
     monkeypatch.setattr(hf_static, "TRITON_LAYERS", True)
-    assert w.layer_plan(cpu) == triton_layers.Plan(triton_layers.SPLIT_OUT,
-                                                   triton_layers.SPLIT_DOWN, False)
+    first = w.layer_plan(cpu)
+    assert first is not None and first.split_down == min(triton_layers.SPLIT_DOWN, 8)
     monkeypatch.setattr(triton_layers, "SPLIT_DOWN", 1)
-    assert w.layer_plan(cpu) == triton_layers.Plan(triton_layers.SPLIT_OUT, 1, False)
+    got = w.layer_plan(cpu)
+    assert got is not None and got.split_down == 1
+    monkeypatch.setattr(triton_layers, "TILES", {**triton_layers.TILES,
+                                                 "down": (32, 32, 32, 4, 3)})
+    got = w.layer_plan(cpu)
+    assert got is not None and got.tile("down") == (32, 32, 32, 4, 3)
+    monkeypatch.setattr(triton_layers, "NORM_ROWS", 2)
+    got = w.layer_plan(cpu)
+    assert got is not None and got.norm_rows == 2
 
 
 def test_kernels_compile_for_hopper_with_tma_and_pdl() -> None:

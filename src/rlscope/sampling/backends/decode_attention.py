@@ -130,10 +130,16 @@ def decode_attention_rope(qkv_BX: torch.Tensor, cos_RD: torch.Tensor, sin_signed
     ``[B, H, Dh]``. Saves the rotation and the two cache writes as separate kernels (three
     launches per layer), and with a table of every position the rotation's own kernels.
     ``pdl``: launch with programmatic dependent launch (CUDA, compute capability 9.0 or
-    later; `rlscope.sampling.backends.triton_layers`). Graph-safe."""
+    later; `rlscope.sampling.backends.triton_layers`). The kernel then reads the counters,
+    ``src_B``, ``rope_row_B`` and the tables before it waits for the kernel ahead, so they
+    must have been written two or more kernels earlier: both must be given (a default would be
+    made by the kernel just ahead). Graph-safe."""
     B = qkv_BX.shape[0]
     K, D = k_BLKD.shape[2], k_BLKD.shape[3]
     group = n_heads // K
+    if pdl and (src_B is None or rope_row_B is None):
+        raise ValueError("decode_attention_rope with pdl=True needs src_B and rope_row_B "
+                         "(made before the kernel ahead, not defaulted here)")
     if qkv_BX.shape[1] != (n_heads + 2 * K) * D or qkv_BX.stride(1) != 1 \
             or cos_RD.stride(1) != 1 or sin_signed_RD.stride() != cos_RD.stride() \
             or cos_RD.shape != sin_signed_RD.shape or cos_RD.shape[1] != D \

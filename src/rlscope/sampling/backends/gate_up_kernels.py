@@ -6,6 +6,16 @@ import triton.language as tl
 
 
 @triton.jit
+def silu_product(gate, up, dtype: tl.constexpr):
+    """``silu(gate) * up`` from float32 products, rounded as the unfused steps round them:
+    each product to ``dtype`` (as `F.linear` returns it), the SiLU in float32 then rounded,
+    times ``up``, rounded (``F.silu(gate).mul_(up)``)."""
+    g = gate.to(dtype).to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return (silu * up.to(dtype).to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_o,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One ``[BLOCK_M, BLOCK_N]`` tile of ``silu(x @ w[:N].T) * (x @ w[N:2N].T)``: the gate
@@ -34,9 +44,6 @@ def gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stri
         w_up = tl.load(up_rows + (k0 + rk)[None, :], mask=w_mask, other=0.0)
         gate = tl.dot(x, tl.trans(w_gate), gate)
         up = tl.dot(x, tl.trans(w_up), up)
-    dtype = w_ptr.dtype.element_ty
-    g = gate.to(dtype).to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    y = (silu * up.to(dtype).to(tl.float32)).to(dtype)
+    y = silu_product(gate, up, w_ptr.dtype.element_ty)
     tl.store(out_ptr + rm.to(tl.int64)[:, None] * stride_o + rn[None, :], y,
              mask=m_ok[:, None] & n_ok[None, :])

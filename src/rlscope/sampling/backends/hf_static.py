@@ -395,13 +395,13 @@ class HFStaticWeights:
 
     def layer_plan(self, device: torch.device) -> triton_layers.Plan | None:
         """How the fused decode step runs its layers as Triton kernels with PDL
-        (`TRITON_LAYERS`, `triton_layers.plan` with `SPLIT_K_OUT` and `SPLIT_K_DOWN`), or
-        None where it does not (the step's own layers then run)."""
+        (`TRITON_LAYERS`, `triton_layers.plan` from `triton_layers`' own settings), or None
+        where it does not (the step's own layers then run). Kept per device and settings."""
         if not TRITON_LAYERS:
             return None
-        key = (device, triton_layers.SPLIT_OUT, triton_layers.SPLIT_DOWN)
+        key = (device, *triton_layers.settings())
         if key not in self._triton_plans:
-            self._triton_plans[key] = triton_layers.plan(self, device, *key[1:])
+            self._triton_plans[key] = triton_layers.plan(self, device)
         return self._triton_plans[key]
 
     def _logits(self, x_ND: torch.Tensor) -> torch.Tensor:
@@ -518,7 +518,8 @@ the residual stream: at 256 rows cuBLAS runs the single product on too few block
 (``benchmarks/gemm_layouts.py``). Measured on one H100, batch 256 × 128 (docs/performance.md):
 compiled, 104M 406.5k → 426.7k tokens/s and 0.5B 152.8k → 159.7k; uncompiled, where the sum
 over the slices is a kernel of its own, it lost 1–2%, so it applies only while
-``torch.compile`` traces the step. 0: one product."""
+``torch.compile`` traces the step. The step's own layers only: the Triton layers
+(`TRITON_LAYERS`) take `triton_layers.SPLIT_DOWN`. 0: one product."""
 
 SPLIT_K_OUT = 4
 """As `SPLIT_K_DOWN`, for the attention's output projection (its bias, if any, added in
@@ -526,7 +527,8 @@ float32): cuBLAS runs the single product at 256 rows as 84 tiles of 40 × 64 on 
 SMs. A small gain, near the noise: in the compiled 104M sampler on H100s, batch 256 × 128,
 four slices gave 461.6k tokens/s on average against 458.2k for one product (six and seven
 runs over three calls, each call's mean in favour of the split by 0.5–1.3%), the 0.5B 161.9k
-against 160.9k; 2 slices lost and 3 were neutral (docs/performance.md). 0: one product."""
+against 160.9k; 2 slices lost and 3 were neutral (docs/performance.md). The step's own
+layers only (the Triton layers take `triton_layers.SPLIT_OUT`). 0: one product."""
 
 
 TRITON_LAYERS = True
@@ -539,9 +541,11 @@ over a float32 residual stream). Measured on H100s, batch 256 × 128, compiled
 509.8k (``benchmarks/hf_engine.py``); 0.5B 162.8k → 172.0k; without PDL the same kernels
 lose (450k). False: the step's own layers (cuBLAS products, compiled norms)."""
 
-_run_triton_layers = torch.compiler.disable(triton_layers.run)
-"""`triton_layers.run`, left out of ``torch.compile``'s trace (a graph break): its kernels are
-launched as they are, with PDL, inside the captured graph."""
+def _run_triton_layers(*args: Any) -> torch.Tensor:
+    """`triton_layers.run` left out of ``torch.compile``'s trace
+    (`triton_layers.uncompiled_run`: a graph break): its kernels are launched as they are,
+    with PDL, inside the captured graph."""
+    return triton_layers.uncompiled_run()(*args)
 
 
 def _project(x_NI: torch.Tensor, w_OI: torch.Tensor, b_O: torch.Tensor | None,
@@ -571,7 +575,8 @@ FUSED_GATE_UP = True
 product as one Triton kernel (`gate_up.gate_up_silu`) instead of a cuBLAS product and an
 elementwise kernel: one kernel and one gap fewer a layer. Measured on one H100, 104M at
 batch 256 × 128 (docs/performance.md): compiled 457.2k → 461.2k tokens/s, graphed without
-compiling 310.2k → 340.7k. The prefill keeps cuBLAS (many rows). False: the two steps."""
+compiling 310.2k → 340.7k. The prefill keeps cuBLAS (many rows). The step's own layers only
+(the Triton layers, `TRITON_LAYERS`, have their own gate/up kernel). False: the two steps."""
 
 FUSED_DRAW = True
 """Draw over a large vocabulary at a plain temperature with `fused_draw` (two Triton passes)

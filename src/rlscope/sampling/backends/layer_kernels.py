@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from rlscope.sampling.backends.decode_kernels import gdc_launch_dependents, gdc_wait
+from rlscope.sampling.backends.gate_up_kernels import silu_product
 
 
 @triton.jit
@@ -117,8 +118,7 @@ def gate_up_silu_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_o,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                         STAGES: tl.constexpr, PDL: tl.constexpr):
     """One ``[BM, BN]`` tile of ``silu(x @ w[:N].T) * (x @ w[N:2N].T)`` with the rounding of
-    `rlscope.sampling.backends.gate_up_kernels` (each product rounded to the weight's dtype,
-    the SiLU in float32, rounded, times ``up``, rounded), its operands read through TMA
+    `rlscope.sampling.backends.gate_up_kernels.silu_product`, its operands read through TMA
     descriptors (``w_desc``: the fused ``[2N, K]`` weight)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -132,11 +132,8 @@ def gate_up_silu_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_o,
         up = tl.dot(x, w_desc.load([N + pid_n * BN, k0]).T, up)
     if PDL:
         gdc_launch_dependents()
-    dtype = out_ptr.dtype.element_ty
-    g = gate.to(dtype).to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     tl.store(out_ptr + rm.to(tl.int64)[:, None] * stride_o + rn[None, :],
-             (silu * up.to(dtype).to(tl.float32)).to(dtype),
+             silu_product(gate, up, out_ptr.dtype.element_ty),
              mask=(rm < M)[:, None] & (rn < N)[None, :])
