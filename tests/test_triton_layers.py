@@ -66,6 +66,21 @@ for M, N, K in ((70, 80, 128), (3, 32, 64)):
         want = x0 if parts_ is None else x0 + (parts_.sum(0) + (0 if bias is None else bias))
         close(x, want)
         close(h, F.rms_norm(want, (N,), gain, 1e-6))
+# a slice of wider rows is a TMA operand (16-byte aligned rows); a transposed weight and a
+# strided residual are refused
+wide = rnd(7, 96)
+out = torch.empty(7, 32)
+w32 = rnd(32, 64)
+tl_.linear(wide[:, :64], w32, None, out, (64, 32, 32, 4, 2))
+close(out, F.linear(wide[:, :64], w32))
+for call in (lambda: tl_.linear(rnd(7, 64), rnd(64, 32).T, None, out, (64, 32, 32, 4, 2)),
+             lambda: tl_.add_norm(rnd(64, 7).T, None, None, rnd(64), torch.empty(7, 64), 1e-6)):
+    try:
+        call()
+    except ValueError as e:
+        assert "contiguous" in str(e), e
+    else:
+        raise AssertionError("accepted a strided operand")
 print("layer kernels ok")
 """
 
@@ -138,7 +153,8 @@ def test_layer_kernels_in_the_interpreter() -> None:
     product with and without its bias, the split-K product over 1, 2 and 4 slices (3, which
     are not whole blocks, refused), the gate/up
     product with its SiLU product (whose last gate tile reads into the up rows), and the
-    residual add of the slices (with and without a bias) with RMSNorm, and the norm alone."""
+    residual add of the slices (with and without a bias) with RMSNorm, and the norm alone; a
+    slice of wider rows read through TMA, and strided operands refused."""
     assert "layer kernels ok" in _interpreted(_KERNELS)
 
 

@@ -138,6 +138,16 @@ def _contiguous(name: str, *tensors: torch.Tensor | None) -> None:
                          f"{[None if t is None else t.stride() for t in tensors]})")
 
 
+def _tma_ready(name: str, *tensors: torch.Tensor) -> None:
+    """Raise ValueError unless every tensor can be read through a TMA descriptor: 2-D,
+    contiguous rows, each row starting on a 16-byte boundary."""
+    for t in tensors:
+        if t.dim() != 2 or t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 \
+                or t.data_ptr() % 16:
+            raise ValueError(f"{name}: a TMA operand needs contiguous rows on 16-byte "
+                             f"boundaries (got shape {tuple(t.shape)}, strides {t.stride()})")
+
+
 def add_norm(x_MD: torch.Tensor, parts_SMD: torch.Tensor | None, bias_D: torch.Tensor | None,
              g_D: torch.Tensor, h_MD: torch.Tensor, eps: float, pdl: bool = False,
              rows: int | None = None) -> None:
@@ -160,7 +170,8 @@ def add_norm(x_MD: torch.Tensor, parts_SMD: torch.Tensor | None, bias_D: torch.T
 def linear(a_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None,
            out_MN: torch.Tensor, tile: Tile, pdl: bool = False) -> None:
     """``out = a @ w.T (+ bias)`` (`layer_kernels.linear_kernel`)."""
-    _contiguous("linear", a_MK, w_NK, bias_N, out_MN)
+    _tma_ready("linear", a_MK, w_NK)
+    _contiguous("linear", bias_N, out_MN)
     bm, bn, bk, warps, stages = tile
     (M, K), N = a_MK.shape, w_NK.shape[0]
     _kernels().linear_kernel[(_cdiv(M, bm), _cdiv(N, bn))](
@@ -174,7 +185,8 @@ def split_k(a_MK: torch.Tensor, w_NK: torch.Tensor, parts_SMN: torch.Tensor, til
             pdl: bool = False) -> None:
     """``parts[s] = a[:, slice s] @ w[:, slice s].T`` in float32 over ``len(parts)`` equal
     slices of the input dimension (`layer_kernels.split_k_kernel`)."""
-    _contiguous("split_k", a_MK, w_NK, parts_SMN)
+    _tma_ready("split_k", a_MK, w_NK)
+    _contiguous("split_k", parts_SMN)
     bm, bn, bk, warps, stages = tile
     S, M, N = parts_SMN.shape
     if a_MK.shape[1] % (S * bk):
@@ -189,7 +201,8 @@ def split_k(a_MK: torch.Tensor, w_NK: torch.Tensor, parts_SMN: torch.Tensor, til
 def gate_up_silu(x_MD: torch.Tensor, w_gu_JD: torch.Tensor, out_MI: torch.Tensor, tile: Tile,
                  pdl: bool = False) -> None:
     """``out = silu(x @ w[:I].T) * (x @ w[I:].T)`` (`layer_kernels.gate_up_silu_kernel`)."""
-    _contiguous("gate_up_silu", x_MD, w_gu_JD, out_MI)
+    _tma_ready("gate_up_silu", x_MD, w_gu_JD)
+    _contiguous("gate_up_silu", out_MI)
     bm, bn, bk, warps, stages = tile
     (M, D), inter = x_MD.shape, out_MI.shape[1]
     _kernels().gate_up_silu_kernel[(_cdiv(M, bm), _cdiv(inter, bn))](
