@@ -31,14 +31,45 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from rlscope.sampling.backends import decode_attention
 
-if TYPE_CHECKING:
-    from rlscope.sampling.backends.hf_static import DecodeKeys, HFStaticWeights
+
+class LayerWeights(Protocol):
+    """What `plan` and `run` read of a model's sampling weights
+    (`rlscope.sampling.backends.hf_static.HFStaticWeights`)."""
+
+    dtype: torch.dtype
+    resid_dtype: torch.dtype
+    qk_norm: bool
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scale: float
+    embed: torch.Tensor
+    norm: torch.Tensor
+    w_qkv: list[torch.Tensor]
+    b_qkv: list[torch.Tensor | None]
+    w_o: list[torch.Tensor]
+    b_o: list[torch.Tensor | None]
+    w_gu: list[torch.Tensor]
+    w_down: list[torch.Tensor]
+    ln1: list[torch.Tensor]
+    ln2: list[torch.Tensor]
+
+
+class RowKeys(Protocol):
+    """Which cache columns each row attends to (`hf_static.DecodeKeys` of the Triton kind)."""
+
+    start_B: torch.Tensor
+    used_B: torch.Tensor
+    src_B: torch.Tensor
+    prompt_cols: int
 
 Tile = tuple[int, int, int, int, int]
 """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)`` of a product kernel."""
@@ -267,7 +298,7 @@ def _slices(width: int, count: int, block: int) -> int:
     return 0
 
 
-def plan(weights: HFStaticWeights, device: torch.device) -> Plan | None:
+def plan(weights: LayerWeights, device: torch.device) -> Plan | None:
     """The `Plan` for ``weights`` on ``device`` from the module settings (`SPLIT_OUT`,
     `SPLIT_DOWN`, `PDL`, `TILES`, `NORM_ROWS`), or None where these kernels do not apply
     (see the module docstring; also where the tiles need more shared memory than the card
@@ -295,14 +326,14 @@ def plan(weights: HFStaticWeights, device: torch.device) -> Plan | None:
                 tuple(sorted(TILES.items())), NORM_ROWS)
 
 
-def run(weights: HFStaticWeights, layers: Plan, x_BD: torch.Tensor,
+def run(weights: LayerWeights, layers: Plan, x_BD: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor], rope_row_B: torch.Tensor, col_1: torch.Tensor,
-        keys: DecodeKeys, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]
+        keys: RowKeys, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]
         ) -> torch.Tensor:
     """Every decode layer of ``weights`` on the float32 residual stream ``x_BD`` (updated in
     place) as ``layers`` says, where `hf_static.HFStaticWeights._decode_fused` would run its
     own; returns the final norm's output ``[B, D]`` in the sampling dtype, for the output head.
-    ``keys`` must be the Triton kind (`hf_static.DecodeKeys` with ``src_B`` set). Graph-safe
+    ``keys``: each row's columns (`RowKeys`; the group's prompt row ``src_B`` set). Graph-safe
     (no host reads)."""
     w, pdl = weights, layers.pdl
     B, D = x_BD.shape
