@@ -94,6 +94,7 @@ import tests.test_sampling_backends as t
 hf_static.decode_attention_kind = lambda *a: "triton"
 triton_layers.ON_CPU = True
 # the tiny models' widths (64, 128) take smaller tiles than the defaults
+DEFAULT_TILES = dict(triton_layers.TILES)
 triton_layers.TILES = {k: (32, 32, 16, 4, 2) for k in triton_layers.TILES}
 calls = []
 plain = triton_layers.run
@@ -114,6 +115,20 @@ for arch in ("qwen2", "llama"):  # q/k/v biases, none
     assert bool(outs[2].finished_by_stop_B.any())
     t._assert_same(outs[0], outs[2])
     t._assert_same(outs[1], outs[2])
+# the default tiles, at a width they fit (hidden 256, head dim 64, MLP 512)
+from rlscope.policy.hf import HFPolicy, tiny_hf_model
+
+triton_layers.TILES = dict(DEFAULT_TILES)
+policy = HFPolicy(tiny_hf_model("qwen2", t.VOCAB, seed=0, hidden_size=256, num_heads=4))
+outs = []
+for on in (False, True):
+    hf_static._DECODERS.clear()
+    hf_static.TRITON_LAYERS = on
+    outs.append(generate(policy, prompts, SamplingConfig(stop_token_ids=t.STOPS, backend="static"),
+                         seeds_B, 6, group_id_B=group_B, with_entropy=True, with_sum_p2=True))
+weights = next(iter(hf_static._DECODERS[policy][2].values())).weights
+assert weights.layer_plan(weights.device).tiles == tuple(sorted(DEFAULT_TILES.items()))
+t._assert_same(outs[0], outs[1])
 print("triton layers sampler ok")
 """
 
@@ -162,7 +177,8 @@ def test_triton_layers_in_the_static_sampler_in_the_interpreter() -> None:
     """The static sampler with `hf_static.TRITON_LAYERS` gives the eager path's tokens and
     log-probs, and the step's own layers', to 1e-5 (float32, ragged grouped prompts, stops;
     Qwen2 with q/k/v biases and Llama without), and runs every decode position's layers
-    through `triton_layers.run` (and none when off)."""
+    through `triton_layers.run` (and none when off); with the default tiles at hidden 256,
+    the same as the step's own layers."""
     assert "triton layers sampler ok" in _interpreted(_SAMPLER)
 
 
