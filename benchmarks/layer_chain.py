@@ -46,6 +46,8 @@ from typing import Any, cast
 
 import torch
 
+from rlscope.sampling.backends import triton_layers
+from rlscope.sampling.backends.decode_attention import launch_options
 from rlscope.utils import environment_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,11 +81,6 @@ def kernels() -> ModuleType:
     return layer_chain_kernels
 
 
-def _pdl(on: bool) -> dict[str, bool]:
-    """The launch option that makes a Triton launch PDL (none when off)."""
-    return {"launch_pdl": True} if on else {}
-
-
 def matmul(a: torch.Tensor, w: torch.Tensor, c: torch.Tensor, tile: Tile, pdl: bool = False,
            early: bool = False, prefetch: bool = False) -> None:
     """``c = a @ w.T`` with `matmul_kernel` (``tile`` must divide the shapes)."""
@@ -92,7 +89,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, c: torch.Tensor, tile: Tile, pdl: b
     kernels().matmul_kernel[(M // bm, N // bn)](
         a, w, c, M, N, K, a.stride(0), w.stride(0), c.stride(0), BM=bm, BN=bn, BK=bk, PDL=pdl,
         EARLY=early, PREFETCH=prefetch, LINES=1 << max(0, (K // 64 - 1).bit_length()),
-        num_warps=warps, num_stages=stages, **_pdl(pdl))
+        num_warps=warps, num_stages=stages, **launch_options(pdl))
 
 
 def split_k(a: torch.Tensor, w: torch.Tensor, parts: torch.Tensor, tile: Tile,
@@ -102,7 +99,7 @@ def split_k(a: torch.Tensor, w: torch.Tensor, parts: torch.Tensor, tile: Tile,
     S, M, N = parts.shape
     kernels().split_k_kernel[(M // bm, N // bn, S)](
         a, w, parts, M, N, a.shape[1], a.stride(0), w.stride(0), BM=bm, BN=bn, BK=bk, S=S,
-        PDL=pdl, num_warps=warps, num_stages=stages, **_pdl(pdl))
+        PDL=pdl, num_warps=warps, num_stages=stages, **launch_options(pdl))
 
 
 def split_k_bmm(a: torch.Tensor, w: torch.Tensor, parts: torch.Tensor) -> None:
@@ -121,7 +118,7 @@ def gate_up_silu(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, tile: Tile
     (M, K), inter = x.shape, out.shape[1]
     kernels().gate_up_silu_kernel[((M // bm) * (inter // bn),)](
         x, w, out, M, inter, K, x.stride(0), w.stride(0), out.stride(0), BM=bm, BN=bn, BK=bk,
-        PDL=pdl, num_warps=warps, num_stages=stages, **_pdl(pdl))
+        PDL=pdl, num_warps=warps, num_stages=stages, **launch_options(pdl))
 
 
 NORM_ROWS = 4
@@ -130,11 +127,9 @@ NORM_ROWS = 4
 
 def add_norm(x: torch.Tensor, parts: torch.Tensor, g: torch.Tensor, h: torch.Tensor,
              pdl: bool = False) -> None:
-    """``x += parts.sum(0)``; ``h = rmsnorm(x) * g`` with `add_norm_kernel`."""
-    M, N = x.shape
-    kernels().add_norm_kernel[(M // NORM_ROWS,)](
-        x, parts, g, h, M, N=N, S=parts.shape[0], ROWS=NORM_ROWS,
-        BN=1 << (N - 1).bit_length(), PDL=pdl, eps=1e-6, num_warps=4, **_pdl(pdl))
+    """``x += parts.sum(0)``; ``h = rmsnorm(x) * g``: the sampler's kernel
+    (`triton_layers.add_norm`), `NORM_ROWS` rows a program."""
+    triton_layers.add_norm(x, parts, None, g, h, 1e-6, pdl, NORM_ROWS)
 
 
 def fits(tile: Tile, M: int, N: int, K: int) -> bool:

@@ -104,9 +104,6 @@ def test_pdl_hooks_and_the_prefetch_compile_for_hopper() -> None:
         "matmul": ptx(k.matmul_kernel, bf16, **tile, PDL=True, EARLY=False, PREFETCH=True,
                       LINES=16),
         "split_k": ptx(k.split_k_kernel, {**bf16, "c_ptr": "*fp32"}, **tile, S=4, PDL=True),
-        "add_norm": ptx(k.add_norm_kernel, {"x_ptr": "*fp32", "parts_ptr": "*fp32",
-                                            "g_ptr": "*fp32", "h_ptr": "*bf16"},
-                        N=768, S=4, ROWS=4, BN=1024, PDL=True),
         "gate_up_silu": ptx(k.gate_up_silu_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16",
                                                     "out_ptr": "*bf16"}, **tile, PDL=True),
     }

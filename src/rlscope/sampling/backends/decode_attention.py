@@ -71,6 +71,12 @@ def reset() -> None:
     sys.modules.pop("rlscope.sampling.backends.decode_kernels", None)
 
 
+def launch_options(pdl: bool) -> dict[str, bool]:
+    """The Triton launch option that makes a launch use programmatic dependent launch (none
+    when ``pdl`` is off)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
 def _own_rows(src_B: torch.Tensor | None, B: int, device: torch.device) -> torch.Tensor:
     """``src_B``, or every row reading its own prompt (int32 ``[B]``)."""
     if src_B is None:
@@ -164,5 +170,5 @@ def decode_attention_rope(qkv_BX: torch.Tensor, cos_RD: torch.Tensor, sin_signed
                                k_BLKD.stride(0), k_BLKD.stride(1), k_BLKD.stride(2),
                                out_BHD.stride(0), out_BHD.stride(1), scale, H=n_heads, KV=K,
                                GROUP=group, BLOCK_G=block_g, BLOCK=BLOCK_N, D=D, PDL=pdl,
-                               num_warps=NUM_WARPS, **({"launch_pdl": True} if pdl else {}))
+                               num_warps=NUM_WARPS, **launch_options(pdl))
     return out_BHD

@@ -28,7 +28,6 @@ tile's input blocks.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -126,12 +125,6 @@ def uncompiled_run() -> Callable[..., torch.Tensor]:
     return _KERNELS["run"]
 
 
-def reset() -> None:
-    """Forget the kernels (tests switching ``TRITON_INTERPRET``)."""
-    _KERNELS.clear()
-    sys.modules.pop("rlscope.sampling.backends.layer_kernels", None)
-
-
 def supports_pdl(device: torch.device) -> bool:
     """Whether kernels on ``device`` can be launched with PDL: CUDA with compute capability
     9.0 or later, and a Triton with the hooks (``gdc_wait``, ``gdc_launch_dependents``)."""
@@ -149,11 +142,6 @@ def _descriptor(t: torch.Tensor, block: list[int]) -> Any:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor.from_tensor(t, block)
-
-
-def _launch(pdl: bool) -> dict[str, Any]:
-    """The launch option that makes a Triton launch PDL (none when off)."""
-    return {"launch_pdl": True} if pdl else {}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -195,7 +183,7 @@ def add_norm(x_MD: torch.Tensor, parts_SMD: torch.Tensor | None, bias_D: torch.T
     _kernels().add_norm_kernel[(_cdiv(M, rows),)](
         x_MD, x_MD if parts_SMD is None else parts_SMD, g_D if bias_D is None else bias_D,
         g_D, h_MD, M, eps, N=D, S=S, HAS_BIAS=bias_D is not None, ROWS=rows,
-        BN=1 << (D - 1).bit_length(), PDL=pdl, num_warps=4, **_launch(pdl))
+        BN=1 << (D - 1).bit_length(), PDL=pdl, num_warps=4, **decode_attention.launch_options(pdl))
 
 
 def linear(a_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None,
@@ -209,7 +197,7 @@ def linear(a_MK: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None,
         _descriptor(a_MK, [bm, bk]), _descriptor(w_NK, [bn, bk]),
         w_NK if bias_N is None else bias_N, out_MN, M, N, K, out_MN.stride(0), BM=bm, BN=bn,
         BK=bk, STAGES=stages, HAS_BIAS=bias_N is not None, PDL=pdl, num_warps=warps,
-        **_launch(pdl))
+        **decode_attention.launch_options(pdl))
 
 
 def split_k(a_MK: torch.Tensor, w_NK: torch.Tensor, parts_SMN: torch.Tensor, tile: Tile,
@@ -226,7 +214,7 @@ def split_k(a_MK: torch.Tensor, w_NK: torch.Tensor, parts_SMN: torch.Tensor, til
     _kernels().split_k_kernel[(_cdiv(M, bm), _cdiv(N, bn), S)](
         _descriptor(a_MK, [bm, bk]), _descriptor(w_NK, [bn, bk]), parts_SMN, M, N,
         a_MK.shape[1], BM=bm, BN=bn, BK=bk, S=S, STAGES=stages, PDL=pdl, num_warps=warps,
-        **_launch(pdl))
+        **decode_attention.launch_options(pdl))
 
 
 def gate_up_silu(x_MD: torch.Tensor, w_gu_JD: torch.Tensor, out_MI: torch.Tensor, tile: Tile,
@@ -239,7 +227,7 @@ def gate_up_silu(x_MD: torch.Tensor, w_gu_JD: torch.Tensor, out_MI: torch.Tensor
     _kernels().gate_up_silu_kernel[(_cdiv(M, bm), _cdiv(inter, bn))](
         _descriptor(x_MD, [bm, bk]), _descriptor(w_gu_JD, [bn, bk]), out_MI, M, inter, D,
         out_MI.stride(0), BM=bm, BN=bn, BK=bk, STAGES=stages, PDL=pdl, num_warps=warps,
-        **_launch(pdl))
+        **decode_attention.launch_options(pdl))
 
 
 @dataclass(frozen=True)
@@ -253,9 +241,9 @@ class Plan:
     """Float32 slices of the down projection."""
     pdl: bool
     """Whether the kernels launch with PDL."""
-    tiles: tuple[tuple[str, Tile], ...] = ()
+    tiles: tuple[tuple[str, Tile], ...]
     """Each product's tile (`TILES` when planned)."""
-    norm_rows: int = 1
+    norm_rows: int
     """Rows a program of `add_norm` (`NORM_ROWS` when planned)."""
 
     def tile(self, name: str) -> Tile:
