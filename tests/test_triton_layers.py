@@ -335,3 +335,23 @@ def test_kernels_compile_for_hopper_with_tma_and_pdl() -> None:
         assert "griddepcontrol.wait" in code, name
         assert "griddepcontrol.launch_dependents" in code, name
         assert "griddepcontrol" not in plain[name], name
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("NORM_ROWS", 3, "NORM_ROWS must be a power of two"),
+    ("NORM_ROWS", 0, "NORM_ROWS must be a power of two"),
+    ("SPLIT_DOWN", 0, "SPLIT_DOWN must be an integer >= 1"),
+    ("TILES", {"qkv": (64, 64, 128, 4, 4)}, "needs the tiles of qkv, out, gate_up and down"),
+    ("TILES", {"qkv": (64, 48, 128, 4, 4), "out": (64, 64, 64, 4, 3),
+               "gate_up": (64, 32, 64, 4, 4), "down": (64, 64, 128, 4, 6)},
+     "TILES['qkv'] must be"),
+])
+def test_settings_no_kernel_can_run_are_refused(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                 value: object, message: str) -> None:
+    """Settings a variant may set from outside (a non-power-of-two norm row count, no slices,
+    a missing or odd tile) are refused before anything is launched, saying what to change;
+    the defaults pass."""
+    assert triton_layers.setting_errors() == []
+    monkeypatch.setattr(triton_layers, name, value)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        triton_layers.plan(_weights(), torch.device("cpu"))

@@ -286,11 +286,40 @@ def _slices(width: int, count: int, block: int) -> int:
     return 0
 
 
+def _power_of_two(n: object) -> bool:
+    return isinstance(n, int) and n >= 1 and n & (n - 1) == 0
+
+
+def setting_errors() -> list[str]:
+    """What in the module settings no kernel can run, each said as what to change (they can
+    be set from outside, e.g. ``benchmarks/sampler_ab.py``'s variants)."""
+    errors = []
+    if not _power_of_two(NORM_ROWS):
+        errors.append(f"triton_layers.NORM_ROWS must be a power of two >= 1 (got {NORM_ROWS!r})")
+    for name, value in (("SPLIT_OUT", SPLIT_OUT), ("SPLIT_DOWN", SPLIT_DOWN)):
+        if not isinstance(value, int) or value < 1:
+            errors.append(f"triton_layers.{name} must be an integer >= 1 (got {value!r})")
+    if set(TILES) != {"qkv", "out", "gate_up", "down"}:
+        errors.append(f"triton_layers.TILES needs the tiles of qkv, out, gate_up and down "
+                      f"(got {sorted(TILES)})")
+    for name, tile in TILES.items():
+        if not (isinstance(tile, tuple) and len(tile) == 5
+                and all(_power_of_two(v) for v in tile[:4]) and isinstance(tile[4], int)
+                and tile[4] >= 1 and tile[0] >= 16 and tile[1] >= 16 and tile[2] >= 16):
+            errors.append(f"triton_layers.TILES[{name!r}] must be (BLOCK_M, BLOCK_N, BLOCK_K, "
+                          f"num_warps, num_stages): powers of two, blocks >= 16, stages >= 1 "
+                          f"(got {tile!r})")
+    return errors
+
+
 def plan(weights: LayerWeights, device: torch.device) -> Plan | None:
     """The `Plan` for ``weights`` on ``device`` from the module settings (`SPLIT_OUT`,
     `SPLIT_DOWN`, `PDL`, `TILES`, `NORM_ROWS`), or None where these kernels do not apply
     (see the module docstring; also where the tiles need more shared memory than the card
-    has)."""
+    has). Raises ValueError for settings no kernel can run (`setting_errors`)."""
+    errors = setting_errors()
+    if errors:
+        raise ValueError("; ".join(errors))
     w = weights
     if ON_CPU:
         on = device.type == "cpu"
